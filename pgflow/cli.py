@@ -1,0 +1,96 @@
+"""``pgflow``: run workers and manage the schema from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from .app import App
+from .errors import ConfigurationError
+
+log = logging.getLogger("pgflow.cli")
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def load_app(target: str) -> App:
+    """Import ``module:attribute`` and return the App it names, or explain what is wrong."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"expected module:app (for example myproject.tasks:app), got {target!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigurationError(
+                f"cannot import module {module_name!r}: run from the directory that contains it or "
+                "add that directory to PYTHONPATH"
+            ) from exc
+        raise
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{target!r} is not a pgflow.App (found {type(app).__name__})")
+    return app
+
+
+async def _serve(app: App, concurrency: int, queues: list[str], lease: float) -> int:
+    """Run a worker until SIGTERM or SIGINT; the worker gives back what it had not finished."""
+    async with app.worker(concurrency=concurrency, queues=queues, lease=lease):
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s; stopping", signal.Signals(signum).name)
+                return EXIT_OK
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pgflow", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("PGFLOW_LOG_LEVEL", "INFO"))
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    worker = commands.add_parser("worker", help="run a worker process")
+    worker.add_argument("app", help="the App to serve, as module:attribute")
+    worker.add_argument("--concurrency", type=int, default=16, help="workflows run at once")
+    worker.add_argument("--queues", default="default", help="comma-separated queue names")
+    worker.add_argument("--lease", type=float, default=10.0,
+                        help="seconds a crashed worker's workflows stay claimed before another takes them")
+
+    migrate = commands.add_parser("migrate", help="create or upgrade the schema")
+    migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "worker":
+            app = load_app(args.app)
+            queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+            try:
+                return anyio.run(_serve, app, args.concurrency, queues, args.lease)
+            finally:
+                app.close()
+        app = load_app(args.app) if args.app else App()
+        with app:
+            version = app.migrate()
+        print(f"schema {app.schema!r} is at version {version}")
+        return EXIT_OK
+    except ConfigurationError as exc:
+        print(f"pgflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""msgspec encoding of arguments, results, step outputs and stream chunks.
+
+Values are stored as MessagePack: compact, fast, and it keeps ``bytes`` as bytes. A function's type
+hints decide how its values come back: a parameter annotated with a Struct or a dataclass is rebuilt as
+one, an unannotated one comes back as builtins. Arguments are checked at ``start`` by decoding them
+exactly as the worker will, so a value that would fail on the worker fails in the caller instead, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from .errors import SerializationError
+
+_encoder = msgspec.msgpack.Encoder()
+_untyped = msgspec.msgpack.Decoder()
+
+
+def encode(value: object, what: str) -> bytes:
+    """Encode one value; ``what`` names it in the error ("the result of workflow 'x'")."""
+    try:
+        return _encoder.encode(value)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise SerializationError(
+            f"{what} cannot be stored: {exc}. Use str, bytes, numbers, lists, dicts, "
+            "msgspec Structs or dataclasses."
+        ) from exc
+
+
+def decode(data: bytes, type_: Any = Any) -> Any:
+    """Decode a stored value, rebuilding it as ``type_`` where that is more than ``Any``."""
+    if type_ is Any:
+        return _untyped.decode(data)
+    return msgspec.msgpack.decode(data, type=type_)
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable forward references: fall back to no checking
+        return {}
+
+
+class FunctionCodec:
+    """Encodes a function's arguments and result, checked against its signature and type hints."""
+
+    def __init__(self, fn: Callable[..., Any], label: str) -> None:
+        self._label = label
+        self._signature = inspect.signature(fn)
+        hints = _hints(fn)
+        self.return_type: Any = hints.get("return", Any)
+        fields: list[tuple[str, Any]] = []
+        for name, param in self._signature.parameters.items():
+            hint = hints.get(name, Any)
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                hint = tuple[hint, ...]  # type: ignore[valid-type]
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                hint = dict[str, hint]  # type: ignore[valid-type]
+            fields.append((name, hint))
+        self._arguments = msgspec.defstruct(f"{label}.arguments", fields, forbid_unknown_fields=True)
+
+    def encode_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        """Bind, encode and check the arguments; raise SerializationError naming the bad one."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise SerializationError(f"{self._label}: {exc}") from exc
+        bound.apply_defaults()
+        for name, value in bound.arguments.items():
+            encode(value, f"argument {name!r} of {self._label}")
+        data = encode(bound.arguments, f"the arguments of {self._label}")
+        try:
+            msgspec.msgpack.decode(data, type=self._arguments)
+        except msgspec.ValidationError as exc:
+            raise SerializationError(f"{self._label}: {_name_the_argument(str(exc))}") from exc
+        return data
+
+    def decode_arguments(self, data: bytes) -> tuple[list[Any], dict[str, Any]]:
+        """Rebuild the positional and keyword arguments of a call from their stored form."""
+        values = msgspec.msgpack.decode(data, type=self._arguments)
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for name, param in self._signature.parameters.items():
+            value = getattr(values, name)
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(value)
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(value)
+            elif param.kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[name] = value
+            else:
+                args.append(value)
+        return args, kwargs
+
+    def encode_result(self, value: object) -> bytes:
+        return encode(value, f"the result of {self._label}")
+
+    def decode_result(self, data: bytes) -> Any:
+        return decode(data, self.return_type)
+
+
+def _name_the_argument(message: str) -> str:
+    """Turn msgspec's "Expected `int`, got `str` - at `$.x`" into "argument 'x': Expected ..."."""
+    text, sep, path = message.rpartition(" - at `$.")
+    if not sep:
+        return message
+    path = path.rstrip("`")
+    name = re.split(r"[.\[]", path, maxsplit=1)[0]
+    inside = path[len(name):]
+    return f"argument {name!r}{' at ' + inside if inside else ''}: {text}"

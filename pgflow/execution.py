@@ -1,0 +1,216 @@
+"""Running one claimed workflow: the step journal, replay, retries, and recording the outcome.
+
+A workflow's steps are numbered in call order. A position the journal already holds returns its
+recorded output (or raises its recorded exception) without running; a new position runs the step, with
+retries, and records the final outcome once, fenced by the execution's attempt. Sync workflows run in a
+thread and call back into the worker's loop for every journal operation, so there is one implementation
+of a step call, not two.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import pickle
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+from anyio.from_thread import run as run_in_loop
+
+from . import codec
+from .context import current_execution, inside_step
+from .errors import (
+    CancelRequested,
+    ExecutionInterrupted,
+    LeaseLost,
+    NonDeterministicWorkflow,
+    StepFailed,
+)
+from .store import Claimed, StepRecord, Store
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .workflow import Step, Workflow
+
+log = logging.getLogger("pgflow.execution")
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """The recorded form of an exception: what a reader in another process needs to understand it."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return {
+        "type": name,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - many exceptions do not survive pickling; fall back to StepFailed
+        return None
+    return data
+
+
+def replay(record: StepRecord, step: Step[Any, Any]) -> Any:
+    """The recorded outcome of a step: its output, or its exception raised again."""
+    if record.error is None:
+        return codec.decode(record.output or b"\xc0", step.return_type)
+    if record.exception is not None:
+        try:
+            exc = pickle.loads(record.exception)
+        except Exception:  # noqa: BLE001 - the class may be gone from this code base
+            exc = None
+        if isinstance(exc, BaseException):
+            raise exc
+    raise StepFailed(record.error["type"], record.error["message"])
+
+
+@dataclass(eq=False)
+class Execution:
+    """One run of one workflow by one worker, identified by its attempt (the fencing token)."""
+
+    engine: Engine
+    store: Store
+    workflow_id: str
+    attempt: int
+    journal: dict[int, StepRecord]
+    is_async: bool
+    token: anyio.lowlevel.EventLoopToken
+    next_position: int = 0
+    interrupt: ExecutionInterrupted | None = field(default=None)
+
+    def take_position(self) -> int:
+        position = self.next_position
+        self.next_position += 1
+        return position
+
+    def check_interrupt(self) -> None:
+        if self.interrupt is not None:
+            raise self.interrupt
+
+    async def call_step(self, step: Step[Any, Any], position: int, args: Any, kwargs: Any) -> Any:
+        """The journaled call of a step: replayed when recorded, otherwise run, retried and recorded."""
+        self.check_interrupt()
+        record = self.journal.get(position)
+        if record is not None:
+            if record.name != step.name:
+                raise NonDeterministicWorkflow(
+                    f"workflow {self.workflow_id!r} called step {step.name!r} at position {position}, "
+                    f"but its journal recorded {record.name!r} there. A workflow must make the same "
+                    "step calls in the same order on every run; move anything nondeterministic "
+                    "(time, randomness, I/O) into a step."
+                )
+            return replay(record, step)
+        attempt = 1
+        while True:
+            try:
+                output = await self._run_body(step, args, kwargs)
+            except Exception as exc:
+                if step.retry.should_retry(exc, attempt):
+                    delay = step.retry.delay(attempt)
+                    log.info("step %s of %s failed (%s), attempt %d; retrying in %.2fs",
+                             step.name, self.workflow_id, exc, attempt, delay)
+                    attempt += 1
+                    await anyio.sleep(delay)
+                    self.check_interrupt()
+                    continue
+                await self._record(position, step.name, None, describe(exc), _pickled(exc), attempt)
+                raise
+            data = codec.encode(output, f"the output of step {step.name!r}")
+            await self._record(position, step.name, data, None, None, attempt)
+            return output
+
+    async def _run_body(self, step: Step[Any, Any], args: Any, kwargs: Any) -> Any:
+        token = inside_step.set(True)
+        try:
+            if step.is_async:
+                return await step.fn(*args, **kwargs)
+            context = contextvars.copy_context()
+            return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs))
+        finally:
+            inside_step.reset(token)
+
+    async def _record(
+        self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None,
+        exception: bytes | None, attempts: int,
+    ) -> None:
+        owner, cancel = await self.store.record_step(
+            self.workflow_id, self.attempt, position, name, output, error, exception, attempts
+        )
+        if not owner:
+            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
+        elif cancel:
+            self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
+        self.check_interrupt()
+
+    def call_step_from_thread(self, step: Step[Any, Any], position: int, args: Any, kwargs: Any) -> Any:
+        """The same journaled call, made from a sync workflow's thread."""
+        return run_in_loop(self.call_step, step, position, args, kwargs, token=self.token)
+
+
+async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], claimed: Claimed,
+                  limiter: anyio.CapacityLimiter) -> None:
+    """Run a claimed workflow to its end and record that end, unless the run is interrupted.
+
+    Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
+    workflow back to the queue at once, so another worker resumes it from its journal without waiting
+    for the lease to expire.
+    """
+    try:
+        execution = Execution(
+            engine=engine, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
+            journal=await store.journal(claimed.id), is_async=workflow.is_async,
+            token=anyio.lowlevel.current_token(),
+        )
+        outcome = await _run(workflow, claimed, execution, limiter)
+        if outcome is not None:
+            await _finish(engine, store, execution, *outcome)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            try:
+                if await store.release(claimed.id, claimed.attempt):
+                    engine.ping(f"q:{workflow.queue}")
+            except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
+                log.warning("could not give %s back to the queue: %s", claimed.id, exc)
+        raise
+
+
+async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execution,
+               limiter: anyio.CapacityLimiter) -> tuple[str, bytes | None, dict[str, Any] | None] | None:
+    """The workflow function's outcome as (status, output, error); None when the lease was lost."""
+    reset = current_execution.set(execution)
+    try:
+        args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
+        if workflow.is_async:
+            result = await workflow.fn(*args, **kwargs)
+        else:
+            context = contextvars.copy_context()
+            result = await anyio.to_thread.run_sync(
+                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter
+            )
+        return "succeeded", workflow.codec.encode_result(result), None
+    except CancelRequested:
+        return "cancelled", None, None
+    except LeaseLost as exc:
+        log.warning("%s; leaving it to its new owner", exc)
+        return None
+    except Exception as exc:
+        return "failed", None, describe(exc)
+    finally:
+        current_execution.reset(reset)
+
+
+async def _finish(engine: Engine, store: Store, execution: Execution, status: str,
+                  output: bytes | None, error: dict[str, Any] | None) -> None:
+    if await store.finish(execution.workflow_id, execution.attempt, status, output, error):
+        engine.ping(f"wf:{execution.workflow_id}")
+    else:
+        log.warning("workflow %r attempt %d lost its lease before it could record %s",
+                    execution.workflow_id, execution.attempt, status)

@@ -1,0 +1,89 @@
+"""A handle on a workflow by id, usable from any process that can reach the database."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import codec
+from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
+from .store import WorkflowRow
+
+if TYPE_CHECKING:
+    from .app import App
+    from .workflow import Workflow
+
+R = TypeVar("R")
+FINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class WorkflowHandle(Generic[R]):
+    """Status, result and cancellation of one workflow. Every blocking method has an ``_async`` twin."""
+
+    def __init__(self, app: App, id: str, workflow: Workflow[Any, R] | None = None) -> None:
+        self.app = app
+        self.id = id
+        self._workflow = workflow
+
+    def __repr__(self) -> str:
+        return f"WorkflowHandle({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkflowHandle) and other.app is self.app and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    async def _row(self) -> WorkflowRow:
+        store = await self.app.engine.store()
+        row = await store.workflow(self.id)
+        if row is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        return row
+
+    async def status_async(self) -> str:
+        """"queued", "running", "succeeded", "failed" or "cancelled"."""
+        return (await self._row()).status
+
+    def status(self) -> str:
+        return self.app.engine.call(self.status_async)
+
+    async def result_async(self, timeout: float | None = None) -> R:
+        """Wait for the workflow to end and return its result (woken by its completion ping).
+
+        Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
+        """
+
+        async def ended() -> WorkflowRow | None:
+            row = await self._row()
+            return row if row.status in FINAL else None
+
+        row = await self.app.engine.wait_for(f"wf:{self.id}", ended, timeout)
+        if row is None:
+            raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
+        return self._outcome(row)
+
+    def result(self, timeout: float | None = None) -> R:
+        return self.app.engine.call(self.result_async, timeout)
+
+    async def cancel_async(self) -> None:
+        """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
+        store = await self.app.engine.store()
+        status = await store.request_cancel(self.id)
+        if status is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        self.app.engine.ping(f"wf:{self.id}")
+
+    def cancel(self) -> None:
+        self.app.engine.call(self.cancel_async)
+
+    def _outcome(self, row: WorkflowRow) -> R:
+        if row.status == "succeeded":
+            workflow = self._workflow or self.app.workflows.get(row.name)
+            if workflow is None:
+                return codec.decode(row.output or b"\xc0")  # type: ignore[no-any-return]
+            return workflow.codec.decode_result(row.output or b"\xc0")  # type: ignore[no-any-return]
+        if row.status == "cancelled":
+            raise WorkflowCancelled(self.id)
+        error = row.error or {}
+        raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),
+                             error.get("traceback", ""))

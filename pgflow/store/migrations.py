@@ -1,0 +1,68 @@
+"""Numbered SQL migrations, applied once per schema however many processes start at once.
+
+Each file in ``migrations/`` is ``NNNN_name.sql``; ``{schema}`` in it is replaced by the quoted schema.
+The fast path (already at the latest version) takes no lock, so a process that starts against a
+migrated database pays two small queries; the slow path serialises on an advisory lock held by the
+migrating transaction, so concurrent starters wait for the first and then find nothing to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from psycopg import AsyncConnection
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def available() -> list[Migration]:
+    """The migrations shipped with this version of pgflow, in order."""
+    found = []
+    for entry in resources.files(__package__).joinpath("migrations").iterdir():
+        match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    return sorted(found, key=lambda m: m.version)
+
+
+async def applied_version(conn: AsyncConnection[tuple[object, ...]], schema: str) -> int:
+    """The highest migration applied to ``schema``; 0 when it has none."""
+    row = await (await conn.execute("SELECT to_regclass(%s)", (f"{schema}.migrations",))).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    row = await (await conn.execute(f"SELECT coalesce(max(version), 0) FROM {schema}.migrations")).fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> list[Migration]:
+    """Bring ``schema`` up to date; return the migrations this call applied (often none)."""
+    todo = available()
+    if await applied_version(conn, schema) >= todo[-1].version:
+        return []
+    applied_now = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgflow.migrate.{schema}",))
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {schema}.migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = await applied_version(conn, schema)
+        for migration in todo:
+            if migration.version <= done:
+                continue
+            await conn.execute(migration.sql.replace("{schema}", schema).encode())
+            await conn.execute(
+                f"INSERT INTO {schema}.migrations (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            applied_now.append(migration)
+    return applied_now

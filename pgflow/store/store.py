@@ -1,0 +1,223 @@
+"""Every SQL statement pgflow runs against its tables, one method each.
+
+The store knows rows, not workflows: it takes and returns bytes, strings and numbers, and leaves
+encoding and the meaning of a step to the layers above. Writes made on behalf of an execution carry its
+attempt number and only touch a row still held by that attempt (fencing), so a worker that lost its
+lease cannot overwrite the work of the worker that took over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from . import migrations
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A workflow this worker now holds a lease on."""
+
+    id: str
+    name: str
+    inputs: bytes
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    position: int
+    name: str
+    output: bytes | None
+    error: dict[str, Any] | None
+    exception: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRow:
+    id: str
+    name: str
+    status: str
+    output: bytes | None
+    error: dict[str, Any] | None
+
+
+class Store:
+    """The SQL layer over one schema, using a pool of autocommit connections."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+        self.pool = pool
+        self.schema = schema
+        self._s = quote_identifier(schema)
+
+    def _sql(self, template: str) -> str:
+        return template.replace("{s}", self._s)
+
+    async def migrate(self) -> list[migrations.Migration]:
+        async with self.pool.connection() as conn:
+            return await migrations.migrate(conn, self._s)
+
+    async def schema_version(self) -> int:
+        async with self.pool.connection() as conn:
+            return await migrations.applied_version(conn, self._s)
+
+    # -- starting and looking at workflows ------------------------------------------------------------
+
+    async def enqueue(
+        self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
+        max_attempts: int | None,
+    ) -> tuple[bool, str]:
+        """Insert a queued workflow unless the id exists; return (created, name of the row's workflow)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH new AS ("
+                " INSERT INTO {s}.workflows (id, name, queue, priority, inputs, due_at, max_attempts)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s)"
+                " ON CONFLICT (id) DO NOTHING RETURNING name)"
+                " SELECT true, name FROM new"
+                " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
+            ), (id, name, queue, priority, inputs, delay, max_attempts, id))
+            row = await cur.fetchone()
+        if row is None:
+            # The row was inserted by a concurrent start whose commit we could not see yet; ours
+            # waited on its unique index entry, so it is committed now.
+            return False, await self._name_of(id)
+        return bool(row[0]), str(row[1])
+
+    async def _name_of(self, id: str) -> str:
+        row = await self._fetchone("SELECT name FROM {s}.workflows WHERE id = %s", (id,))
+        if row is None:
+            raise LookupError(id)
+        return str(row[0])
+
+    async def workflow(self, id: str) -> WorkflowRow | None:
+        row = await self._fetchone(
+            "SELECT id, name, status, output, error FROM {s}.workflows WHERE id = %s", (id,)
+        )
+        return None if row is None else WorkflowRow(*row)
+
+    async def request_cancel(self, id: str) -> str | None:
+        """Cancel a queued workflow at once, or flag a running one; return its status afterwards."""
+        row = await self._fetchone(
+            "UPDATE {s}.workflows SET"
+            " status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
+            " finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
+            " cancel_requested = status IN ('queued', 'running')"
+            " WHERE id = %s RETURNING status",
+            (id,),
+        )
+        return None if row is None else str(row[0])
+
+    # -- claiming and leases ---------------------------------------------------------------------------
+
+    async def claim(self, owner: str, queues: Sequence[str], limit: int, lease: float) -> list[Claimed]:
+        """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH queued AS (SELECT id, priority, due_at FROM {s}.workflows"
+                "   WHERE status = 'queued' AND queue = ANY(%(queues)s) AND due_at <= now()"
+                "   ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+                " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
+                "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+                "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+                " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+                "   ORDER BY priority DESC, due_at LIMIT %(limit)s)"
+                " UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+                "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
+                "  started_at = coalesce(w.started_at, now())"
+                " FROM chosen WHERE w.id = chosen.id"
+                " RETURNING w.id, w.name, w.inputs, w.attempt"
+            ), {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease})
+            return [Claimed(*row) for row in await cur.fetchall()]
+
+    async def renew_leases(self, owner: str, lease: float) -> list[tuple[str, int, bool]]:
+        """Extend every lease ``owner`` holds; return (id, attempt, cancel requested) of each."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %s)"
+                " WHERE lease_owner = %s AND status = 'running'"
+                " RETURNING id, attempt, cancel_requested"
+            ), (lease, owner))
+            return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
+
+    async def release(self, id: str, attempt: int) -> bool:
+        """Give a workflow back to the queue now, so another worker resumes it without waiting."""
+        row = await self._fetchone(
+            "UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1",
+            (id, attempt),
+        )
+        return row is not None
+
+    async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
+        """How long until the next queued workflow on ``queues`` falls due; None when none waits."""
+        row = await self._fetchone(
+            "SELECT extract(epoch FROM min(due_at) - now()) FROM {s}.workflows"
+            " WHERE status = 'queued' AND queue = ANY(%s)",
+            (list(queues),),
+        )
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+    # -- the journal -----------------------------------------------------------------------------------
+
+    async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT position, name, output, error, exception FROM {s}.steps WHERE workflow_id = %s"
+            ), (workflow_id,))
+            return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
+
+    async def record_step(
+        self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
+        error: dict[str, Any] | None, exception: bytes | None, attempts: int,
+    ) -> tuple[bool, bool]:
+        """Record a finished step for the execution holding ``attempt``.
+
+        Returns (still owner, cancel requested). The workflow row is share-locked for the insert, so a
+        takeover cannot slip in between the fencing check and the write.
+        """
+        row = await self._fetchone(
+            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
+            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            " written AS (INSERT INTO {s}.steps"
+            "  (workflow_id, position, name, output, error, exception, attempts, attempt)"
+            "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
+            "   %(attempts)s, %(attempt)s FROM owner"
+            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
+            " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
+            {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
+             "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts},
+        )
+        assert row is not None
+        return row[0] is not None, bool(row[0])
+
+    async def finish(
+        self, workflow_id: str, attempt: int, status: str, output: bytes | None,
+        error: dict[str, Any] | None,
+    ) -> bool:
+        """Record the end of an execution; False when the attempt no longer owns the workflow."""
+        row = await self._fetchone(
+            "UPDATE {s}.workflows SET status = %s, output = %s, error = %s, finished_at = now(),"
+            " lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1",
+            (status, output, _jsonb(error), workflow_id, attempt),
+        )
+        return row is not None
+
+    async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(template), params)
+            return await cur.fetchone()
+
+
+def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
+    return None if value is None else Jsonb(value, dumps=lambda v: msgspec.json.encode(v).decode())
+
+
+def quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

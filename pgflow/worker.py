@@ -1,0 +1,139 @@
+"""A worker: claims workflows up to its free slots, runs them under a lease, and renews the lease.
+
+The worker sleeps until something can change what it would claim: an enqueue ping on one of its
+queues, a slot freeing up, the next delayed workflow falling due, or the slow poll that also finds
+workflows whose lease expired because their worker died.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import psycopg
+from anyio.abc import TaskGroup
+
+from .errors import ConfigurationError, ExecutionInterrupted
+from .execution import execute
+from .notify import Waiter
+from .store import Claimed, Store
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("pgflow.worker")
+
+
+class Worker:
+    """``async with app.worker(...)``: runs workflows until the block exits.
+
+    On exit the worker stops claiming and interrupts what it runs; interrupted workflows go back to
+    the queue at once, so another worker resumes them from their journal.
+    """
+
+    def __init__(self, app: App, concurrency: int = 16, queues: Sequence[str] | None = None,
+                 lease: float = 10.0, heartbeat: float | None = None) -> None:
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        if lease <= 0:
+            raise ConfigurationError(f"lease must be positive, got {lease}")
+        self.app = app
+        self.concurrency = concurrency
+        self.queues = list(queues) if queues else ["default"]
+        self.lease = lease
+        self.heartbeat = heartbeat if heartbeat is not None else lease / 3
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.running: set[str] = set()
+        self._limiter = anyio.CapacityLimiter(concurrency)
+        self._group: TaskGroup | None = None
+        self._store: Store | None = None
+        self._wake: Waiter | None = None
+
+    async def __aenter__(self) -> Worker:
+        engine = self.app.engine
+        await anyio.to_thread.run_sync(engine.portal)
+        self._store = await engine.store()
+        self._wake = Waiter()
+        for queue in self.queues:
+            engine.waiters.add(f"q:{queue}", self._wake)
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        self._group.start_soon(self._claim_loop)
+        self._group.start_soon(self._heartbeat_loop)
+        log.info("worker %s started: queues %s, concurrency %d", self.id, ",".join(self.queues),
+                 self.concurrency)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        assert self._group is not None and self._wake is not None
+        for queue in self.queues:
+            self.app.engine.waiters.remove(f"q:{queue}", self._wake)
+        self._group.cancel_scope.cancel()
+        try:
+            # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
+            await self._group.__aexit__(None, None, None)
+            return None
+        finally:
+            await self.app.engine.close_loop()
+            log.info("worker %s stopped", self.id)
+
+    async def _claim_loop(self) -> None:
+        assert self._store is not None and self._wake is not None and self._group is not None
+        poll = self.app.engine.config.poll_interval
+        while True:
+            self._wake.arm()
+            free = self.concurrency - len(self.running)
+            wait = poll
+            if free > 0:
+                try:
+                    # Shielded: a claim cancelled halfway would leave rows leased to nobody running.
+                    with anyio.CancelScope(shield=True):
+                        claimed = await self._store.claim(self.id, self.queues, free, self.lease)
+                        due = None if len(claimed) == free else await self._store.seconds_until_due(
+                            self.queues)
+                    wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
+                except (psycopg.Error, OSError) as exc:
+                    log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
+                    claimed = []
+                for row in claimed:
+                    self.running.add(row.id)
+                    self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+            if wait > 0:
+                await self._wake.wait(wait)
+
+    async def _run(self, claimed: Claimed) -> None:
+        assert self._store is not None and self._wake is not None
+        try:
+            workflow = self.app.workflows.get(claimed.name)
+            if workflow is None:
+                log.error("workflow %r (%s) is not registered in this worker; giving it back",
+                          claimed.name, claimed.id)
+                await self._store.release(claimed.id, claimed.attempt)
+                return
+            await execute(self.app.engine, self._store, workflow, claimed, self._limiter)
+        except ExecutionInterrupted as exc:
+            log.info("workflow %s interrupted: %s", claimed.id, exc)
+        except Exception:
+            log.exception("workflow %s could not be run; it goes back to the queue", claimed.id)
+        finally:
+            self.running.discard(claimed.id)
+            self._wake.wake()
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._store is not None
+        while True:
+            await anyio.sleep(self.heartbeat)
+            if not self.running:
+                continue
+            try:
+                await self._store.renew_leases(self.id, self.lease)
+            except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
+                log.warning("lease renewal failed: %s", exc)
+
