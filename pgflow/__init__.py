@@ -12,7 +12,7 @@ from .errors import (
     WorkflowConflict,
     WorkflowFailed,
 )
-from .handle import WorkflowHandle
+from .handle import StepInfo, WorkflowHandle
 from .retry import RetryPolicy
 from .worker import Worker
 from .workflow import Starter, Step, Workflow
@@ -27,6 +27,7 @@ __all__ = [
     "Starter",
     "Step",
     "StepFailed",
+    "StepInfo",
     "UnknownWorkflow",
     "Worker",
     "Workflow",

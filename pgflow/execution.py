@@ -30,6 +30,7 @@ from .errors import (
     StepFailed,
 )
 from .store import Claimed, StepRecord, Store
+from .telemetry import tracer
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -111,7 +112,12 @@ class Execution:
         attempt = 1
         while True:
             try:
-                output = await self._run_body(step, args, kwargs)
+                with tracer.start_as_current_span(
+                    f"step {step.name}", attributes={"pgflow.workflow_id": self.workflow_id,
+                                                     "pgflow.step.position": position,
+                                                     "pgflow.step.attempt": attempt},
+                ):
+                    output = await self._run_body(step, args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
@@ -169,7 +175,11 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
             journal=await store.journal(claimed.id), is_async=workflow.is_async,
             token=anyio.lowlevel.current_token(),
         )
-        outcome = await _run(workflow, claimed, execution, limiter)
+        with tracer.start_as_current_span(
+            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
+                                                     "pgflow.attempt": claimed.attempt},
+        ):
+            outcome = await _run(workflow, claimed, execution, limiter)
         if outcome is not None:
             await _finish(engine, store, execution, *outcome)
     except BaseException:
@@ -201,7 +211,7 @@ async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execut
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
         return "failed", None, describe(exc)
     finally:
         current_execution.reset(reset)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import codec
@@ -13,6 +15,17 @@ if TYPE_CHECKING:
     from .workflow import Workflow
 
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A recorded step call: its position in the workflow, its name, and how it ended."""
+
+    position: int
+    name: str
+    error_type: str | None
+    attempts: int
+    finished_at: datetime
 FINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -64,6 +77,14 @@ class WorkflowHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> R:
         return self.app.engine.call(self.result_async, timeout)
+
+    async def steps_async(self) -> list[StepInfo]:
+        """The steps recorded so far, in call order: progress as another process sees it."""
+        store = await self.app.engine.store()
+        return [StepInfo(*row) for row in await store.steps(self.id)]
+
+    def steps(self) -> list[StepInfo]:
+        return self.app.engine.call(self.steps_async)
 
     async def cancel_async(self) -> None:
         """Cancel the workflow: a queued one never starts, a running one stops at its next step."""

@@ -172,6 +172,15 @@ class Store:
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
+    async def steps(self, workflow_id: str) -> list[tuple[int, str, str | None, int, Any]]:
+        """(position, name, error type or None, attempts, finished_at) of each recorded step, in order."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT position, name, error->>'type', attempts, finished_at FROM {s}.steps"
+                " WHERE workflow_id = %s ORDER BY position"
+            ), (workflow_id,))
+            return [tuple(row) for row in await cur.fetchall()]
+
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
@@ -212,7 +221,8 @@ class Store:
     async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(template), params)
-            return await cur.fetchone()
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:

@@ -1,0 +1,88 @@
+"""Fixtures: every test runs against real PostgreSQL servers, each test in a schema of its own.
+
+The suite runs once against an embedded PostgreSQL 18 started for the session in a temporary
+directory, and once against the PostgreSQL 15 at 127.0.0.1:5432 when one answers there.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import pgflow
+
+from .servers import EmbeddedServer, external_pg15_dsn
+
+_embedded: EmbeddedServer | None = None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    dsn = external_pg15_dsn()
+    if dsn is None:
+        return ["servers: embedded PostgreSQL 18 only (no PostgreSQL 15 answers at 127.0.0.1:5432; "
+                "its tests are skipped)"]
+    return [f"servers: embedded PostgreSQL 18 and PostgreSQL 15 at {dsn}"]
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer()
+    server.start(tmp_path_factory.mktemp("pg18"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session", params=["pg18", "pg15"])
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, EmbeddedServer | None]]:
+    """(dsn, the EmbeddedServer when it is the embedded one, so fault tests can restart it)."""
+    if request.param == "pg18":
+        embedded: EmbeddedServer = request.getfixturevalue("embedded_server")
+        yield embedded.dsn, embedded
+    else:
+        dsn = external_pg15_dsn()
+        if dsn is None:
+            pytest.skip("no PostgreSQL 15 answers at 127.0.0.1:5432")
+        yield dsn, None
+
+
+@pytest.fixture
+def dsn(server: tuple[str, EmbeddedServer | None]) -> str:
+    return server[0]
+
+
+@pytest.fixture
+def schema(dsn: str) -> Iterator[str]:
+    """A fresh schema name, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def app(dsn: str, schema: str) -> Iterator[pgflow.App]:
+    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+@pytest.fixture
+def worker_env(dsn: str, schema: str) -> dict[str, str]:
+    """The environment a worker process needs to serve this test's schema."""
+    root = Path(__file__).resolve().parent.parent
+    return {**os.environ, "PGFLOW_DSN": dsn, "PGFLOW_SCHEMA": schema,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
