@@ -14,6 +14,13 @@ from .errors import (
 )
 from .handle import StepInfo, WorkflowHandle
 from .retry import RetryPolicy
+from .streams import (
+    close_stream,
+    close_stream_async,
+    stream_offset,
+    write_stream,
+    write_stream_async,
+)
 from .worker import Worker
 from .workflow import Starter, Step, Workflow
 
@@ -35,4 +42,9 @@ __all__ = [
     "WorkflowConflict",
     "WorkflowFailed",
     "WorkflowHandle",
+    "close_stream",
+    "close_stream_async",
+    "stream_offset",
+    "write_stream",
+    "write_stream_async",
 ]

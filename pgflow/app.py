@@ -51,8 +51,8 @@ class App:
                 f"schema {schema!r} is not usable: use lowercase letters, digits and _ "
                 "(at most 55 characters, not starting with a digit)"
             )
-        if notify not in ("buffered", "off"):
-            raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
+        if notify not in ("buffered", "inline", "off"):
+            raise ConfigurationError(f"notify must be 'buffered', 'inline' or 'off', got {notify!r}")
         if notify_interval <= 0 or poll_interval <= 0 or pool_size < 1:
             raise ConfigurationError("notify_interval and poll_interval must be > 0, pool_size >= 1")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None

@@ -96,11 +96,12 @@ class Engine:
         self.notifier.ping(keys)
 
     async def wait_for(
-        self, key: str, check: Callable[[], Awaitable[T | None]], timeout: float | None,
+        self, keys: list[str], check: Callable[[], Awaitable[T | None]], timeout: float | None,
     ) -> T | None:
+        """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value."""
         if self.listener is None:
             await anyio.to_thread.run_sync(self.portal)
-        return await self.waiters.wait_for(key, check, timeout, self.config.poll_interval)
+        return await self.waiters.wait_for(keys, check, timeout, self.config.poll_interval)
 
     # -- pools, one per event loop ----------------------------------------------------------------------
 

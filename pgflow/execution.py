@@ -34,6 +34,7 @@ from .telemetry import tracer
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .streams import StreamWriter
     from .workflow import Step, Workflow
 
 log = logging.getLogger("pgflow.execution")
@@ -84,6 +85,12 @@ class Execution:
     journal: dict[int, StepRecord]
     is_async: bool
     token: anyio.lowlevel.EventLoopToken
+    writer: StreamWriter | None = None
+    # Per stream key: the next free position in the table, and how far this run's deterministic
+    # replay of the workflow body has got (see write_chunk).
+    stream_ends: dict[str, int] = field(default_factory=dict)
+    stream_cursor: dict[str, int] = field(default_factory=dict)
+    closed_streams: set[str] = field(default_factory=set)
     next_position: int = 0
     interrupt: ExecutionInterrupted | None = field(default=None)
 
@@ -108,6 +115,8 @@ class Execution:
                     "step calls in the same order on every run; move anything nondeterministic "
                     "(time, randomness, I/O) into a step."
                 )
+            for key, end in (record.stream_ends or {}).items():
+                self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
             return replay(record, step)
         attempt = 1
         while True:
@@ -148,13 +157,47 @@ class Execution:
         exception: bytes | None, attempts: int,
     ) -> None:
         owner, cancel = await self.store.record_step(
-            self.workflow_id, self.attempt, position, name, output, error, exception, attempts
+            self.workflow_id, self.attempt, position, name, output, error, exception, attempts,
+            dict(self.stream_ends),
         )
+        for key, end in self.stream_ends.items():
+            self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
         if not owner:
             self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
         elif cancel:
             self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
         self.check_interrupt()
+
+    async def write_chunk(self, key: str, value: bytes | None) -> None:
+        """Write a chunk (``None`` closes the stream) at the stream's next position.
+
+        From a step, a chunk is appended after whatever the stream holds: a retried step's chunks
+        follow those of its earlier attempts (``stream_offset`` tells it how many there were). From the
+        workflow body, the n-th write to a key lands at the same position on every run, so a workflow
+        replayed after a crash skips the writes that were already committed instead of repeating them.
+        """
+        self.check_interrupt()
+        if key in self.closed_streams:
+            raise ValueError(f"stream {key!r} of workflow {self.workflow_id!r} is closed")
+        if value is None:
+            self.closed_streams.add(key)
+        end = self.stream_ends.get(key, 0)
+        if not inside_step.get():
+            cursor = self.stream_cursor.get(key, 0)
+            self.stream_cursor[key] = cursor + 1
+            if cursor < end:
+                return
+        self.stream_ends[key] = end + 1
+        if self.writer is None:
+            raise RuntimeError("streams are written by workflows run by a worker")
+        await self.writer.write(self, key, end, value)
+        self.check_interrupt()
+
+    def stream_offset(self, key: str) -> int:
+        """Inside a step: chunks this step call has committed to ``key`` so far, earlier attempts
+        included. In the workflow body: how many chunks the stream holds."""
+        end = self.stream_ends.get(key, 0)
+        return end - self.stream_cursor.get(key, 0) if inside_step.get() else end
 
     def call_step_from_thread(self, step: Step[Any, Any], position: int, args: Any, kwargs: Any) -> Any:
         """The same journaled call, made from a sync workflow's thread."""
@@ -162,7 +205,7 @@ class Execution:
 
 
 async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], claimed: Claimed,
-                  limiter: anyio.CapacityLimiter) -> None:
+                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
@@ -173,7 +216,8 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
         execution = Execution(
             engine=engine, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal=await store.journal(claimed.id), is_async=workflow.is_async,
-            token=anyio.lowlevel.current_token(),
+            token=anyio.lowlevel.current_token(), writer=writer,
+            stream_ends=await store.stream_ends(claimed.id),
         )
         with tracer.start_as_current_span(
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,

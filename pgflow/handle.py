@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import codec
+from . import codec, streams
 from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .store import WorkflowRow
 
@@ -70,7 +71,7 @@ class WorkflowHandle(Generic[R]):
             row = await self._row()
             return row if row.status in FINAL else None
 
-        row = await self.app.engine.wait_for(f"wf:{self.id}", ended, timeout)
+        row = await self.app.engine.wait_for([f"wf:{self.id}"], ended, timeout)
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)
@@ -85,6 +86,30 @@ class WorkflowHandle(Generic[R]):
 
     def steps(self) -> list[StepInfo]:
         return self.app.engine.call(self.steps_async)
+
+    async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncIterator[Any]:
+        """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
+        the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
+        ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
+        async for value in streams.read(self.app.engine, self.id, key, offset, type):
+            yield value
+
+    def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
+        streams.check_key(key)
+        engine = self.app.engine
+        while True:
+            chunks = engine.call(self._next_chunks, key, offset)
+            if chunks is None:
+                return
+            for position, value in chunks:
+                if value is None:
+                    return
+                offset = position + 1
+                yield codec.decode(value, type)
+
+    async def _next_chunks(self, key: str, offset: int) -> list[tuple[int, bytes | None]] | None:
+        engine = self.app.engine
+        return await streams.next_chunks(engine, await engine.store(), self.id, key, offset)
 
     async def cancel_async(self) -> None:
         """Cancel the workflow: a queued one never starts, a running one stops at its next step."""

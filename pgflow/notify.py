@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 log = logging.getLogger("pgflow.notify")
 
 T = TypeVar("T")
-NotifyMode = Literal["buffered", "off"]
+NotifyMode = Literal["buffered", "inline", "off"]
 WAKE_ALL = "*"
 PAYLOAD_LIMIT = 7900  # Postgres refuses payloads of 8000 bytes or more; keep a margin for framing.
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" ping is cheaper
@@ -97,12 +97,14 @@ class Waiters:
         self.wake((WAKE_ALL,))
 
     async def wait_for(
-        self, key: str, check: Callable[[], Awaitable[T | None]], timeout: float | None, poll: float,
+        self, keys: list[str], check: Callable[[], Awaitable[T | None]], timeout: float | None,
+        poll: float,
     ) -> T | None:
-        """Re-run ``check`` whenever ``key`` is pinged, and every ``poll`` seconds, until it returns
-        something other than None or ``timeout`` passes (then None)."""
+        """Re-run ``check`` whenever one of ``keys`` is pinged, and every ``poll`` seconds, until it
+        returns something other than None or ``timeout`` passes (then None)."""
         waiter = Waiter()
-        self.add(key, waiter)
+        for key in keys:
+            self.add(key, waiter)
         try:
             deadline = None if timeout is None else anyio.current_time() + timeout
             while True:
@@ -118,7 +120,8 @@ class Waiters:
                     wait = min(wait, left)
                 await waiter.wait(wait)
         finally:
-            self.remove(key, waiter)
+            for key in keys:
+                self.remove(key, waiter)
 
 
 def pack(keys: Iterable[str]) -> list[str]:
@@ -153,7 +156,12 @@ def unpack(payload: str) -> tuple[str, list[str]]:
 
 
 class Notifier:
-    """Collects pings in memory and sends them in one background transaction every ``interval``."""
+    """Collects pings in memory and sends them in one background transaction every ``interval``.
+
+    Modes: "buffered" (the default); "inline", where stream batches send their NOTIFY inside their
+    own transaction and other pings go out without waiting for the interval (the naive design, for
+    comparison); "off", where other processes learn of changes only by their poll.
+    """
 
     def __init__(
         self, pool: AsyncConnectionPool[Any], channel: str, waiters: Waiters, interval: float,
@@ -183,6 +191,10 @@ class Notifier:
         if first and self._loop is not None:
             self._loop.call_soon_threadsafe(self._due.set)
 
+    @property
+    def interval(self) -> float:
+        return 0.0 if self._mode == "inline" else self._interval
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush pings until cancelled, then flush what is left."""
         self._loop = asyncio.get_running_loop()
@@ -191,7 +203,7 @@ class Notifier:
             while True:
                 await self._due.wait()
                 self._due = anyio.Event()
-                await anyio.sleep(self._interval)
+                await anyio.sleep(self.interval)
                 await self.flush()
         finally:
             with anyio.CancelScope(shield=True):

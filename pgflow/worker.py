@@ -23,6 +23,7 @@ from .errors import ConfigurationError, ExecutionInterrupted
 from .execution import execute
 from .notify import Waiter
 from .store import Claimed, Store
+from .streams import StreamWriter
 
 if TYPE_CHECKING:
     from .app import App
@@ -54,6 +55,7 @@ class Worker:
         self._group: TaskGroup | None = None
         self._store: Store | None = None
         self._wake: Waiter | None = None
+        self._writer: StreamWriter | None = None
 
     async def __aenter__(self) -> Worker:
         engine = self.app.engine
@@ -64,6 +66,8 @@ class Worker:
             engine.waiters.add(f"q:{queue}", self._wake)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
+        self._writer = StreamWriter(engine, self._store)
+        self._group.start_soon(self._writer.run)
         self._group.start_soon(self._claim_loop)
         self._group.start_soon(self._heartbeat_loop)
         log.info("worker %s started: queues %s, concurrency %d", self.id, ",".join(self.queues),
@@ -117,7 +121,7 @@ class Worker:
                           claimed.name, claimed.id)
                 await self._store.release(claimed.id, claimed.attempt)
                 return
-            await execute(self.app.engine, self._store, workflow, claimed, self._limiter)
+            await execute(self.app.engine, self._store, workflow, claimed, self._limiter, self._writer)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:

@@ -36,6 +36,7 @@ class StepRecord:
     output: bytes | None
     error: dict[str, Any] | None
     exception: bytes | None
+    stream_ends: dict[str, int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +140,10 @@ class Store:
         """Extend every lease ``owner`` holds; return (id, attempt, cancel requested) of each."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
+                # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
                 "UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %s)"
-                " WHERE lease_owner = %s AND status = 'running'"
+                " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %s AND status = 'running'"
+                "  ORDER BY id FOR UPDATE)"
                 " RETURNING id, attempt, cancel_requested"
             ), (lease, owner))
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
@@ -168,7 +171,8 @@ class Store:
     async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT position, name, output, error, exception FROM {s}.steps WHERE workflow_id = %s"
+                "SELECT position, name, output, error, exception, stream_ends FROM {s}.steps"
+                " WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
@@ -184,6 +188,7 @@ class Store:
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
+        stream_ends: dict[str, int] | None = None,
     ) -> tuple[bool, bool]:
         """Record a finished step for the execution holding ``attempt``.
 
@@ -194,13 +199,14 @@ class Store:
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
             "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
             " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, exception, attempts, attempt)"
+            "  (workflow_id, position, name, output, error, exception, attempts, attempt, stream_ends)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
-            "   %(attempts)s, %(attempt)s FROM owner"
+            "   %(attempts)s, %(attempt)s, %(stream_ends)s FROM owner"
             "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
-             "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts},
+             "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
+             "stream_ends": _jsonb(stream_ends or None)},
         )
         assert row is not None
         return row[0] is not None, bool(row[0])
@@ -223,6 +229,67 @@ class Store:
             cur = await conn.execute(self._sql(template), params)
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row
+
+
+    # -- streams -----------------------------------------------------------------------------------------
+
+    async def stream_ends(self, workflow_id: str) -> dict[str, int]:
+        """The next free position of each of a workflow's streams: read once per execution, so
+        positions are then assigned in memory rather than by a max()+1 query per write."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT key, max(position) + 1 FROM {s}.streams WHERE workflow_id = %s GROUP BY key"
+            ), (workflow_id,))
+            return {str(key): int(end) for key, end in await cur.fetchall()}
+
+    async def write_chunks(
+        self, workflow_ids: list[str], attempts: list[int], keys: list[str], positions: list[int],
+        values: list[bytes | None], notify: tuple[str, list[str]] | None = None,
+    ) -> tuple[set[tuple[str, int]], set[str]]:
+        """Insert a batch of chunks from many executions in one statement.
+
+        Each chunk is written only if its execution still holds its workflow (fencing). Returns the
+        (workflow id, attempt) pairs that were fenced out and the ids whose cancellation was requested.
+        ``notify`` = (channel, payloads) sends NOTIFY inside the same transaction (the naive design,
+        kept for comparison).
+        """
+        async with self.pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(self._sql(
+                    "WITH batch AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::text[], %s::int[],"
+                    "   %s::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
+                    " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
+                    "   WHERE w.id IN (SELECT workflow_id FROM batch) AND w.status = 'running'"
+                    "   ORDER BY w.id FOR SHARE),"
+                    " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                    "   SELECT b.workflow_id, b.key, b.position, b.value FROM batch b"
+                    "   JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+                    "   ON CONFLICT DO NOTHING RETURNING 1)"
+                    " SELECT b.workflow_id, b.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
+                    " FROM (SELECT DISTINCT workflow_id, attempt FROM batch) b"
+                    " LEFT JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+                ), (workflow_ids, attempts, keys, positions, values))
+                rows = await cur.fetchall()
+                if notify is not None:
+                    await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", notify)
+        fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
+        cancelled = {str(r[0]) for r in rows if r[3]}
+        return fenced, cancelled
+
+    async def read_chunks(
+        self, workflow_id: str, key: str, offset: int, limit: int,
+    ) -> list[tuple[int, bytes | None]]:
+        """Every chunk from ``offset`` on (up to ``limit``), in one query, in position order."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT position, value FROM {s}.streams"
+                " WHERE workflow_id = %s AND key = %s AND position >= %s ORDER BY position LIMIT %s"
+            ), (workflow_id, key, offset, limit))
+            return [(int(p), v) for p, v in await cur.fetchall()]
+
+    async def status(self, workflow_id: str) -> str | None:
+        row = await self._fetchone("SELECT status FROM {s}.workflows WHERE id = %s", (workflow_id,))
+        return None if row is None else str(row[0])
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:

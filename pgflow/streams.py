@@ -1,0 +1,238 @@
+"""Streams: group-committed writes and batched reads.
+
+Writing a chunk is an INSERT, but not one per chunk: the chunks of every writer in a worker process are
+gathered while the previous batch commits and then written in one multi-row INSERT, and each writer
+awaits its batch's commit. Under load batches grow by themselves; when idle a chunk goes out at once.
+
+Positions are dense per (workflow, key). The execution that holds a workflow's lease is the only writer
+of its streams (fencing refuses the others), so it assigns positions in memory, from the stream ends
+read once when it starts. A batch that fails is retried whole; if it cannot be written, every execution
+that had a chunk in it is interrupted and given back to the queue, so no later chunk of theirs lands
+behind a gap, and the execution that resumes them reads the ends afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import psycopg
+
+from . import codec
+from .errors import CancelRequested, ExecutionInterrupted, LeaseLost, UnknownWorkflow
+from .notify import pack
+from .store import Store
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .execution import Execution
+
+log = logging.getLogger("pgflow.streams")
+
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+MAX_KEY_BYTES = 256
+READ_BATCH = 1000
+
+
+class StreamWriteFailed(ExecutionInterrupted):
+    """A batch of chunks could not be written; the execution stops and another run resumes it."""
+
+
+def check_key(key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a stream key is a non-empty string, got {key!r}")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise ValueError(f"a stream key is at most {MAX_KEY_BYTES} bytes, got {len(key.encode())}")
+
+
+def encode_chunk(key: str, value: object) -> bytes:
+    data = codec.encode(value, f"a chunk of stream {key!r}")
+    if len(data) > MAX_CHUNK_BYTES:
+        raise ValueError(
+            f"a chunk of stream {key!r} is {len(data)} bytes encoded; the limit is {MAX_CHUNK_BYTES}. "
+            "Split it into several chunks."
+        )
+    return data
+
+
+@dataclass(eq=False)
+class _Pending:
+    execution: Execution
+    key: str
+    position: int
+    value: bytes | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
+
+
+class StreamWriter:
+    """Group commit for the chunks of every execution in one worker."""
+
+    def __init__(self, engine: Engine, store: Store, max_batch: int = 5000, retries: int = 3) -> None:
+        self._engine = engine
+        self._store = store
+        self._max_batch = max_batch
+        self._retries = retries
+        self._queue: list[_Pending] = []
+        self._wake = anyio.Event()
+        self.batches = 0
+        self.chunks = 0
+
+    async def write(self, execution: Execution, key: str, position: int, value: bytes | None) -> None:
+        """Queue one chunk and return once its batch has committed."""
+        pending = _Pending(execution, key, position, value)
+        self._queue.append(pending)
+        self._wake.set()
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._queue:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+                with anyio.CancelScope(shield=True):
+                    await self._flush(batch)
+
+    async def _flush(self, batch: list[_Pending]) -> None:
+        ids = [p.execution.workflow_id for p in batch]
+        attempts = [p.execution.attempt for p in batch]
+        keys_ = [p.key for p in batch]
+        positions = [p.position for p in batch]
+        values = [p.value for p in batch]
+        keys = {f"s:{wid}:{key}" for wid, key in zip(ids, keys_, strict=True)}
+        notify = None
+        if self._engine.config.notify == "inline":
+            notify = (self._engine.config.channel, pack(keys))
+        for attempt in range(1, self._retries + 1):
+            try:
+                fenced, cancelled = await self._store.write_chunks(
+                    ids, attempts, keys_, positions, values, notify=notify)
+                break
+            except (psycopg.Error, OSError) as exc:
+                if attempt == self._retries:
+                    log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
+                    self._fail(batch, exc)
+                    return
+                await anyio.sleep(0.05 * 2 ** attempt)
+        self.batches += 1
+        self.chunks += len(batch)
+        for p in batch:
+            ex = p.execution
+            if (ex.workflow_id, ex.attempt) in fenced:
+                p.error = ex.interrupt = LeaseLost(
+                    f"workflow {ex.workflow_id!r} attempt {ex.attempt} lost its lease")
+            elif ex.workflow_id in cancelled and ex.interrupt is None:
+                ex.interrupt = CancelRequested(f"workflow {ex.workflow_id!r} was cancelled")
+            p.done.set()
+        if notify is None:
+            self._engine.ping(*keys)
+
+    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        for p in batch:
+            p.error = p.execution.interrupt = StreamWriteFailed(
+                f"chunks of workflow {p.execution.workflow_id!r} could not be written: {exc}")
+            p.done.set()
+
+
+async def read(engine: Engine, workflow_id: str, key: str, offset: int,
+               decode_as: Any = Any) -> AsyncIterator[Any]:
+    """Every chunk of a stream from ``offset`` on, waiting for more until the stream is closed or its
+    workflow has ended in any way. Each wait is a ping on the stream or the workflow, or the poll."""
+    check_key(key)
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    store = await engine.store()
+    while True:
+        chunks = await next_chunks(engine, store, workflow_id, key, offset)
+        if chunks is None:
+            return
+        for position, value in chunks:
+            if value is None:
+                return
+            offset = position + 1
+            yield codec.decode(value, decode_as)
+
+
+async def next_chunks(engine: Engine, store: Store, workflow_id: str, key: str,
+                      offset: int) -> list[tuple[int, bytes | None]] | None:
+    """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
+    can grow no more (its workflow ended and every chunk it wrote has been read)."""
+
+    async def check() -> list[tuple[int, bytes | None]] | None:
+        chunks = await store.read_chunks(workflow_id, key, offset, READ_BATCH)
+        if chunks:
+            return chunks
+        status = await store.status(workflow_id)
+        if status is None:
+            raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
+        if status in ("succeeded", "failed", "cancelled"):
+            # Chunks are committed before the workflow's end, so one more read sees them all.
+            return await store.read_chunks(workflow_id, key, offset, READ_BATCH) or []
+        return None
+
+    chunks = await engine.wait_for([f"s:{workflow_id}:{key}", f"wf:{workflow_id}"], check, None)
+    return chunks or None
+
+
+# -- the public functions, called from inside a workflow or a step --------------------------------------
+
+
+def _execution(what: str) -> Execution:
+    from .context import current_execution
+
+    execution = current_execution.get()
+    if execution is None:
+        raise RuntimeError(f"pgflow.{what} is called from inside a workflow or a step run by a worker")
+    return execution
+
+
+async def write_stream_async(key: str, value: object) -> None:
+    """Append a chunk to the workflow's stream ``key``; returns once the chunk is committed."""
+    check_key(key)
+    await _execution("write_stream_async").write_chunk(key, encode_chunk(key, value))
+
+
+async def close_stream_async(key: str) -> None:
+    """Close the stream: its readers stop after the chunks written so far."""
+    check_key(key)
+    await _execution("close_stream_async").write_chunk(key, None)
+
+
+def write_stream(key: str, value: object) -> None:
+    """Sync twin of ``write_stream_async``, for sync workflows and steps."""
+    check_key(key)
+    _write_from_thread("write_stream", key, encode_chunk(key, value))
+
+
+def close_stream(key: str) -> None:
+    """Sync twin of ``close_stream_async``."""
+    check_key(key)
+    _write_from_thread("close_stream", key, None)
+
+
+def stream_offset(key: str) -> int:
+    """Inside a step: how many chunks this step call has already committed to ``key``, counting
+    its earlier attempts, so a retried step can resume where it stopped instead of repeating itself.
+    In the workflow body: how many chunks the stream holds."""
+    check_key(key)
+    return _execution("stream_offset").stream_offset(key)
+
+
+def _write_from_thread(what: str, key: str, value: bytes | None) -> None:
+    execution = _execution(what)
+    try:
+        on_loop = anyio.lowlevel.current_token() == execution.token
+    except RuntimeError:
+        on_loop = False
+    if on_loop:
+        raise RuntimeError(f"pgflow.{what} blocks; in async code use `await pgflow.{what}_async(...)`")
+    anyio.from_thread.run(execution.write_chunk, key, value, token=execution.token)
