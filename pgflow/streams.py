@@ -14,6 +14,7 @@ behind a gap, and the execution that resumes them reads the ends afresh.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -166,21 +167,79 @@ async def next_chunks(engine: Engine, store: Store, workflow_id: str, key: str,
                       offset: int) -> list[tuple[int, bytes | None]] | None:
     """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
     can grow no more (its workflow ended and every chunk it wrote has been read)."""
+    fetcher = _fetchers.get(store)
+    if fetcher is None:
+        fetcher = _fetchers.setdefault(store, ChunkFetcher(store))
 
     async def check() -> list[tuple[int, bytes | None]] | None:
-        chunks = await store.read_chunks(workflow_id, key, offset, READ_BATCH)
-        if chunks:
-            return chunks
-        status = await store.status(workflow_id)
+        status, chunks = await fetcher.fetch(workflow_id, key, offset)
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        if status in ("succeeded", "failed", "cancelled"):
-            # Chunks are committed before the workflow's end, so one more read sees them all.
-            return await store.read_chunks(workflow_id, key, offset, READ_BATCH) or []
+        if chunks or status in ("succeeded", "failed", "cancelled"):
+            return chunks
         return None
 
     chunks = await engine.wait_for([f"s:{workflow_id}:{key}", f"wf:{workflow_id}"], check, None)
     return chunks or None
+
+
+@dataclass(eq=False)
+class _Read:
+    workflow_id: str
+    key: str
+    offset: int
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: tuple[str | None, list[tuple[int, bytes | None]]] = (None, [])
+    error: BaseException | None = None
+
+
+class ChunkFetcher:
+    """Shares reads among the readers of one process: the reads asked for while a query runs are
+    answered together by the next one. The first reader to ask runs the queries for everyone
+    waiting, so no background task is needed."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._queue: list[_Read] = []
+        self._busy = False
+        self.queries = 0
+
+    async def fetch(self, workflow_id: str, key: str, offset: int,
+                    ) -> tuple[str | None, list[tuple[int, bytes | None]]]:
+        read = _Read(workflow_id, key, offset)
+        self._queue.append(read)
+        if self._busy:
+            await read.done.wait()
+        else:
+            self._busy = True
+            try:
+                with anyio.CancelScope(shield=True):
+                    while self._queue:
+                        batch, self._queue = self._queue[:READ_BATCH], self._queue[READ_BATCH:]
+                        await self._answer(batch)
+            finally:
+                self._busy = False
+        if read.error is not None:
+            raise read.error
+        return read.result
+
+    async def _answer(self, batch: list[_Read]) -> None:
+        try:
+            results = await self._store.read_streams(
+                [r.workflow_id for r in batch], [r.key for r in batch], [r.offset for r in batch],
+                READ_BATCH)
+            self.queries += 1
+        except Exception as exc:  # noqa: BLE001 - every reader in the batch gets the error
+            for r in batch:
+                r.error = exc
+                r.done.set()
+            return
+        for r, result in zip(batch, results, strict=True):
+            r.result = result
+            r.done.set()
+
+
+_fetchers: weakref.WeakKeyDictionary[Store, ChunkFetcher] = weakref.WeakKeyDictionary()
 
 
 # -- the public functions, called from inside a workflow or a step --------------------------------------

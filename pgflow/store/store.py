@@ -276,20 +276,34 @@ class Store:
         cancelled = {str(r[0]) for r in rows if r[3]}
         return fenced, cancelled
 
-    async def read_chunks(
-        self, workflow_id: str, key: str, offset: int, limit: int,
-    ) -> list[tuple[int, bytes | None]]:
-        """Every chunk from ``offset`` on (up to ``limit``), in one query, in position order."""
+    async def read_streams(
+        self, workflow_ids: list[str], keys: list[str], offsets: list[int], limit: int,
+    ) -> list[tuple[str | None, list[tuple[int, bytes | None]]]]:
+        """For each (workflow, key, offset) asked: the workflow's status (None when there is no such
+        workflow) and up to ``limit`` chunks from the offset on, all in one query.
+
+        Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
+        visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
+        """
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT position, value FROM {s}.streams"
-                " WHERE workflow_id = %s AND key = %s AND position >= %s ORDER BY position LIMIT %s"
-            ), (workflow_id, key, offset, limit))
-            return [(int(p), v) for p, v in await cur.fetchall()]
-
-    async def status(self, workflow_id: str) -> str | None:
-        row = await self._fetchone("SELECT status FROM {s}.workflows WHERE id = %s", (workflow_id,))
-        return None if row is None else str(row[0])
+                "SELECT r.i, w.status, c.position, c.value"
+                " FROM unnest(%s::text[], %s::text[], %s::int[]) WITH ORDINALITY AS r(workflow_id, key, start, i)"
+                " LEFT JOIN {s}.workflows w ON w.id = r.workflow_id"
+                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.streams"
+                "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
+                "   ORDER BY position LIMIT %s) c ON true"
+                " ORDER BY r.i, c.position"
+            ), (workflow_ids, keys, offsets, limit))
+            found: list[tuple[str | None, list[tuple[int, bytes | None]]]] = [
+                (None, []) for _ in workflow_ids
+            ]
+            for i, status, position, value in await cur.fetchall():
+                chunks = found[i - 1][1]
+                if position is not None:
+                    chunks.append((int(position), value))
+                found[i - 1] = (status, chunks)
+            return found
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
