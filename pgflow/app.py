@@ -157,9 +157,13 @@ class App:
         return WorkflowHandle(self, workflow_id)
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
-               lease: float = 10.0, heartbeat: float | None = None) -> Worker:
-        """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``."""
-        return Worker(self, concurrency, queues, lease=lease, heartbeat=heartbeat)
+               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:
+        """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``.
+
+        ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
+        ``grace`` is how long leaving the block waits for running workflows before giving them back.
+        """
+        return Worker(self, concurrency, queues, lease=lease, heartbeat=heartbeat, grace=grace)
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""

@@ -17,9 +17,11 @@ from .errors import ConfigurationError
 
 log = logging.getLogger("pgflow.cli")
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+# Exit codes a supervisor can act on.
+EXIT_OK = 0             # stopped by a signal with every running workflow finished
+EXIT_USAGE = 2          # bad command line or app: restarting will not help
+EXIT_RELEASED = 3       # stopped by a signal after the grace period; unfinished workflows were given back
+EXIT_FORCED = 130       # a second signal cut the drain short; unfinished workflows were given back
 
 
 def load_app(target: str) -> App:
@@ -44,13 +46,31 @@ def load_app(target: str) -> App:
     return app
 
 
-async def _serve(app: App, concurrency: int, queues: list[str], lease: float) -> int:
-    """Run a worker until SIGTERM or SIGINT; the worker gives back what it had not finished."""
-    async with app.worker(concurrency=concurrency, queues=queues, lease=lease):
+async def _serve(app: App, concurrency: int, queues: list[str], lease: float, grace: float) -> int:
+    """Run a worker until SIGTERM or SIGINT, then drain it: a second signal cuts the drain short."""
+    async with app.worker(concurrency=concurrency, queues=queues, lease=lease) as worker:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("received %s; stopping", signal.Signals(signum).name)
-                return EXIT_OK
+                log.info("received %s: draining for up to %.1fs (send it again to stop now)",
+                         signal.Signals(signum).name, grace)
+                break
+            forced = False
+            async with anyio.create_task_group() as group:
+
+                async def second_signal() -> None:
+                    nonlocal forced
+                    async for signum in signals:
+                        log.warning("received %s again: stopping now", signal.Signals(signum).name)
+                        forced = True
+                        group.cancel_scope.cancel()
+
+                group.start_soon(second_signal)
+                await worker.stop(grace)
+                group.cancel_scope.cancel()
+            if forced:
+                await worker.stop(0)
+                return EXIT_FORCED
+            return EXIT_OK if not worker.interrupted else EXIT_RELEASED
     return EXIT_OK
 
 
@@ -65,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker.add_argument("--queues", default="default", help="comma-separated queue names")
     worker.add_argument("--lease", type=float, default=10.0,
                         help="seconds a crashed worker's workflows stay claimed before another takes them")
+    worker.add_argument("--grace", type=float, default=25.0,
+                        help="seconds SIGTERM waits for running workflows before giving them back")
 
     migrate = commands.add_parser("migrate", help="create or upgrade the schema")
     migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
@@ -77,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]
             try:
-                return anyio.run(_serve, app, args.concurrency, queues, args.lease)
+                code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace)
+                return code
             finally:
                 app.close()
         app = load_app(args.app) if args.app else App()
@@ -89,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return EXIT_FORCED
 
 
 if __name__ == "__main__":

@@ -148,7 +148,10 @@ class Execution:
             if step.is_async:
                 return await step.fn(*args, **kwargs)
             context = contextvars.copy_context()
-            return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs))
+            # A thread cannot be interrupted: on cancellation it is abandoned, and fencing refuses
+            # anything it tries to write after its workflow was given back.
+            return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs),
+                                                  abandon_on_cancel=True)
         finally:
             inside_step.reset(token)
 
@@ -247,7 +250,8 @@ async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execut
         else:
             context = contextvars.copy_context()
             result = await anyio.to_thread.run_sync(
-                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter
+                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter,
+                abandon_on_cancel=True,
             )
         return "succeeded", workflow.codec.encode_result(result), None
     except CancelRequested:

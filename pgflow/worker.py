@@ -3,6 +3,10 @@
 The worker sleeps until something can change what it would claim: an enqueue ping on one of its
 queues, a slot freeing up, the next delayed workflow falling due, or the slow poll that also finds
 workflows whose lease expired because their worker died.
+
+Stopping is two-phase. ``stop(grace)`` stops claiming and lets running workflows finish for up to
+``grace`` seconds; whatever still runs then is interrupted and given back to the queue at once, so
+another worker resumes it from its journal without waiting for the lease to run out.
 """
 
 from __future__ import annotations
@@ -34,25 +38,31 @@ log = logging.getLogger("pgflow.worker")
 class Worker:
     """``async with app.worker(...)``: runs workflows until the block exits.
 
-    On exit the worker stops claiming and interrupts what it runs; interrupted workflows go back to
-    the queue at once, so another worker resumes them from their journal.
+    Leaving the block stops the worker with ``grace`` seconds for running workflows to finish
+    (default 0: they are interrupted at once and go back to the queue).
     """
 
     def __init__(self, app: App, concurrency: int = 16, queues: Sequence[str] | None = None,
-                 lease: float = 10.0, heartbeat: float | None = None) -> None:
+                 lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         if lease <= 0:
             raise ConfigurationError(f"lease must be positive, got {lease}")
+        if grace < 0:
+            raise ConfigurationError(f"grace must be >= 0 seconds, got {grace}")
         self.app = app
         self.concurrency = concurrency
         self.queues = list(queues) if queues else ["default"]
         self.lease = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
+        self.grace = grace
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.running: set[str] = set()
+        self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
+        self._claiming = anyio.CancelScope()
+        self._idle = anyio.Event()
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
@@ -64,9 +74,9 @@ class Worker:
         self._wake = Waiter()
         for queue in self.queues:
             engine.waiters.add(f"q:{queue}", self._wake)
+        self._writer = StreamWriter(engine, self._store)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
-        self._writer = StreamWriter(engine, self._store)
         self._group.start_soon(self._writer.run)
         self._group.start_soon(self._claim_loop)
         self._group.start_soon(self._heartbeat_loop)
@@ -75,52 +85,67 @@ class Worker:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool | None:
-        assert self._group is not None and self._wake is not None
-        for queue in self.queues:
-            self.app.engine.waiters.remove(f"q:{queue}", self._wake)
-        self._group.cancel_scope.cancel()
+                        tb: TracebackType | None) -> None:
+        assert self._group is not None
         try:
+            with anyio.CancelScope(shield=exc_type is None):
+                await self.stop(0.0 if exc_type is not None else self.grace)
             # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
             await self._group.__aexit__(None, None, None)
-            return None
         finally:
             await self.app.engine.close_loop()
             log.info("worker %s stopped", self.id)
 
+    async def stop(self, grace: float) -> bool:
+        """Stop claiming, wait up to ``grace`` seconds for running workflows, then interrupt the
+        rest (they go back to the queue). Returns True when nothing had to be interrupted."""
+        assert self._group is not None and self._wake is not None
+        self._claiming.cancel()
+        for queue in self.queues:
+            self.app.engine.waiters.remove(f"q:{queue}", self._wake)
+        if self.running:
+            log.info("worker %s draining %d running workflows (up to %.1fs)", self.id,
+                     len(self.running), grace)
+            with anyio.move_on_after(grace):
+                await self._idle.wait()
+        self.interrupted = self.interrupted or len(self.running)
+        if self.running:
+            log.warning("worker %s interrupting %d workflows; they go back to the queue", self.id,
+                        self.interrupted)
+        self._group.cancel_scope.cancel()
+        return not self.interrupted
+
     async def _claim_loop(self) -> None:
         assert self._store is not None and self._wake is not None and self._group is not None
         poll = self.app.engine.config.poll_interval
-        while True:
-            self._wake.arm()
-            free = self.concurrency - len(self.running)
-            wait = poll
-            if free > 0:
-                try:
-                    # Shielded: a claim cancelled halfway would leave rows leased to nobody running.
-                    with anyio.CancelScope(shield=True):
-                        claimed = await self._store.claim(self.id, self.queues, free, self.lease)
-                        due = None if len(claimed) == free else await self._store.seconds_until_due(
-                            self.queues)
-                    wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
-                except (psycopg.Error, OSError) as exc:
-                    log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
-                    claimed = []
-                for row in claimed:
-                    self.running.add(row.id)
-                    self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
-            if wait > 0:
-                await self._wake.wait(wait)
+        names = sorted(self.app.workflows)
+        with self._claiming:
+            while True:
+                self._wake.arm()
+                free = self.concurrency - len(self.running)
+                wait = poll
+                if free > 0:
+                    try:
+                        # Shielded: a claim cancelled halfway would leave rows leased to nobody.
+                        with anyio.CancelScope(shield=True):
+                            claimed = await self._store.claim(self.id, self.queues, names, free, self.lease)
+                            due = None if len(claimed) == free else await self._store.seconds_until_due(
+                                self.queues, names)
+                        wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
+                    except (psycopg.Error, OSError) as exc:
+                        log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
+                        claimed = []
+                    for row in claimed:
+                        self.running.add(row.id)
+                        self._idle = anyio.Event()
+                        self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+                if wait > 0:
+                    await self._wake.wait(wait)
 
     async def _run(self, claimed: Claimed) -> None:
         assert self._store is not None and self._wake is not None
         try:
-            workflow = self.app.workflows.get(claimed.name)
-            if workflow is None:
-                log.error("workflow %r (%s) is not registered in this worker; giving it back",
-                          claimed.name, claimed.id)
-                await self._store.release(claimed.id, claimed.attempt)
-                return
+            workflow = self.app.workflows[claimed.name]
             await execute(self.app.engine, self._store, workflow, claimed, self._limiter, self._writer)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
@@ -128,6 +153,8 @@ class Worker:
             log.exception("workflow %s could not be run; it goes back to the queue", claimed.id)
         finally:
             self.running.discard(claimed.id)
+            if not self.running:
+                self._idle.set()
             self._wake.wake()
 
     async def _heartbeat_loop(self) -> None:
@@ -140,4 +167,3 @@ class Worker:
                 await self._store.renew_leases(self.id, self.lease)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
-

@@ -116,15 +116,21 @@ class Store:
 
     # -- claiming and leases ---------------------------------------------------------------------------
 
-    async def claim(self, owner: str, queues: Sequence[str], limit: int, lease: float) -> list[Claimed]:
-        """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first."""
+    async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
+                    lease: float) -> list[Claimed]:
+        """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first.
+
+        Only workflows named in ``names`` are taken: a worker never claims one it cannot run.
+        """
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH queued AS (SELECT id, priority, due_at FROM {s}.workflows"
                 "   WHERE status = 'queued' AND queue = ANY(%(queues)s) AND due_at <= now()"
+                "   AND name = ANY(%(names)s)"
                 "   ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
                 " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
                 "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+                "   AND name = ANY(%(names)s)"
                 "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
                 " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
                 "   ORDER BY priority DESC, due_at LIMIT %(limit)s)"
@@ -133,7 +139,8 @@ class Store:
                 "  started_at = coalesce(w.started_at, now())"
                 " FROM chosen WHERE w.id = chosen.id"
                 " RETURNING w.id, w.name, w.inputs, w.attempt"
-            ), {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease})
+            ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
+                "lease": lease})
             return [Claimed(*row) for row in await cur.fetchall()]
 
     async def renew_leases(self, owner: str, lease: float) -> list[tuple[str, int, bool]]:
@@ -157,12 +164,12 @@ class Store:
         )
         return row is not None
 
-    async def seconds_until_due(self, queues: Sequence[str]) -> float | None:
+    async def seconds_until_due(self, queues: Sequence[str], names: Sequence[str]) -> float | None:
         """How long until the next queued workflow on ``queues`` falls due; None when none waits."""
         row = await self._fetchone(
             "SELECT extract(epoch FROM min(due_at) - now()) FROM {s}.workflows"
-            " WHERE status = 'queued' AND queue = ANY(%s)",
-            (list(queues),),
+            " WHERE status = 'queued' AND queue = ANY(%s) AND name = ANY(%s)",
+            (list(queues), list(names)),
         )
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
