@@ -1,5 +1,7 @@
 """pgflow: durable workflows, steps and streams with PostgreSQL as the only moving part."""
 
+__version__ = "0.1.0"
+
 from .app import App
 from .errors import (
     ConfigurationError,

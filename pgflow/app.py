@@ -8,6 +8,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -22,6 +23,13 @@ from .workflow import Step, Workflow, check_registrable, make_step, qualified_na
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+@dataclass(frozen=True)
+class QueueLimits:
+    concurrency: int | None
+    rate_limit: int | None
+    per: float
+
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 
@@ -68,6 +76,7 @@ class App:
                               notify_interval=notify_interval, poll_interval=poll_interval)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
+        self.queues: dict[str, QueueLimits] = {}
         self._engine: Engine | None = None
         self._lock = threading.Lock()
 
@@ -100,18 +109,23 @@ class App:
     @overload
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
-        max_attempts: int | None = None,
+        max_attempts: int | None = None, timeout: float | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
-        priority: int = 0, max_attempts: int | None = None,
+        priority: int = 0, max_attempts: int | None = None, timeout: float | None = None,
     ) -> Any:
-        """Make a function a durable workflow, run by workers that serve ``queue``."""
+        """Make a function a durable workflow, run by workers that serve ``queue``.
+
+        ``max_attempts`` caps how many times it is claimed (each crash or interrupted run of its
+        worker costs one) before it is marked failed; ``timeout`` fails it once it has run that many
+        seconds since it first started, across crashes.
+        """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             check_registrable(fn, "workflow")
-            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts)
+            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts, timeout)
             if workflow.name in self.workflows:
                 raise ConfigurationError(
                     f"a workflow named {workflow.name!r} is already registered; pass name= to tell them apart"
@@ -149,6 +163,19 @@ class App:
             return step
 
         return register if fn is None else register(fn)
+
+    def queue(self, name: str, *, concurrency: int | None = None, rate_limit: int | None = None,
+              per: float = 1.0) -> None:
+        """Limit a queue across every worker: at most ``concurrency`` of its workflows running at
+        once, and at most ``rate_limit`` started per ``per`` seconds. Workers serving the queue write
+        the limits to the database when they start."""
+        if concurrency is not None and concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        if rate_limit is not None and rate_limit < 1:
+            raise ConfigurationError(f"rate_limit must be at least 1, got {rate_limit}")
+        if per <= 0:
+            raise ConfigurationError(f"per must be a positive number of seconds, got {per}")
+        self.queues[name] = QueueLimits(concurrency, rate_limit, per)
 
     # -- entry points -----------------------------------------------------------------------------------
 

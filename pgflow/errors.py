@@ -63,6 +63,15 @@ class StepFailed(PgflowError):
         self.message = message
 
 
+class WorkflowTimeout(PgflowError, TimeoutError):
+    """Recorded as a workflow's error when it ran past its ``timeout``."""
+
+
+class MaxAttemptsExceeded(PgflowError):
+    """Recorded as a workflow's error when it was claimed ``max_attempts`` times without finishing
+    (its worker died or was stopped each time): a poison workflow stops being retried."""
+
+
 class ExecutionInterrupted(BaseException):
     """Stops an execution that must not go on writing: its lease was lost, or it was cancelled.
 

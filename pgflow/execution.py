@@ -26,8 +26,10 @@ from .errors import (
     CancelRequested,
     ExecutionInterrupted,
     LeaseLost,
+    MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     StepFailed,
+    WorkflowTimeout,
 )
 from .store import Claimed, StepRecord, Store
 from .telemetry import tracer
@@ -226,7 +228,7 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
                                                      "pgflow.attempt": claimed.attempt},
         ):
-            outcome = await _run(workflow, claimed, execution, limiter)
+            outcome = _refused(claimed) or await _run_in_time(workflow, claimed, execution, limiter)
         if outcome is not None:
             await _finish(engine, store, execution, *outcome)
     except BaseException:
@@ -237,6 +239,33 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
+
+
+Outcome = tuple[str, bytes | None, dict[str, Any] | None]
+
+
+def _refused(claimed: Claimed) -> Outcome | None:
+    """The failure to record instead of running, for a poison workflow or one past its deadline."""
+    if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
+        return "failed", None, describe(MaxAttemptsExceeded(
+            f"workflow {claimed.id!r} was claimed {claimed.max_attempts} times without finishing"))
+    if claimed.seconds_left is not None and claimed.seconds_left <= 0:
+        return "failed", None, describe(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
+    return None
+
+
+async def _run_in_time(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execution,
+                       limiter: anyio.CapacityLimiter) -> Outcome | None:
+    """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
+    refused any further write)."""
+    if claimed.seconds_left is None:
+        return await _run(workflow, claimed, execution, limiter)
+    with anyio.move_on_after(claimed.seconds_left) as scope:
+        return await _run(workflow, claimed, execution, limiter)
+    assert scope.cancelled_caught
+    message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
+    execution.interrupt = CancelRequested(message)
+    return "failed", None, describe(WorkflowTimeout(message))
 
 
 async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execution,

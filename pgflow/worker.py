@@ -23,6 +23,7 @@ import anyio
 import psycopg
 from anyio.abc import TaskGroup
 
+from . import __version__
 from .errors import ConfigurationError, ExecutionInterrupted
 from .execution import execute
 from .notify import Waiter
@@ -75,6 +76,12 @@ class Worker:
         for queue in self.queues:
             engine.waiters.add(f"q:{queue}", self._wake)
         self._writer = StreamWriter(engine, self._store)
+        for queue in self.queues:
+            limits = self.app.queues.get(queue)
+            if limits is not None:
+                await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues,
+                                          __version__)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._writer.run)
@@ -93,7 +100,12 @@ class Worker:
             # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
             await self._group.__aexit__(None, None, None)
         finally:
-            await self.app.engine.close_loop()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._store.unregister_worker(self.id)  # type: ignore[union-attr]
+                except Exception as exc:  # noqa: BLE001 - heartbeats of the others forget it anyway
+                    log.warning("could not unregister worker %s: %s", self.id, exc)
+                await self.app.engine.close_loop()
             log.info("worker %s stopped", self.id)
 
     async def stop(self, grace: float) -> bool:
@@ -119,6 +131,8 @@ class Worker:
         assert self._store is not None and self._wake is not None and self._group is not None
         poll = self.app.engine.config.poll_interval
         names = sorted(self.app.workflows)
+        limited = [q for q in self.queues if q in self.app.queues]
+        unlimited = [q for q in self.queues if q not in self.app.queues]
         with self._claiming:
             while True:
                 self._wake.arm()
@@ -128,7 +142,7 @@ class Worker:
                     try:
                         # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                         with anyio.CancelScope(shield=True):
-                            claimed = await self._store.claim(self.id, self.queues, names, free, self.lease)
+                            claimed = await self._claim(unlimited, limited, names, free)
                             due = None if len(claimed) == free else await self._store.seconds_until_due(
                                 self.queues, names)
                         wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
@@ -141,6 +155,16 @@ class Worker:
                         self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
                 if wait > 0:
                     await self._wake.wait(wait)
+
+    async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
+                     free: int) -> list[Claimed]:
+        assert self._store is not None
+        claimed = await self._store.claim(self.id, unlimited, names, free, self.lease) if unlimited else []
+        for queue in limited:
+            if len(claimed) < free:
+                claimed += await self._store.claim_limited(self.id, queue, names, free - len(claimed),
+                                                           self.lease)
+        return claimed
 
     async def _run(self, claimed: Claimed) -> None:
         assert self._store is not None and self._wake is not None
@@ -161,9 +185,8 @@ class Worker:
         assert self._store is not None
         while True:
             await anyio.sleep(self.heartbeat)
-            if not self.running:
-                continue
             try:
-                await self._store.renew_leases(self.id, self.lease)
+                with anyio.CancelScope(shield=True):
+                    await self._store.heartbeat(self.id, self.lease, forget_after=max(60.0, 10 * self.lease))
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)

@@ -64,13 +64,18 @@ class Workflow(Generic[P, R]):
     """A durable function: started by id on a queue, run by any worker, resumed from its journal."""
 
     def __init__(self, app: App, fn: Callable[P, R], name: str, queue: str, priority: int,
-                 max_attempts: int | None) -> None:
+                 max_attempts: int | None, timeout: float | None = None) -> None:
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
         self.app = app
         self.fn = fn
         self.name = name
         self.queue = queue
         self.priority = priority
         self.max_attempts = max_attempts
+        self.timeout = timeout
         self.is_async = inspect.iscoroutinefunction(fn)
         self.codec = FunctionCodec(fn, f"workflow {name!r}")
         functools.update_wrapper(self, fn)
@@ -135,7 +140,8 @@ class Starter(Generic[P, R]):
         queue = options.queue or workflow.queue
         priority = workflow.priority if options.priority is None else options.priority
         created, name = await store.enqueue(
-            id, workflow.name, queue, priority, inputs, options.delay, workflow.max_attempts
+            id, workflow.name, queue, priority, inputs, options.delay, workflow.max_attempts,
+            workflow.timeout,
         )
         if name != workflow.name:
             raise WorkflowConflict(

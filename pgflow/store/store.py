@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -27,6 +28,8 @@ class Claimed:
     name: str
     inputs: bytes
     attempt: int
+    max_attempts: int | None
+    seconds_left: float | None  # until the workflow's timeout; None without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +74,19 @@ class Store:
 
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
-        max_attempts: int | None,
+        max_attempts: int | None, timeout: float | None = None,
     ) -> tuple[bool, str]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's workflow)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
-                " INSERT INTO {s}.workflows (id, name, queue, priority, inputs, due_at, max_attempts)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s)"
+                " INSERT INTO {s}.workflows"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s)"
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, id))
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, id))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -123,36 +127,110 @@ class Store:
         Only workflows named in ``names`` are taken: a worker never claims one it cannot run.
         """
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH queued AS (SELECT id, priority, due_at FROM {s}.workflows"
-                "   WHERE status = 'queued' AND queue = ANY(%(queues)s) AND due_at <= now()"
-                "   AND name = ANY(%(names)s)"
-                "   ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-                " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
-                "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-                "   AND name = ANY(%(names)s)"
-                "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-                " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-                "   ORDER BY priority DESC, due_at LIMIT %(limit)s)"
-                " UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
-                "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-                "  started_at = coalesce(w.started_at, now())"
-                " FROM chosen WHERE w.id = chosen.id"
-                " RETURNING w.id, w.name, w.inputs, w.attempt"
-            ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
-                "lease": lease})
-            return [Claimed(*row) for row in await cur.fetchall()]
+            return await self._claim(conn, owner, queues, names, limit, lease)
 
-    async def renew_leases(self, owner: str, lease: float) -> list[tuple[str, int, bool]]:
-        """Extend every lease ``owner`` holds; return (id, attempt, cancel requested) of each."""
+    async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
+                            lease: float) -> list[Claimed]:
+        """Claim from a queue with limits, holding its row lock so the limits hold across workers:
+        at most ``concurrency`` live leases at once, and starts paced by a token bucket."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql(
+                "SELECT q.concurrency, q.rate_limit,"
+                "  least(q.rate_limit, q.tokens + q.rate_limit"
+                "        * extract(epoch FROM now() - q.refilled_at) / q.rate_period),"
+                "  (SELECT count(*) FROM {s}.workflows w WHERE w.queue = q.name AND w.status = 'running'"
+                "     AND w.lease_expires_at >= now())"
+                " FROM {s}.queues q WHERE q.name = %s FOR UPDATE"
+            ), (queue,))
+            row = await cur.fetchone()
+            if row is None:
+                return await self._claim(conn, owner, [queue], names, limit, lease)
+            concurrency, rate_limit, tokens, running = row
+            if concurrency is not None:
+                limit = min(limit, concurrency - int(running))
+            if rate_limit is not None:
+                limit = min(limit, int(tokens))
+            claimed = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else []
+            if rate_limit is not None:
+                await conn.execute(self._sql(
+                    "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
+                ), (float(tokens) - len(claimed), queue))
+            return claimed
+
+    async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
+                     names: Sequence[str], limit: int, lease: float) -> list[Claimed]:
+        cur = await conn.execute(self._sql(
+            "WITH queued AS (SELECT id, priority, due_at FROM {s}.workflows"
+            "   WHERE status = 'queued' AND queue = ANY(%(queues)s) AND due_at <= now()"
+            "   AND name = ANY(%(names)s)"
+            "   ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+            " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
+            "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+            "   AND name = ANY(%(names)s)"
+            "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+            " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+            "   ORDER BY priority DESC, due_at LIMIT %(limit)s)"
+            " UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+            "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
+            "  started_at = coalesce(w.started_at, now()),"
+            "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
+            " FROM chosen WHERE w.id = chosen.id"
+            " RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
+            "  extract(epoch FROM w.deadline_at - now())"
+        ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
+            "lease": lease})
+        return [Claimed(id, name, inputs, attempt, max_attempts,
+                        None if left is None else float(left))
+                for id, name, inputs, attempt, max_attempts, left in await cur.fetchall()]
+
+    async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
+                            rate_period: float) -> None:
+        """Record a queue's limits (the bucket starts full), or forget them when there are none."""
+        async with self.pool.connection() as conn:
+            if concurrency is None and rate_limit is None:
+                await conn.execute(self._sql("DELETE FROM {s}.queues WHERE name = %s"), (name,))
+                return
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens)"
+                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0))"
+                " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
+                "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
+                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0))"
+            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period})
+
+    # -- the worker registry ---------------------------------------------------------------------------
+
+    async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
+                              version: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.workers (id, host, pid, queues, version) VALUES (%s, %s, %s, %s, %s)"
+            ), (id, host, pid, list(queues), version))
+
+    async def unregister_worker(self, id: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
+
+    async def workers(self) -> list[tuple[str, str, int, list[str], str]]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
+                "SELECT id, host, pid, queues, version FROM {s}.workers ORDER BY started_at"))
+            return [(str(a), str(b), int(c), list(d), str(e)) for a, b, c, d, e in await cur.fetchall()]
+
+    async def heartbeat(self, owner: str, lease: float, forget_after: float) -> list[tuple[str, int, bool]]:
+        """Say this worker lives, forget workers silent for ``forget_after`` seconds, and extend every
+        lease ``owner`` holds, in one statement; return (id, attempt, cancel requested) per lease."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH alive AS (UPDATE {s}.workers SET heartbeat_at = now() WHERE id = %(owner)s),"
+                " gone AS (DELETE FROM {s}.workers"
+                "   WHERE heartbeat_at < now() - make_interval(secs => %(forget)s))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
-                "UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %s)"
-                " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %s AND status = 'running'"
-                "  ORDER BY id FOR UPDATE)"
+                " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
+                " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %(owner)s"
+                "  AND status = 'running' ORDER BY id FOR UPDATE)"
                 " RETURNING id, attempt, cancel_requested"
-            ), (lease, owner))
+            ), {"owner": owner, "lease": lease, "forget": forget_after})
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
 
     async def release(self, id: str, attempt: int) -> bool:
