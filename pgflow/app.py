@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+from .cron import Cron
 from .engine import Config, Engine
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
@@ -109,23 +110,28 @@ class App:
     @overload
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
-        max_attempts: int | None = None, timeout: float | None = None,
+        max_attempts: int | None = None, timeout: float | None = None, schedule: str | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
         priority: int = 0, max_attempts: int | None = None, timeout: float | None = None,
+        schedule: str | None = None,
     ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``.
 
         ``max_attempts`` caps how many times it is claimed (each crash or interrupted run of its
         worker costs one) before it is marked failed; ``timeout`` fails it once it has run that many
-        seconds since it first started, across crashes.
+        seconds since it first started, across crashes. ``schedule`` is a cron expression (UTC; five
+        fields, or six with seconds first): every worker serving ``queue`` starts the workflow at each
+        tick under the id ``name@tick``, so each tick runs once however many workers there are. A
+        scheduled workflow takes no arguments, or one: the tick's datetime.
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             check_registrable(fn, "workflow")
-            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts, timeout)
+            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
+                                Cron.parse(schedule) if schedule is not None else None)
             if workflow.name in self.workflows:
                 raise ConfigurationError(
                     f"a workflow named {workflow.name!r} is already registered; pass name= to tell them apart"

@@ -55,6 +55,9 @@ class Engine:
             weakref.WeakKeyDictionary()
         )
         self._migrated = False
+        self._holders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
+            weakref.WeakKeyDictionary()
+        )
         self._portal_cm: contextlib.AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._background: list[Any] = []
@@ -122,6 +125,19 @@ class Engine:
                 await store.migrate()
                 self._migrated = True
         return store
+
+    def hold_loop(self) -> None:
+        """Count a worker on the running loop, so the loop's pool outlives every worker but the last."""
+        loop = asyncio.get_running_loop()
+        self._holders[loop] = self._holders.get(loop, 0) + 1
+
+    async def release_loop(self) -> None:
+        """The running loop's worker is done; close the loop's pool when it was the last one."""
+        loop = asyncio.get_running_loop()
+        self._holders[loop] = self._holders.get(loop, 1) - 1
+        if self._holders[loop] <= 0:
+            del self._holders[loop]
+            await self.close_loop()
 
     async def close_loop(self) -> None:
         """Close the pool of the running loop (the worker and async users call this on their way out)."""

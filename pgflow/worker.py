@@ -11,13 +11,15 @@ another worker resumes it from its journal without waiting for the lease to run 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
@@ -32,6 +34,7 @@ from .streams import StreamWriter
 
 if TYPE_CHECKING:
     from .app import App
+    from .workflow import Workflow
 
 log = logging.getLogger("pgflow.worker")
 
@@ -71,21 +74,27 @@ class Worker:
     async def __aenter__(self) -> Worker:
         engine = self.app.engine
         await anyio.to_thread.run_sync(engine.portal)
-        self._store = await engine.store()
+        engine.hold_loop()
+        try:
+            self._store = await engine.store()
+            for queue in self.queues:
+                limits = self.app.queues.get(queue)
+                if limits is not None:
+                    await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit,
+                                                    limits.per)
+            await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues,
+                                              __version__)
+        except BaseException:
+            await engine.release_loop()
+            raise
+        self._writer = StreamWriter(engine, self._store)
         self._wake = Waiter()
         for queue in self.queues:
             engine.waiters.add(f"q:{queue}", self._wake)
-        self._writer = StreamWriter(engine, self._store)
-        for queue in self.queues:
-            limits = self.app.queues.get(queue)
-            if limits is not None:
-                await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
-        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues,
-                                          __version__)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._writer.run)
-        self._group.start_soon(self._claim_loop)
+        self._group.start_soon(self._intake)
         self._group.start_soon(self._heartbeat_loop)
         log.info("worker %s started: queues %s, concurrency %d", self.id, ",".join(self.queues),
                  self.concurrency)
@@ -105,7 +114,7 @@ class Worker:
                     await self._store.unregister_worker(self.id)  # type: ignore[union-attr]
                 except Exception as exc:  # noqa: BLE001 - heartbeats of the others forget it anyway
                     log.warning("could not unregister worker %s: %s", self.id, exc)
-                await self.app.engine.close_loop()
+                await self.app.engine.release_loop()
             log.info("worker %s stopped", self.id)
 
     async def stop(self, grace: float) -> bool:
@@ -127,34 +136,42 @@ class Worker:
         self._group.cancel_scope.cancel()
         return not self.interrupted
 
+    async def _intake(self) -> None:
+        """Everything that brings work in (claiming, schedules); ``stop`` cancels it first."""
+        with self._claiming:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._claim_loop)
+                for workflow in self.app.workflows.values():
+                    if workflow.schedule is not None and workflow.queue in self.queues:
+                        group.start_soon(self._schedule_loop, workflow)
+
     async def _claim_loop(self) -> None:
         assert self._store is not None and self._wake is not None and self._group is not None
         poll = self.app.engine.config.poll_interval
         names = sorted(self.app.workflows)
         limited = [q for q in self.queues if q in self.app.queues]
         unlimited = [q for q in self.queues if q not in self.app.queues]
-        with self._claiming:
-            while True:
-                self._wake.arm()
-                free = self.concurrency - len(self.running)
-                wait = poll
-                if free > 0:
-                    try:
-                        # Shielded: a claim cancelled halfway would leave rows leased to nobody.
-                        with anyio.CancelScope(shield=True):
-                            claimed = await self._claim(unlimited, limited, names, free)
-                            due = None if len(claimed) == free else await self._store.seconds_until_due(
-                                self.queues, names)
-                        wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
-                    except (psycopg.Error, OSError) as exc:
-                        log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
-                        claimed = []
-                    for row in claimed:
-                        self.running.add(row.id)
-                        self._idle = anyio.Event()
-                        self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
-                if wait > 0:
-                    await self._wake.wait(wait)
+        while True:
+            self._wake.arm()
+            free = self.concurrency - len(self.running)
+            wait = poll
+            if free > 0:
+                try:
+                    # Shielded: a claim cancelled halfway would leave rows leased to nobody.
+                    with anyio.CancelScope(shield=True):
+                        claimed = await self._claim(unlimited, limited, names, free)
+                        due = None if len(claimed) == free else await self._store.seconds_until_due(
+                            self.queues, names)
+                    wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
+                except (psycopg.Error, OSError) as exc:
+                    log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
+                    claimed = []
+                for row in claimed:
+                    self.running.add(row.id)
+                    self._idle = anyio.Event()
+                    self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+            if wait > 0:
+                await self._wake.wait(wait)
 
     async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
                      free: int) -> list[Claimed]:
@@ -180,6 +197,21 @@ class Worker:
             if not self.running:
                 self._idle.set()
             self._wake.wake()
+
+    async def _schedule_loop(self, workflow: Workflow[Any, Any]) -> None:
+        """Start ``workflow`` at every tick of its schedule. Every worker serving its queue does
+        this; the tick's id makes all but the first start a no-op."""
+        assert workflow.schedule is not None
+        takes_tick = bool(inspect.signature(workflow.fn).parameters)
+        while True:
+            tick = workflow.schedule.next_after(datetime.now(UTC))
+            await anyio.sleep((tick - datetime.now(UTC)).total_seconds())
+            starter = workflow.with_options(id=f"{workflow.name}@{tick.isoformat()}")
+            try:
+                with anyio.CancelScope(shield=True):
+                    await (starter.start_async(tick) if takes_tick else starter.start_async())
+            except (psycopg.Error, OSError) as exc:
+                log.warning("could not start %s for %s: %s", workflow.name, tick, exc)
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .codec import FunctionCodec
 from .context import current_execution, journaling
+from .cron import Cron
 from .errors import ConfigurationError, WorkflowConflict
 from .handle import WorkflowHandle
 from .retry import RetryPolicy
@@ -64,7 +65,8 @@ class Workflow(Generic[P, R]):
     """A durable function: started by id on a queue, run by any worker, resumed from its journal."""
 
     def __init__(self, app: App, fn: Callable[P, R], name: str, queue: str, priority: int,
-                 max_attempts: int | None, timeout: float | None = None) -> None:
+                 max_attempts: int | None, timeout: float | None = None,
+                 schedule: Cron | None = None) -> None:
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
         if timeout is not None and timeout <= 0:
@@ -76,8 +78,12 @@ class Workflow(Generic[P, R]):
         self.priority = priority
         self.max_attempts = max_attempts
         self.timeout = timeout
+        self.schedule = schedule
         self.is_async = inspect.iscoroutinefunction(fn)
         self.codec = FunctionCodec(fn, f"workflow {name!r}")
+        if schedule is not None and len(inspect.signature(fn).parameters) > 1:
+            raise ConfigurationError(
+                f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
