@@ -14,6 +14,7 @@ import anyio
 
 from .app import App
 from .errors import ConfigurationError
+from .supervisor import supervise
 
 log = logging.getLogger("pgflow.cli")
 
@@ -87,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds a crashed worker's workflows stay claimed before another takes them")
     worker.add_argument("--grace", type=float, default=25.0,
                         help="seconds SIGTERM waits for running workflows before giving them back")
+    worker.add_argument("--processes", type=int, default=1,
+                        help="run this many worker processes under a supervisor that restarts them")
 
     migrate = commands.add_parser("migrate", help="create or upgrade the schema")
     migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
@@ -98,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+            if args.processes < 1 or args.concurrency < 1:
+                raise ConfigurationError("--processes and --concurrency must be at least 1")
+            if args.processes > 1:
+                return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
+                                  ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace)],
+                                 args.processes)
             try:
                 code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace)
                 return code

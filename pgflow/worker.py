@@ -65,6 +65,8 @@ class Worker:
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
+        self._tasks: TaskGroup | None = None
+        self._running_scope = anyio.CancelScope()
         self._claiming = anyio.CancelScope()
         self._idle = anyio.Event()
         self._store: Store | None = None
@@ -93,9 +95,7 @@ class Worker:
             engine.waiters.add(f"q:{queue}", self._wake)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
-        self._group.start_soon(self._writer.run)
-        self._group.start_soon(self._intake)
-        self._group.start_soon(self._heartbeat_loop)
+        await self._group.start(self._main)
         log.info("worker %s started: queues %s, concurrency %d", self.id, ",".join(self.queues),
                  self.concurrency)
         return self
@@ -120,7 +120,7 @@ class Worker:
     async def stop(self, grace: float) -> bool:
         """Stop claiming, wait up to ``grace`` seconds for running workflows, then interrupt the
         rest (they go back to the queue). Returns True when nothing had to be interrupted."""
-        assert self._group is not None and self._wake is not None
+        assert self._wake is not None
         self._claiming.cancel()
         for queue in self.queues:
             self.app.engine.waiters.remove(f"q:{queue}", self._wake)
@@ -133,8 +133,20 @@ class Worker:
         if self.running:
             log.warning("worker %s interrupting %d workflows; they go back to the queue", self.id,
                         self.interrupted)
-        self._group.cancel_scope.cancel()
+        self._running_scope.cancel()
         return not self.interrupted
+
+    async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
+        group's scope instead would also cancel the code inside the caller's ``async with``.)"""
+        assert self._writer is not None
+        with self._running_scope:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                tasks.start_soon(self._writer.run)
+                tasks.start_soon(self._intake)
+                tasks.start_soon(self._heartbeat_loop)
+                task_status.started()
 
     async def _intake(self) -> None:
         """Everything that brings work in (claiming, schedules); ``stop`` cancels it first."""
@@ -146,7 +158,7 @@ class Worker:
                         group.start_soon(self._schedule_loop, workflow)
 
     async def _claim_loop(self) -> None:
-        assert self._store is not None and self._wake is not None and self._group is not None
+        assert self._store is not None and self._wake is not None and self._tasks is not None
         poll = self.app.engine.config.poll_interval
         names = sorted(self.app.workflows)
         limited = [q for q in self.queues if q in self.app.queues]
@@ -169,7 +181,7 @@ class Worker:
                 for row in claimed:
                     self.running.add(row.id)
                     self._idle = anyio.Event()
-                    self._group.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+                    self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
             if wait > 0:
                 await self._wake.wait(wait)
 
