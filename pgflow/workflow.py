@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .codec import FunctionCodec
-from .context import current_execution, journaling
+from .context import journaling
 from .cron import Cron
 from .errors import ConfigurationError, WorkflowConflict
 from .handle import WorkflowHandle
@@ -134,7 +134,7 @@ class Starter(Generic[P, R]):
         replayed after a crash finds the child it started instead of starting a second one."""
         if self._options.id is not None:
             return self._options.id
-        parent = current_execution.get()
+        parent = journaling()
         if parent is not None:
             return f"{parent.workflow_id}.{parent.take_position()}"
         return str(uuid.uuid4())
