@@ -13,12 +13,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+import anyio
+import anyio.to_thread
+
 from .cron import Cron
 from .engine import Config, Engine
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
 from .notify import NotifyMode
 from .retry import RetryOn, RetryPolicy
+from .store import Store
 from .worker import Worker
 from .workflow import Step, Workflow, check_registrable, make_step, qualified_name
 
@@ -200,17 +204,19 @@ class App:
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""
-        store = await self.engine.store()
-        await store.migrate()
-        return await store.schema_version()
+
+        async def migrate(store: Store) -> int:
+            await store.migrate()
+            return await store.schema_version()
+
+        return await self.engine.db(migrate)
 
     def migrate(self) -> int:
         return self.engine.call(self.migrate_async)
 
     async def close_async(self) -> None:
-        """Close the pool of the running event loop (the one async calls from it used)."""
-        if self._engine is not None:
-            await self._engine.close_loop()
+        """The async twin of ``close``."""
+        await anyio.to_thread.run_sync(self.close)
 
     def close(self) -> None:
         """Flush pending pings and close every connection and background task; idempotent."""
@@ -233,4 +239,3 @@ class App:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close_async()
-        self.close()

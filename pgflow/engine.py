@@ -15,6 +15,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,7 +46,12 @@ class Config:
 
 
 class Engine:
-    """Owns every connection and background task of one App; ``close`` stops them all."""
+    """Owns every connection and background task of one App; ``close`` stops them all.
+
+    Callers on any loop reach the database through ``db``, which runs the query on the engine's loop
+    without tying up a thread; only workers, whose hot paths (step records, stream batches) must not
+    hop between loops, get a pool on their own loop (``store``).
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -54,13 +60,15 @@ class Engine:
         self._stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Store] = (
             weakref.WeakKeyDictionary()
         )
-        self._migrated = False
         self._holders: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
             weakref.WeakKeyDictionary()
         )
+        self._migrated = False
         self._portal_cm: contextlib.AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
-        self._background: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: anyio.Event | None = None
+        self._background: Future[None] | None = None
         self.notifier: Notifier | None = None
         self.listener: Listener | None = None
 
@@ -73,24 +81,46 @@ class Engine:
                 self._portal_cm = start_blocking_portal(name="pgflow-engine")
                 portal = self._portal_cm.__enter__()
                 try:
-                    self._start_background(portal)
+                    self._background, _ = portal.start_task(self._run_background)
                 except BaseException:
                     self._portal_cm.__exit__(None, None, None)
                     raise
                 self._portal = portal
             return self._portal
 
-    def _start_background(self, portal: BlockingPortal) -> None:
-        store = portal.call(self.store)
+    async def _run_background(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The notifier and the listener, until ``close``: then a last flush of pending pings."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = anyio.Event()
+        store = await self.store()
         self.notifier = Notifier(
             store.pool, self.config.channel, self.waiters, self.config.notify_interval, self.config.notify
         )
         self.listener = Listener(self.config.dsn, self.config.channel, self.waiters)
-        self._background = [portal.start_task(self.notifier.run)[0], portal.start_task(self.listener.run)[0]]
+        async with anyio.create_task_group() as group:
+            await group.start(self.notifier.run)
+            await group.start(self.listener.run)
+            task_status.started()
+            await self._stop.wait()
+            group.cancel_scope.cancel()
+        await self.close_loop()
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run an async implementation to completion from sync code."""
         return self.portal().call(fn, *args)
+
+    async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
+        """Run ``fn(store)`` on the engine's loop, from whichever loop calls."""
+        if self._loop is None:
+            await anyio.to_thread.run_sync(self.portal)
+        assert self._loop is not None
+        if asyncio.get_running_loop() is self._loop:
+            return await fn(await self.store())
+
+        async def on_engine_loop() -> T:
+            return await fn(await self.store())
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_engine_loop(), self._loop))
 
     def ping(self, *keys: str) -> None:
         """Wake this process's waiters now and every other process's within a notifier interval."""
@@ -106,7 +136,7 @@ class Engine:
             await anyio.to_thread.run_sync(self.portal)
         return await self.waiters.wait_for(keys, check, timeout, self.config.poll_interval)
 
-    # -- pools, one per event loop ----------------------------------------------------------------------
+    # -- pools: the engine's, and one per worker loop ---------------------------------------------------
 
     async def store(self) -> Store:
         """The store bound to the running event loop, created (and the schema migrated) on first use."""
@@ -140,7 +170,6 @@ class Engine:
             await self.close_loop()
 
     async def close_loop(self) -> None:
-        """Close the pool of the running loop (the worker and async users call this on their way out)."""
         store = self._stores.pop(asyncio.get_running_loop(), None)
         if store is not None:
             await store.pool.close()
@@ -148,18 +177,17 @@ class Engine:
     def close(self) -> None:
         """Flush pending pings, stop the listener and close the engine's pool; idempotent."""
         with self._lock:
-            portal, cm = self._portal, self._portal_cm
-            self._portal = self._portal_cm = None
+            portal, cm, background = self._portal, self._portal_cm, self._background
+            self._portal = self._portal_cm = self._background = None
         if portal is None or cm is None:
             return
         try:
-            for future in reversed(self._background):
-                future.cancel()
-            for future in self._background:
-                with contextlib.suppress(BaseException):
-                    future.result(timeout=10)
-            portal.call(self.close_loop)
+            if self._stop is not None:
+                portal.call(self._stop.set)
+            if background is not None:
+                with contextlib.suppress(Exception):
+                    background.result(timeout=30)
         finally:
             cm.__exit__(None, None, None)
-            self._background = []
             self.notifier = self.listener = None
+            self._loop = None

@@ -48,8 +48,7 @@ class WorkflowHandle(Generic[R]):
         return hash(self.id)
 
     async def _row(self) -> WorkflowRow:
-        store = await self.app.engine.store()
-        row = await store.workflow(self.id)
+        row = await self.app.engine.db(lambda store: store.workflow(self.id))
         if row is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         return row
@@ -81,8 +80,7 @@ class WorkflowHandle(Generic[R]):
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""
-        store = await self.app.engine.store()
-        return [StepInfo(*row) for row in await store.steps(self.id)]
+        return [StepInfo(*row) for row in await self.app.engine.db(lambda store: store.steps(self.id))]
 
     def steps(self) -> list[StepInfo]:
         return self.app.engine.call(self.steps_async)
@@ -108,13 +106,11 @@ class WorkflowHandle(Generic[R]):
                 yield codec.decode(value, type)
 
     async def _next_chunks(self, key: str, offset: int) -> list[tuple[int, bytes | None]] | None:
-        engine = self.app.engine
-        return await streams.next_chunks(engine, await engine.store(), self.id, key, offset)
+        return await streams.next_chunks(self.app.engine, self.id, key, offset)
 
     async def cancel_async(self) -> None:
         """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
-        store = await self.app.engine.store()
-        status = await store.request_cancel(self.id)
+        status = await self.app.engine.db(lambda store: store.request_cancel(self.id))
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         self.app.engine.ping(f"wf:{self.id}")

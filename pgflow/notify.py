@@ -204,7 +204,8 @@ class Notifier:
                 await self._due.wait()
                 self._due = anyio.Event()
                 await anyio.sleep(self.interval)
-                await self.flush()
+                with anyio.CancelScope(shield=True):
+                    await self.flush()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.flush()

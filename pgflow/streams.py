@@ -151,9 +151,8 @@ async def read(engine: Engine, workflow_id: str, key: str, offset: int,
     check_key(key)
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")
-    store = await engine.store()
     while True:
-        chunks = await next_chunks(engine, store, workflow_id, key, offset)
+        chunks = await next_chunks(engine, workflow_id, key, offset)
         if chunks is None:
             return
         for position, value in chunks:
@@ -163,16 +162,19 @@ async def read(engine: Engine, workflow_id: str, key: str, offset: int,
             yield codec.decode(value, decode_as)
 
 
-async def next_chunks(engine: Engine, store: Store, workflow_id: str, key: str,
+async def next_chunks(engine: Engine, workflow_id: str, key: str,
                       offset: int) -> list[tuple[int, bytes | None]] | None:
     """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
     can grow no more (its workflow ended and every chunk it wrote has been read)."""
-    fetcher = _fetchers.get(store)
-    if fetcher is None:
-        fetcher = _fetchers.setdefault(store, ChunkFetcher(store))
+
+    async def fetch(store: Store) -> tuple[str | None, list[tuple[int, bytes | None]]]:
+        fetcher = _fetchers.get(store)
+        if fetcher is None:
+            fetcher = _fetchers.setdefault(store, ChunkFetcher(store))
+        return await fetcher.fetch(workflow_id, key, offset)
 
     async def check() -> list[tuple[int, bytes | None]] | None:
-        status, chunks = await fetcher.fetch(workflow_id, key, offset)
+        status, chunks = await engine.db(fetch)
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
         if chunks or status in ("succeeded", "failed", "cancelled"):

@@ -142,13 +142,12 @@ class Starter(Generic[P, R]):
     async def _enqueue(self, id: str, inputs: bytes) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
         engine = workflow.app.engine
-        store = await engine.store()
         queue = options.queue or workflow.queue
         priority = workflow.priority if options.priority is None else options.priority
-        created, name = await store.enqueue(
+        created, name = await engine.db(lambda store: store.enqueue(
             id, workflow.name, queue, priority, inputs, options.delay, workflow.max_attempts,
             workflow.timeout,
-        )
+        ))
         if name != workflow.name:
             raise WorkflowConflict(
                 f"workflow id {id!r} already belongs to a workflow {name!r}, not {workflow.name!r}; "
