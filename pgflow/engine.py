@@ -23,7 +23,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from psycopg_pool import AsyncConnectionPool
 
-from .notify import Listener, Notifier, NotifyMode, Waiters
+from .notify import Listener, Notifier, NotifyMode, Waiters, new_token
 from .store import Store
 
 log = logging.getLogger("pgflow")
@@ -93,10 +93,10 @@ class Engine:
         self._loop = asyncio.get_running_loop()
         self._stop = anyio.Event()
         store = await self.store()
-        self.notifier = Notifier(
-            store.pool, self.config.channel, self.waiters, self.config.notify_interval, self.config.notify
-        )
-        self.listener = Listener(self.config.dsn, self.config.channel, self.waiters)
+        token = new_token()
+        self.notifier = Notifier(store.pool, self.config.channel, self.waiters, self.config.notify_interval,
+                                 self.config.notify, token)
+        self.listener = Listener(self.config.dsn, self.config.channel, self.waiters, token)
         async with anyio.create_task_group() as group:
             await group.start(self.notifier.run)
             await group.start(self.listener.run)

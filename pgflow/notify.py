@@ -33,7 +33,10 @@ WAKE_ALL = "*"
 PAYLOAD_LIMIT = 7900  # Postgres refuses payloads of 8000 bytes or more; keep a margin for framing.
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" ping is cheaper
 
-_process_token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+def new_token() -> str:
+    """Names one engine's pings, so its own listener can skip what it already delivered locally."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class Waiter:
@@ -124,26 +127,26 @@ class Waiters:
                 self.remove(key, waiter)
 
 
-def pack(keys: Iterable[str]) -> list[str]:
-    """Pack keys into as few payloads under the NOTIFY limit as possible, each tagged with this
-    process's token so the process's own listener can skip what it already delivered locally."""
+def pack(token: str, keys: Iterable[str]) -> list[str]:
+    """Pack keys into as few payloads under the NOTIFY limit as possible, each tagged with the
+    sending engine's token."""
     payloads: list[str] = []
     batch: list[str] = []
-    size = len(_process_token) + 8
+    size = len(token) + 8
     for key in keys:
-        cost = len(key.encode()) + 4
+        cost = len(msgspec.json.encode(key)) + 1
         if batch and size + cost > PAYLOAD_LIMIT:
-            payloads.append(_payload(batch))
-            batch, size = [], len(_process_token) + 8
+            payloads.append(_payload(token, batch))
+            batch, size = [], len(token) + 8
         batch.append(key)
         size += cost
     if batch:
-        payloads.append(_payload(batch))
+        payloads.append(_payload(token, batch))
     return payloads
 
 
-def _payload(keys: list[str]) -> str:
-    return msgspec.json.encode([_process_token, keys]).decode()
+def _payload(token: str, keys: list[str]) -> str:
+    return msgspec.json.encode([token, keys]).decode()
 
 
 def unpack(payload: str) -> tuple[str, list[str]]:
@@ -165,8 +168,9 @@ class Notifier:
 
     def __init__(
         self, pool: AsyncConnectionPool[Any], channel: str, waiters: Waiters, interval: float,
-        mode: NotifyMode,
+        mode: NotifyMode, token: str,
     ) -> None:
+        self.token = token
         self._pool = pool
         self._channel = channel
         self._waiters = waiters
@@ -215,7 +219,7 @@ class Notifier:
             keys, self._pending = self._pending, set()
         if not keys:
             return
-        payloads = [_payload([WAKE_ALL])] if len(keys) > WAKE_ALL_ABOVE else pack(keys)
+        payloads = [_payload(self.token, [WAKE_ALL])] if len(keys) > WAKE_ALL_ABOVE else pack(self.token, keys)
         try:
             async with self._pool.connection() as conn:
                 await conn.execute(
@@ -232,8 +236,9 @@ class Listener:
     """The process's one LISTEN connection, dispatching pings to its waiters by key."""
 
     def __init__(
-        self, conninfo: str, channel: str, waiters: Waiters, health_every: float = 30.0,
+        self, conninfo: str, channel: str, waiters: Waiters, token: str, health_every: float = 30.0,
     ) -> None:
+        self._token = token
         self._conninfo = conninfo
         self._channel = channel
         self._waiters = waiters
@@ -268,7 +273,7 @@ class Listener:
             while True:
                 async for note in conn.notifies(timeout=self._health_every):
                     token, keys = unpack(note.payload)
-                    if token != _process_token:
+                    if token != self._token:
                         self._waiters.wake(keys)
                 await self._check(conn)
 

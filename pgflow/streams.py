@@ -111,8 +111,8 @@ class StreamWriter:
         values = [p.value for p in batch]
         keys = {f"s:{wid}:{key}" for wid, key in zip(ids, keys_, strict=True)}
         notify = None
-        if self._engine.config.notify == "inline":
-            notify = (self._engine.config.channel, pack(keys))
+        if self._engine.config.notify == "inline" and self._engine.notifier is not None:
+            notify = (self._engine.config.channel, pack(self._engine.notifier.token, keys))
         for attempt in range(1, self._retries + 1):
             try:
                 fenced, cancelled = await self._store.write_chunks(
@@ -136,6 +136,8 @@ class StreamWriter:
             p.done.set()
         if notify is None:
             self._engine.ping(*keys)
+        else:
+            self._engine.waiters.wake(keys)
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         for p in batch:
@@ -167,17 +169,17 @@ async def next_chunks(engine: Engine, workflow_id: str, key: str,
     """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
     can grow no more (its workflow ended and every chunk it wrote has been read)."""
 
-    async def fetch(store: Store) -> tuple[str | None, list[tuple[int, bytes | None]]]:
+    async def fetch(store: Store) -> tuple[str | None, bool, list[tuple[int, bytes | None]]]:
         fetcher = _fetchers.get(store)
         if fetcher is None:
             fetcher = _fetchers.setdefault(store, ChunkFetcher(store))
         return await fetcher.fetch(workflow_id, key, offset)
 
     async def check() -> list[tuple[int, bytes | None]] | None:
-        status, chunks = await engine.db(fetch)
+        status, closed, chunks = await engine.db(fetch)
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        if chunks or status in ("succeeded", "failed", "cancelled"):
+        if chunks or closed or status in ("succeeded", "failed", "cancelled"):
             return chunks
         return None
 
@@ -191,7 +193,7 @@ class _Read:
     key: str
     offset: int
     done: anyio.Event = field(default_factory=anyio.Event)
-    result: tuple[str | None, list[tuple[int, bytes | None]]] = (None, [])
+    result: tuple[str | None, bool, list[tuple[int, bytes | None]]] = (None, False, [])
     error: BaseException | None = None
 
 
@@ -207,7 +209,7 @@ class ChunkFetcher:
         self.queries = 0
 
     async def fetch(self, workflow_id: str, key: str, offset: int,
-                    ) -> tuple[str | None, list[tuple[int, bytes | None]]]:
+                    ) -> tuple[str | None, bool, list[tuple[int, bytes | None]]]:
         read = _Read(workflow_id, key, offset)
         self._queue.append(read)
         if self._busy:

@@ -363,31 +363,35 @@ class Store:
 
     async def read_streams(
         self, workflow_ids: list[str], keys: list[str], offsets: list[int], limit: int,
-    ) -> list[tuple[str | None, list[tuple[int, bytes | None]]]]:
+    ) -> list[tuple[str | None, bool, list[tuple[int, bytes | None]]]]:
         """For each (workflow, key, offset) asked: the workflow's status (None when there is no such
-        workflow) and up to ``limit`` chunks from the offset on, all in one query.
+        workflow), whether the stream is closed, and up to ``limit`` chunks from the offset on, all in
+        one query.
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT r.i, w.status, c.position, c.value"
+                "SELECT r.i, w.status, coalesce(last.closed, false), c.position, c.value"
                 " FROM unnest(%s::text[], %s::text[], %s::int[]) WITH ORDINALITY AS r(workflow_id, key, start, i)"
                 " LEFT JOIN {s}.workflows w ON w.id = r.workflow_id"
+                # The close marker is always a stream's last chunk.
+                " LEFT JOIN LATERAL (SELECT value IS NULL AS closed FROM {s}.streams"
+                "   WHERE workflow_id = r.workflow_id AND key = r.key ORDER BY position DESC LIMIT 1) last ON true"
                 " LEFT JOIN LATERAL (SELECT position, value FROM {s}.streams"
                 "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
                 "   ORDER BY position LIMIT %s) c ON true"
                 " ORDER BY r.i, c.position"
             ), (workflow_ids, keys, offsets, limit))
-            found: list[tuple[str | None, list[tuple[int, bytes | None]]]] = [
-                (None, []) for _ in workflow_ids
+            found: list[tuple[str | None, bool, list[tuple[int, bytes | None]]]] = [
+                (None, False, []) for _ in workflow_ids
             ]
-            for i, status, position, value in await cur.fetchall():
-                chunks = found[i - 1][1]
+            for i, status, closed, position, value in await cur.fetchall():
+                chunks = found[i - 1][2]
                 if position is not None:
                     chunks.append((int(position), value))
-                found[i - 1] = (status, chunks)
+                found[i - 1] = (status, bool(closed), chunks)
             return found
 
 
