@@ -93,7 +93,7 @@ class WorkflowHandle(Generic[R]):
             yield value
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
-        streams.check_key(key)
+        streams.check_reader(key, offset)
         engine = self.app.engine
         while True:
             chunks = engine.call(self._next_chunks, key, offset)

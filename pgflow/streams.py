@@ -51,6 +51,12 @@ def check_key(key: str) -> None:
         raise ValueError(f"a stream key is at most {MAX_KEY_BYTES} bytes, got {len(key.encode())}")
 
 
+def check_reader(key: str, offset: int) -> None:
+    check_key(key)
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"a stream offset is a position >= 0, got {offset!r}")
+
+
 def encode_chunk(key: str, value: object) -> bytes:
     data = codec.encode(value, f"a chunk of stream {key!r}")
     if len(data) > MAX_CHUNK_BYTES:
@@ -150,9 +156,7 @@ async def read(engine: Engine, workflow_id: str, key: str, offset: int,
                decode_as: Any = Any) -> AsyncIterator[Any]:
     """Every chunk of a stream from ``offset`` on, waiting for more until the stream is closed or its
     workflow has ended in any way. Each wait is a ping on the stream or the workflow, or the poll."""
-    check_key(key)
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
+    check_reader(key, offset)
     while True:
         chunks = await next_chunks(engine, workflow_id, key, offset)
         if chunks is None:
