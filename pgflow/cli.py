@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import anyio
@@ -35,7 +36,7 @@ def load_app(target: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name == module_name or (exc.name and module_name.startswith(exc.name + ".")):
             raise ConfigurationError(
                 f"cannot import module {module_name!r}: run from the directory that contains it or "
                 "add that directory to PYTHONPATH"
@@ -75,6 +76,20 @@ async def _serve(app: App, concurrency: int, queues: list[str], lease: float, gr
     return EXIT_OK
 
 
+def _exit_despite_abandoned_threads(code: int) -> None:
+    """A sync step or workflow interrupted at shutdown keeps its thread (threads cannot be stopped),
+    and Python would wait for it before exiting. Its workflow is already back in the queue and
+    fencing refuses its writes, so the process exits without it."""
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if stuck:
+        log.warning("exiting with %d step threads still running; their workflows were handed back",
+                    len(stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pgflow", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("PGFLOW_LOG_LEVEL", "INFO"))
@@ -109,9 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  args.processes)
             try:
                 code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace)
-                return code
             finally:
                 app.close()
+            _exit_despite_abandoned_threads(code)
+            return code
         app = load_app(args.app) if args.app else App()
         with app:
             version = app.migrate()

@@ -124,13 +124,13 @@ class Worker:
         self._claiming.cancel()
         for queue in self.queues:
             self.app.engine.waiters.remove(f"q:{queue}", self._wake)
-        if self.running:
+        if self.running and grace > 0:
             log.info("worker %s draining %d running workflows (up to %.1fs)", self.id,
                      len(self.running), grace)
             with anyio.move_on_after(grace):
                 await self._idle.wait()
-        self.interrupted = self.interrupted or len(self.running)
-        if self.running:
+        if self.running and not self._running_scope.cancel_called:
+            self.interrupted = len(self.running)
             log.warning("worker %s interrupting %d workflows; they go back to the queue", self.id,
                         self.interrupted)
         self._running_scope.cancel()

@@ -1,0 +1,417 @@
+"""Workflows across real worker processes: crashes, failures, shutdown, the CLI and concurrent migrations.
+
+Every worker here is a separate ``python -m pgflow worker`` process serving an app module from
+tests/apps/. The test process starts workflows and reads their outcome through its own App, on the same
+schema. Crashes are real: a worker is killed with SIGKILL, mid-step, and another process takes over.
+
+Synchronisation is on events, never on sleeps: steps append lines to a side-effect file the test passed
+in, and the test waits (with a generous bounded deadline) for a line to appear; a step holds still until
+the test creates a gate file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgflow
+from pgflow.store import migrations
+
+from .apps import crashy, failing
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT = 60.0  # seconds: the bound of every wait for something another process does
+EXIT_WAIT = 30.0  # seconds a process that was told to stop gets before the test calls it stuck
+CRASH_LEASE = 2.0  # seconds: the lease of workers in crash tests, so a takeover comes soon
+
+
+# -- processes ------------------------------------------------------------------------------------------
+
+
+class Proc:
+    """A child process whose stdout and stderr go to one log file, read back for failure messages."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.name = name
+        self.args = args
+        self.log = log
+        with log.open("wb") as out:
+            self.popen = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def describe(self) -> str:
+        state = self.popen.poll()
+        status = "running" if state is None else f"exit code {state}"
+        return f"--- {self.name} (pid {self.pid}, {status}): {' '.join(self.args[1:])}\n{self.output()}"
+
+    def wait_exit(self, timeout: float = EXIT_WAIT) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{self.name} did not exit within {timeout}s\n{self.describe()}")
+
+    def stop(self) -> None:
+        """Kill (if still running) and reap: every test's cleanup, in a finally."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+
+
+class Processes:
+    """Starts child processes for one test and always kills and reaps them afterwards."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[Proc] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        proc = Proc(name, [sys.executable, *args], env, self.tmp_path, self.tmp_path / f"{name}.log")
+        self.started.append(proc)
+        return proc
+
+    def worker(self, name: str, target: str, env: dict[str, str], *, lease: float = CRASH_LEASE,
+               concurrency: int = 4) -> Proc:
+        return self.start(name, ["-m", "pgflow", "worker", target, "--concurrency", str(concurrency),
+                                 "--lease", str(lease)], env)
+
+    def logs(self) -> str:
+        return "\n".join(proc.describe() for proc in self.started)
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            proc.stop()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+def wait_until(condition: Callable[[], bool], what: str, procs: Processes, *alive: Proc,
+               timeout: float = WAIT) -> None:
+    """Wait for an event another process causes; fail early if a process that must cause it died."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for proc in alive:
+            if proc.popen.poll() is not None:
+                pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
+        time.sleep(0.05)
+
+
+def result_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: float = WAIT) -> Any:
+    """``handle.result(timeout)``, with the workers' logs in the failure message if it does not succeed."""
+    try:
+        return handle.result(timeout=timeout)
+    except TimeoutError:
+        pytest.fail(f"{handle.id} not finished after {timeout}s (status {handle.status()})\n{procs.logs()}")
+    except pgflow.WorkflowFailed as exc:
+        pytest.fail(f"{exc}\n{exc.traceback}\n{procs.logs()}")
+
+
+def lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+
+
+# -- 1. a worker killed mid-workflow ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+) -> None:
+    wf = crashy.build(app)
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+
+    a = procs.worker("worker-A", "tests.apps.crashy:app", worker_env)
+    handle = wf.flows[kind].start(str(effects), str(gate), 4)
+    wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+
+    a.popen.send_signal(signal.SIGKILL)
+    assert a.wait_exit() == -signal.SIGKILL
+    # The crash left the workflow claimed by the dead worker, with step 1 recorded and step 2 not.
+    assert handle.status() == "running"
+    assert [s.name for s in handle.steps()] == [wf.first.name]
+
+    gate.touch()
+    procs.worker("worker-B", "tests.apps.crashy:app", worker_env)
+    assert result_of(handle, procs) == crashy.expected(4)
+    assert handle.status() == "succeeded"
+
+    # Step 1 was recorded before the crash, so worker B replayed its output instead of running it again,
+    # and step 3 ran once. Step 2 had started but not finished (nothing recorded) when worker A died,
+    # so it ran again from its beginning in worker B: steps are at-least-once until they are recorded,
+    # hence "s2 start" twice and "s2 done" once.
+    assert lines(effects) == ["s1", "s2 start", "s2 start", "s2 done", "s3"]
+    steps = handle.steps()
+    assert [(s.position, s.name, s.error_type, s.attempts) for s in steps] == [
+        (0, wf.first.name, None, 1),
+        (1, wf.gated[kind].name, None, 1),
+        (2, wf.third.name, None, 1),
+    ]
+
+
+# -- 2. failures, as another process reads them ---------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_workflow_failure_in_a_worker_reaches_the_caller_with_type_message_and_traceback(
+    app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, kind: str,
+) -> None:
+    wf = failing.build(app)
+    procs.worker("worker", "tests.apps.failing:app", worker_env)
+    handle = wf.explode[kind].start(42)
+
+    with pytest.raises(pgflow.WorkflowFailed) as raised:
+        handle.result(timeout=WAIT)
+    failure = raised.value
+    assert failure.workflow_id == handle.id
+    assert failure.error_type == "ValueError"
+    assert "bad input 42" in failure.message
+    # The traceback is the worker's: it goes through the app module down to the nested function.
+    assert "validate_payload" in failure.traceback
+    assert "tests/apps/failing.py" in failure.traceback.replace(os.sep, "/")
+    assert "ValueError: bad input 42" in failure.traceback
+    assert handle.status() == "failed"
+    assert handle.steps() == []
+
+    # A process that registered none of these workflows reads the same recorded failure.
+    with pgflow.App(dsn, schema=schema) as other:
+        with pytest.raises(pgflow.WorkflowFailed) as again:
+            other.handle(handle.id).result(timeout=WAIT)
+    assert (again.value.error_type, again.value.message) == (failure.error_type, failure.message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_custom_step_exception_is_recorded_once_and_caught_by_type_also_on_replay(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+) -> None:
+    wf = failing.build(app)
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+
+    a = procs.worker("worker-A", "tests.apps.failing:app", worker_env)
+    handle = wf.recover[kind].start(str(effects), str(gate), 7)
+    # Reaching the hold step means worker A caught InputRejected by its type and went on.
+    wait_until(lambda: "hold start" in lines(effects), "the workflow to catch and move on", procs, a)
+    [rejected] = handle.steps()
+    assert (rejected.position, rejected.name) == (0, wf.reject.name)
+    assert (rejected.error_type, rejected.attempts) == ("tests.apps.failing.InputRejected", 1)
+
+    # Worker B replays the workflow: the recorded exception is raised again, as an InputRejected the
+    # workflow's `except InputRejected` catches, with its arguments, and the step does not run again.
+    a.popen.send_signal(signal.SIGKILL)
+    assert a.wait_exit() == -signal.SIGKILL
+    gate.touch()
+    procs.worker("worker-B", "tests.apps.failing:app", worker_env)
+    assert result_of(handle, procs) == "caught InputRejected ('rejected 7', 7) held"
+    assert lines(effects) == ["reject", "hold start", "hold start"]
+    assert [(s.name, s.error_type) for s in handle.steps()] == [
+        (wf.reject.name, "tests.apps.failing.InputRejected"),
+        (wf.hold[kind].name, None),
+    ]
+
+
+# -- 3. many processes migrating one schema at once -----------------------------------------------------
+
+# Each process gets ready (interpreter up, pgflow imported, App built: no connection yet), says so, and
+# migrates when the test creates the go file, so that all of them hit the database together.
+MIGRATE_AT_GO = """
+import pathlib, sys, time
+import pgflow
+ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+app = pgflow.App()
+ready.touch()
+deadline = time.monotonic() + 60
+while not go.exists():
+    if time.monotonic() > deadline:
+        sys.exit("no go file after 60s")
+    time.sleep(0.005)
+with app:
+    print("version", app.migrate())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["cli", "barrier"])
+def test_eight_processes_migrating_at_once_apply_each_migration_once(
+    dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path, via: str,
+) -> None:
+    shipped = migrations.available()
+    latest = shipped[-1].version
+    go = tmp_path / "go"
+    if via == "cli":
+        started = [procs.start(f"migrate-{i}", ["-m", "pgflow", "migrate"], worker_env) for i in range(8)]
+    else:
+        started = [procs.start(f"migrate-{i}", ["-c", MIGRATE_AT_GO, str(tmp_path / f"ready-{i}"), str(go)],
+                               worker_env) for i in range(8)]
+        wait_until(lambda: all((tmp_path / f"ready-{i}").exists() for i in range(8)),
+                   "all 8 processes to be ready", procs, *started)
+        go.touch()
+
+    codes = [proc.wait_exit(WAIT) for proc in started]
+    assert codes == [0] * 8, procs.logs()
+    for proc in started:
+        expected = f"schema {schema!r} is at version {latest}" if via == "cli" else f"version {latest}"
+        assert expected in proc.output(), procs.logs()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT version, name FROM "{schema}".migrations ORDER BY version').fetchall()
+        tables = conn.execute(
+            "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+            (f'"{schema}".workflows', f'"{schema}".steps', f'"{schema}".migrations'),
+        ).fetchone()
+    assert rows == [(m.version, m.name) for m in shipped]
+    assert tables is not None and None not in tables
+
+
+# -- 4. the CLI explains a bad app argument -------------------------------------------------------------
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a CLI process that must fail before it ever connects: the DSN leads nowhere."""
+    return {**os.environ, "PGFLOW_DSN": "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=1",
+            "PGFLOW_SCHEMA": "unused",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.mark.parametrize(("target", "says"), [
+    ("no_such_module:app", ["cannot import module 'no_such_module'", "PYTHONPATH"]),
+    ("tests.apps.crashy:nothing", ["'tests.apps.crashy:nothing' is not a pgflow.App", "NoneType"]),
+    ("tests.apps.crashy:flows", ["'tests.apps.crashy:flows' is not a pgflow.App", "SimpleNamespace"]),
+    ("badformat", ["expected module:app", "'badformat'"]),
+    ("tests.apps.crashy:", ["expected module:app", "'tests.apps.crashy:'"]),
+])
+def test_worker_cli_rejects_a_bad_app_with_exit_code_2_and_a_reason(
+    procs: Processes, target: str, says: list[str],
+) -> None:
+    proc = procs.start("cli", ["-m", "pgflow", "worker", target], cli_env())
+    code = proc.wait_exit(WAIT)
+    out = proc.output()
+    assert code == 2, out
+    assert "pgflow: error:" in out
+    for text in says:
+        assert text in out
+    assert "Traceback" not in out
+
+
+def test_worker_cli_names_the_missing_dependency_of_an_app_module(procs: Processes) -> None:
+    # tests/apps/needs_missing.py exists, but it imports tests.apps.needs, which does not. The user must
+    # learn which module is missing; being told the app module itself cannot be found sends them looking
+    # in the wrong place.
+    proc = procs.start("cli", ["-m", "pgflow", "worker", "tests.apps.needs_missing:app"], cli_env())
+    code = proc.wait_exit(WAIT)
+    out = proc.output()
+    assert code != 0, out
+    assert "'tests.apps.needs'" in out, out
+
+
+# -- 5. SIGTERM: drain, then give the running workflow back -------------------------------------------
+
+# The exit codes `pgflow worker` documents (pgflow/cli.py, workers/README.md).
+EXIT_DRAINED, EXIT_RELEASED, EXIT_FORCED = 0, 3, 130
+SIGTERM_EXIT = 15.0  # seconds: a stopping worker past its grace period normally exits in well under one
+# kind: the workflow's flavour and, where it differs, the flavour of the step that blocks. A def step
+# blocks in a thread, which a stopping worker cannot cancel the way it cancels a coroutine.
+ALL_KINDS = ["async", "sync", "sync+async step", "async+sync step"]
+
+
+def stop_worker_mid_step(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+    grace: float,
+) -> tuple[Any, Proc, pgflow.WorkflowHandle[Any], Path, Path]:
+    """Start worker A (a lease longer than any test), run a workflow into its gated step, SIGTERM A."""
+    wf = crashy.build(app)
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+    # With a 300 s lease, a workflow A left claimed could not be taken by another worker in this test:
+    # B finishing it proves A gave it back.
+    a = procs.start("worker-A", ["-m", "pgflow", "worker", "tests.apps.crashy:app", "--concurrency", "4",
+                                 "--lease", "300", "--grace", str(grace)], worker_env)
+    handle = wf.flows[kind].start(str(effects), str(gate), 5)
+    wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+    a.popen.send_signal(signal.SIGTERM)
+    return wf, a, handle, effects, gate
+
+
+def resume_elsewhere(wf: Any, worker_env: dict[str, str], procs: Processes, handle: pgflow.WorkflowHandle[Any],
+                     effects: Path, gate: Path, kind: str) -> None:
+    """The given-back workflow, finished by worker B once the gate opens."""
+    assert handle.status() == "queued", procs.logs()
+    assert [s.name for s in handle.steps()] == [wf.first.name]
+    gate.touch()
+    procs.worker("worker-B", "tests.apps.crashy:app", worker_env, lease=300)
+    assert result_of(handle, procs) == crashy.expected(5)
+    # Step 1 is replayed, not re-run; the interrupted step 2 runs again from its start in worker B
+    # (unfinished steps are at-least-once).
+    assert lines(effects) == ["s1", "s2 start", "s2 start", "s2 done", "s3"]
+    assert [s.name for s in handle.steps()] == [wf.first.name, wf.gated[kind].name, wf.third.name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_sigterm_past_the_grace_period_gives_the_workflow_back_and_exits(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+) -> None:
+    wf, a, handle, effects, gate = stop_worker_mid_step(app, worker_env, procs, tmp_path, kind, grace=1)
+    # The gate stays closed, so the step cannot finish within the grace period: the worker must
+    # interrupt it, hand the workflow back and exit, without waiting for the step.
+    assert a.wait_exit(SIGTERM_EXIT) == EXIT_RELEASED, procs.logs()
+    resume_elsewhere(wf, worker_env, procs, handle, effects, gate, kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_second_sigterm_cuts_the_drain_short_and_gives_the_workflow_back(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+) -> None:
+    wf, a, handle, effects, gate = stop_worker_mid_step(app, worker_env, procs, tmp_path, kind, grace=300)
+    wait_until(lambda: "draining" in a.output(), "worker A to start draining", procs, a)
+    a.popen.send_signal(signal.SIGTERM)
+    assert a.wait_exit(SIGTERM_EXIT) == EXIT_FORCED, procs.logs()
+    resume_elsewhere(wf, worker_env, procs, handle, effects, gate, kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_sigterm_lets_a_running_workflow_finish_within_the_grace_period(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+) -> None:
+    wf, a, handle, effects, gate = stop_worker_mid_step(app, worker_env, procs, tmp_path, kind, grace=300)
+    # Only once the worker has taken the signal (it logs that it drains) may the step go on.
+    wait_until(lambda: "draining" in a.output(), "worker A to start draining", procs, a)
+    gate.touch()
+    assert a.wait_exit(WAIT) == EXIT_DRAINED, procs.logs()
+    assert handle.status() == "succeeded"
+    assert handle.result(timeout=WAIT) == crashy.expected(5)
+    # Worker A finished it: every step ran exactly once.
+    assert lines(effects) == ["s1", "s2 start", "s2 done", "s3"]
+    assert [s.name for s in handle.steps()] == [wf.first.name, wf.gated[kind].name, wf.third.name]
