@@ -24,7 +24,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from psycopg_pool import AsyncConnectionPool
 
 from .notify import Listener, Notifier, NotifyMode, Waiters, new_token
-from .store import Store
+from .store import Store, retrying
 
 log = logging.getLogger("pgflow")
 
@@ -110,15 +110,18 @@ class Engine:
         return self.portal().call(fn, *args)
 
     async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
-        """Run ``fn(store)`` on the engine's loop, from whichever loop calls."""
+        """Run ``fn(store)`` on the engine's loop, from whichever loop calls. ``fn`` must be
+        idempotent: it is tried again while the server cannot be reached."""
         if self._loop is None:
             await anyio.to_thread.run_sync(self.portal)
         assert self._loop is not None
-        if asyncio.get_running_loop() is self._loop:
-            return await fn(await self.store())
 
         async def on_engine_loop() -> T:
-            return await fn(await self.store())
+            store = await self.store()
+            return await retrying(lambda: fn(store), "a query")
+
+        if asyncio.get_running_loop() is self._loop:
+            return await on_engine_loop()
 
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_engine_loop(), self._loop))
 
@@ -146,6 +149,8 @@ class Engine:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.config.dsn, min_size=1, max_size=self.config.pool_size, open=False,
                 kwargs={"autocommit": True}, name=f"pgflow-{self.config.schema}",
+                # A round trip per checkout buys not handing out connections a restart killed.
+                check=AsyncConnectionPool.check_connection,
             )
             await pool.open(wait=True, timeout=30)
             store = self._stores.setdefault(loop, Store(pool, self.config.schema))

@@ -83,5 +83,9 @@ class LeaseLost(ExecutionInterrupted):
     """Another worker owns this workflow now (this one was paused or cut off past its lease)."""
 
 
+class StoreUnavailable(ExecutionInterrupted):
+    """The database could not be reached to record progress; the run stops and is resumed later."""
+
+
 class CancelRequested(ExecutionInterrupted):
     """The workflow was cancelled while it ran."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
+import psycopg
 from anyio.from_thread import run as run_in_loop
 
 from . import codec
@@ -29,9 +30,10 @@ from .errors import (
     MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     StepFailed,
+    StoreUnavailable,
     WorkflowTimeout,
 )
-from .store import Claimed, StepRecord, Store
+from .store import Claimed, StepRecord, Store, retrying
 from .telemetry import tracer
 
 if TYPE_CHECKING:
@@ -161,10 +163,16 @@ class Execution:
         self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None,
         exception: bytes | None, attempts: int,
     ) -> None:
-        owner, cancel = await self.store.record_step(
-            self.workflow_id, self.attempt, position, name, output, error, exception, attempts,
-            dict(self.stream_ends),
-        )
+        ends = dict(self.stream_ends)
+        try:
+            owner, cancel = await retrying(lambda: self.store.record_step(
+                self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends,
+            ), f"recording step {name!r}")
+        except psycopg.OperationalError as exc:
+            # Not the workflow's failure: stop this run; the workflow is resumed once the
+            # database is back (the insert is fenced and idempotent, so a retry cannot double it).
+            self.interrupt = StoreUnavailable(f"cannot record step {name!r}: {exc}")
+            raise self.interrupt from exc
         for key, end in self.stream_ends.items():
             self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
         if not owner:

@@ -32,6 +32,7 @@ NotifyMode = Literal["buffered", "inline", "off"]
 WAKE_ALL = "*"
 PAYLOAD_LIMIT = 7900  # Postgres refuses payloads of 8000 bytes or more; keep a margin for framing.
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" ping is cheaper
+OUTAGE_LIMIT = 60.0  # seconds a waiter tolerates a database it cannot reach
 
 
 def new_token() -> str:
@@ -104,15 +105,29 @@ class Waiters:
         poll: float,
     ) -> T | None:
         """Re-run ``check`` whenever one of ``keys`` is pinged, and every ``poll`` seconds, until it
-        returns something other than None or ``timeout`` passes (then None)."""
+        returns something other than None or ``timeout`` passes (then None).
+
+        A check that fails to reach the database (a restart, a dropped connection) counts as "not
+        yet": waiting goes on, and only a database unreachable for ``OUTAGE_LIMIT`` seconds fails it.
+        """
         waiter = Waiter()
         for key in keys:
             self.add(key, waiter)
         try:
             deadline = None if timeout is None else anyio.current_time() + timeout
+            failing_since: float | None = None
             while True:
                 waiter.arm()
-                found = await check()
+                try:
+                    found = await check()
+                    failing_since = None
+                except psycopg.OperationalError as exc:
+                    now = anyio.current_time()
+                    failing_since = failing_since or now
+                    if now - failing_since > OUTAGE_LIMIT:
+                        raise
+                    log.warning("cannot reach the database (%s); retrying", exc)
+                    found = None
                 if found is not None:
                     return found
                 wait = poll
@@ -135,6 +150,9 @@ def pack(token: str, keys: Iterable[str]) -> list[str]:
     size = len(token) + 8
     for key in keys:
         cost = len(msgspec.json.encode(key)) + 1
+        if cost + len(token) + 8 > PAYLOAD_LIMIT:
+            # A key too long for any payload (an enormous workflow id): wake everybody instead.
+            key, cost = WAKE_ALL, 4
         if batch and size + cost > PAYLOAD_LIMIT:
             payloads.append(_payload(token, batch))
             batch, size = [], len(token) + 8

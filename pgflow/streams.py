@@ -27,7 +27,7 @@ import psycopg
 from . import codec
 from .errors import CancelRequested, ExecutionInterrupted, LeaseLost, UnknownWorkflow
 from .notify import pack
-from .store import Store
+from .store import Store, retrying
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -80,11 +80,10 @@ class _Pending:
 class StreamWriter:
     """Group commit for the chunks of every execution in one worker."""
 
-    def __init__(self, engine: Engine, store: Store, max_batch: int = 5000, retries: int = 3) -> None:
+    def __init__(self, engine: Engine, store: Store, max_batch: int = 5000) -> None:
         self._engine = engine
         self._store = store
         self._max_batch = max_batch
-        self._retries = retries
         self._queue: list[_Pending] = []
         self._wake = anyio.Event()
         self.batches = 0
@@ -119,17 +118,13 @@ class StreamWriter:
         notify = None
         if self._engine.config.notify == "inline" and self._engine.notifier is not None:
             notify = (self._engine.config.channel, pack(self._engine.notifier.token, keys))
-        for attempt in range(1, self._retries + 1):
-            try:
-                fenced, cancelled = await self._store.write_chunks(
-                    ids, attempts, keys_, positions, values, notify=notify)
-                break
-            except (psycopg.Error, OSError) as exc:
-                if attempt == self._retries:
-                    log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
-                    self._fail(batch, exc)
-                    return
-                await anyio.sleep(0.05 * 2 ** attempt)
+        try:
+            fenced, cancelled = await retrying(lambda: self._store.write_chunks(
+                ids, attempts, keys_, positions, values, notify=notify), f"a batch of {len(batch)} chunks")
+        except (psycopg.Error, OSError) as exc:
+            log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
+            self._fail(batch, exc)
+            return
         self.batches += 1
         self.chunks += len(batch)
         for p in batch:

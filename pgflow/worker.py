@@ -104,10 +104,14 @@ class Worker:
                         tb: TracebackType | None) -> None:
         assert self._group is not None
         try:
-            with anyio.CancelScope(shield=exc_type is None):
-                await self.stop(0.0 if exc_type is not None else self.grace)
-            # The block's own exception propagates as it is, not wrapped in an ExceptionGroup.
-            await self._group.__aexit__(None, None, None)
+            try:
+                with anyio.CancelScope(shield=exc_type is None):
+                    await self.stop(0.0 if exc_type is not None else self.grace)
+            finally:
+                # Always exit the group, or the caller's cancel scopes unwind out of order. The
+                # block's own exception propagates as it is, not wrapped in an ExceptionGroup.
+                self._running_scope.cancel()
+                await self._group.__aexit__(None, None, None)
         finally:
             with anyio.CancelScope(shield=True):
                 try:

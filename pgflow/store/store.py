@@ -8,16 +8,22 @@ lease cannot overwrite the work of the worker that took over.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import msgspec
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from . import migrations
+
+log = logging.getLogger("pgflow.store")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,3 +407,19 @@ def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
 
 def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+async def retrying(operation: Callable[[], Awaitable[T]], what: str, patience: float = 10.0) -> T:
+    """Run an idempotent database operation, trying again while the server cannot be reached (a
+    restart, a failover) for up to ``patience`` seconds; then the last error propagates."""
+    deadline = anyio.current_time() + patience
+    delay = 0.05
+    while True:
+        try:
+            return await operation()
+        except psycopg.OperationalError as exc:
+            if anyio.current_time() + delay > deadline:
+                raise
+            log.warning("%s failed (%s); trying again in %.2fs", what, exc, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
