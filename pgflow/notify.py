@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import msgspec
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 log = logging.getLogger("pgflow.notify")
 
@@ -33,6 +33,7 @@ WAKE_ALL = "*"
 PAYLOAD_LIMIT = 7900  # Postgres refuses payloads of 8000 bytes or more; keep a margin for framing.
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" ping is cheaper
 OUTAGE_LIMIT = 60.0  # seconds a waiter tolerates a database it cannot reach
+FLUSH_TIMEOUT = 2.0  # seconds a flush waits for a connection before dropping its pings
 
 
 def new_token() -> str:
@@ -239,12 +240,12 @@ class Notifier:
             return
         payloads = [_payload(self.token, [WAKE_ALL])] if len(keys) > WAKE_ALL_ABOVE else pack(self.token, keys)
         try:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection(timeout=FLUSH_TIMEOUT) as conn:
                 await conn.execute(
                     "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self._channel, payloads)
                 )
             self.flushes += 1
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, OSError, PoolTimeout) as exc:
             # A lost ping costs latency, never data: every waiter re-reads the table on its poll.
             self.failed_flushes += 1
             log.warning("dropped %d pings: %s", len(keys), exc)

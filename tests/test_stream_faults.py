@@ -339,11 +339,6 @@ async def test_a_server_restart_mid_stream_is_survived_by_the_writer_and_a_resum
         assert r.got == list(range(300))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: after a server restart the engine pool hands out its dead connections (the pool is "
-    "created without check=AsyncConnectionPool.check_connection) and streams.next_chunks does not retry "
-    "a failed fetch, so handle.stream_async raises psycopg.errors.AdminShutdown / OperationalError at "
-    "the reader's next fetch instead of waiting for the server"))
 async def test_a_server_restart_mid_stream_does_not_break_an_attached_reader(
     app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes, tmp_path: Path,
 ) -> None:
