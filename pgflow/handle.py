@@ -94,16 +94,10 @@ class WorkflowHandle(Generic[R]):
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
         streams.check_reader(key, offset)
-        engine = self.app.engine
-        while True:
-            chunks = engine.call(self._next_chunks, key, offset)
-            if chunks is None:
-                return
-            for position, value in chunks:
-                if value is None:
-                    return
-                offset = position + 1
-                yield codec.decode(value, type)
+        at: int | None = offset
+        while at is not None:
+            values, at = streams.take(self.app.engine.call(self._next_chunks, key, at), at, type)
+            yield from values
 
     async def _next_chunks(self, key: str, offset: int) -> list[tuple[int, bytes | None]] | None:
         return await streams.next_chunks(self.app.engine, self.id, key, offset)

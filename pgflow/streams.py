@@ -152,15 +152,25 @@ async def read(engine: Engine, workflow_id: str, key: str, offset: int,
     """Every chunk of a stream from ``offset`` on, waiting for more until the stream is closed or its
     workflow has ended in any way. Each wait is a ping on the stream or the workflow, or the poll."""
     check_reader(key, offset)
-    while True:
-        chunks = await next_chunks(engine, workflow_id, key, offset)
-        if chunks is None:
-            return
-        for position, value in chunks:
-            if value is None:
-                return
-            offset = position + 1
-            yield codec.decode(value, decode_as)
+    at: int | None = offset
+    while at is not None:
+        values, at = take(await next_chunks(engine, workflow_id, key, at), at, decode_as)
+        for value in values:
+            yield value
+
+
+def take(chunks: list[tuple[int, bytes | None]] | None, offset: int,
+         decode_as: Any) -> tuple[list[Any], int | None]:
+    """The decoded values of fetched chunks and the offset to read from next (None at the end)."""
+    if chunks is None:
+        return [], None
+    values: list[Any] = []
+    for position, value in chunks:
+        if value is None:
+            return values, None
+        values.append(codec.decode(value, decode_as))
+        offset = position + 1
+    return values, offset
 
 
 async def next_chunks(engine: Engine, workflow_id: str, key: str,
