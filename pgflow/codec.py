@@ -41,6 +41,17 @@ def decode(data: bytes, type_: Any = Any) -> Any:
     return msgspec.msgpack.decode(data, type=type_)
 
 
+def checked(value: object, type_: Any, what: str) -> tuple[bytes, Any]:
+    """Encode ``value`` and decode it back as ``type_``: the stored form, and the value a reader of
+    it will get; a value that does not match its type hint raises SerializationError now, rather
+    than when somebody reads it."""
+    data = encode(value, what)
+    try:
+        return data, decode(data, type_)
+    except msgspec.ValidationError as exc:
+        raise SerializationError(f"{what} does not match its type hint: {exc}") from exc
+
+
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn, include_extras=True)
@@ -100,7 +111,7 @@ class FunctionCodec:
         return args, kwargs
 
     def encode_result(self, value: object) -> bytes:
-        return encode(value, f"the result of {self._label}")
+        return checked(value, self.return_type, f"the result of {self._label}")[0]
 
     def decode_result(self, data: bytes) -> Any:
         return decode(data, self.return_type)

@@ -29,6 +29,7 @@ from .errors import (
     LeaseLost,
     MaxAttemptsExceeded,
     NonDeterministicWorkflow,
+    SerializationError,
     StepFailed,
     StoreUnavailable,
     WorkflowTimeout,
@@ -142,8 +143,13 @@ class Execution:
                     continue
                 await self._record(position, step.name, None, describe(exc), _pickled(exc), attempt)
                 raise
-            data = codec.encode(output, f"the output of step {step.name!r}")
+            try:
+                data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}")
+            except SerializationError as exc:
+                await self._record(position, step.name, None, describe(exc), _pickled(exc), attempt)
+                raise
             await self._record(position, step.name, data, None, None, attempt)
+            # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
     async def _run_body(self, step: Step[Any, Any], args: Any, kwargs: Any) -> Any:

@@ -7,6 +7,7 @@ before anything is written.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import uuid
@@ -48,9 +49,13 @@ class Step(Generic[P, R]):
         if execution is None:
             return self.fn(*args, **kwargs)
         position = execution.take_position()
-        if execution.is_async:
-            return execution.call_step(self, position, args, kwargs)
-        return execution.call_step_from_thread(self, position, args, kwargs)
+        # Awaitable on an event loop (an async workflow, or async code anywhere in one); a plain
+        # call in a thread (a sync workflow, or sync code an async workflow runs in a thread).
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return execution.call_step_from_thread(self, position, args, kwargs)
+        return execution.call_step(self, position, args, kwargs)
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,9 @@ def step_of(app: pgflow.App, kind: str, body: Callable[[], Any], name: str, **op
     return app.step(name=name, **options)(run)
 
 
-def workflow_of(app: pgflow.App, kind: str, step: pgflow.Step[Any, Any], name: str = "one_step") -> pgflow.Workflow[Any, Any]:
+def workflow_of(
+    app: pgflow.App, kind: str, step: pgflow.Step[Any, Any], name: str = "one_step",
+) -> pgflow.Workflow[Any, Any]:
     """A workflow that calls ``step`` once and returns its output, as an ``async def`` or a ``def``."""
     if kind == "async":
         async def flow() -> Any:
@@ -118,10 +120,12 @@ def workflow_of(app: pgflow.App, kind: str, step: pgflow.Step[Any, Any], name: s
     return app.workflow(name=name)(flow)
 
 
-# -- (a) replay of recorded steps -------------------------------------------------------------------------
+# -- replay of recorded steps -------------------------------------------------------------------------
 
 
-def build_three_steps(app: pgflow.App, kind: str, calls: Counter[str], seen: list[list[type]]) -> pgflow.Workflow[Any, Any]:
+def build_three_steps(
+    app: pgflow.App, kind: str, calls: Counter[str], seen: list[list[type]],
+) -> pgflow.Workflow[Any, Any]:
     """A workflow of three steps (async, sync, async) with side effects counted in ``calls``; each run of
     the workflow body appends the types of the step outputs it received to ``seen``."""
 
@@ -212,7 +216,7 @@ async def test_only_unrecorded_steps_run_on_reexecution(app: pgflow.App, dsn: st
     ]
 
 
-# -- (b) non-determinism ----------------------------------------------------------------------------------
+# -- non-determinism ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -233,7 +237,6 @@ async def test_renamed_journal_entry_fails_as_nondeterministic(
     assert "journal.add" in failure.message and "journal.renamed" in failure.message
     assert calls["add"] == 1, "the step at the disputed position must not run"
     assert await handle.status_async() == "failed"
-    await app.close_async()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -270,7 +273,7 @@ async def test_changed_code_at_a_recorded_position_fails_as_nondeterministic(
     assert calls["add"] == 1
 
 
-# -- (c) retries ------------------------------------------------------------------------------------------
+# -- retries ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("wf_kind", KINDS)
@@ -398,7 +401,7 @@ async def test_retries_are_not_replayed_again(app: pgflow.App, dsn: str, schema:
     assert len(runs) == 2
 
 
-# -- (d) recorded exceptions ------------------------------------------------------------------------------
+# -- recorded exceptions ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("wf_kind", KINDS)
@@ -465,7 +468,7 @@ async def test_unpicklable_exception_replays_as_step_failed(
         async def flow() -> str:
             try:
                 return await step()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever the replay raises is recorded
                 caught.append(exc)
                 return "caught"
     else:
@@ -473,7 +476,7 @@ async def test_unpicklable_exception_replays_as_step_failed(
         def flow() -> str:
             try:
                 return step()  # type: ignore[no-any-return]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever the replay raises is recorded
                 caught.append(exc)
                 return "caught"
 
@@ -490,7 +493,7 @@ async def test_unpicklable_exception_replays_as_step_failed(
     assert replayed.message == "cannot pickle me"
 
 
-# -- (e) RetryPolicy --------------------------------------------------------------------------------------
+# -- RetryPolicy --------------------------------------------------------------------------------------
 
 
 def test_delay_is_drawn_from_the_upper_half_of_the_ceiling() -> None:
@@ -560,7 +563,7 @@ def test_bad_step_retry_arguments_raise_at_decoration() -> None:
     assert not app.steps
 
 
-# -- (f) plain calls --------------------------------------------------------------------------------------
+# -- plain calls --------------------------------------------------------------------------------------
 
 
 async def test_steps_outside_a_workflow_are_plain_calls(app: pgflow.App, dsn: str, schema: str) -> None:

@@ -40,7 +40,7 @@ async def in_thread(fn: Any) -> Any:
     return await anyio.to_thread.run_sync(fn)
 
 
-# -- (a) idempotent ids under concurrency ------------------------------------------------------------------
+# -- idempotent ids under concurrency ------------------------------------------------------------------
 
 
 async def test_concurrent_starts_with_one_id_make_one_workflow(app: pgflow.App, dsn: str, schema: str) -> None:
@@ -84,7 +84,7 @@ async def test_concurrent_starts_with_one_id_make_one_workflow(app: pgflow.App, 
     assert await row_of(dsn, schema, "the-one", "attempt, status") == (1, "succeeded")
 
 
-# -- (b) an id that already finished ------------------------------------------------------------------------
+# -- an id that already finished ------------------------------------------------------------------------
 
 
 async def test_starting_a_finished_id_returns_its_handle_and_runs_nothing(
@@ -130,7 +130,7 @@ async def test_starting_a_queued_id_again_keeps_the_first_arguments(app: pgflow.
         assert [await h.result_async(timeout=TIMEOUT) for h in handles] == [1, 1, 1]
 
 
-# -- (c) conflicts ------------------------------------------------------------------------------------------
+# -- conflicts ------------------------------------------------------------------------------------------
 
 
 async def test_an_id_taken_by_another_workflow_conflicts(app: pgflow.App, dsn: str, schema: str) -> None:
@@ -155,7 +155,7 @@ async def test_an_id_taken_by_another_workflow_conflicts(app: pgflow.App, dsn: s
         assert await app.handle("shared").result_async(timeout=TIMEOUT) == "owner"
 
 
-# -- (d) with_options: queue, priority, delay ---------------------------------------------------------------
+# -- with_options: queue, priority, delay ---------------------------------------------------------------
 
 
 async def test_a_worker_runs_only_its_queues(app: pgflow.App, dsn: str, schema: str) -> None:
@@ -245,7 +245,6 @@ async def test_undelayed_start_is_due_at_once(app: pgflow.App, dsn: str, schema:
 
     handle = await now.with_options(delay=0).start_async()
     assert await row_of(dsn, schema, handle.id, "due_at = created_at") == (True,)
-    await app.close_async()
 
 
 async def test_bad_options_are_refused(app: pgflow.App) -> None:
@@ -259,7 +258,7 @@ async def test_bad_options_are_refused(app: pgflow.App) -> None:
         opts.with_options(id="")
 
 
-# -- (e) handles from another App, unknown ids ---------------------------------------------------------------
+# -- handles from another App, unknown ids ---------------------------------------------------------------
 
 
 def build_pair(app: pgflow.App, ran: Counter[str]) -> tuple[pgflow.Workflow[Any, Point], pgflow.Workflow[Any, Any]]:
@@ -349,10 +348,9 @@ async def test_unknown_id_raises_unknown_workflow(app: pgflow.App) -> None:
         await in_thread(lambda: missing.result(timeout=TIMEOUT))
     with pytest.raises(pgflow.UnknownWorkflow):
         await missing.cancel_async()
-    await app.close_async()
 
 
-# -- (f) cancelling a queued workflow ------------------------------------------------------------------------
+# -- cancelling a queued workflow ------------------------------------------------------------------------
 
 
 async def test_cancelled_queued_workflow_never_runs(app: pgflow.App, dsn: str, schema: str) -> None:
@@ -392,7 +390,6 @@ async def test_cancelled_queued_workflow_never_runs(app: pgflow.App, dsn: str, s
         assert await row_of(dsn, schema, handle.id, "status, attempt, started_at") == ("cancelled", 0, None)
     with pytest.raises(pgflow.WorkflowCancelled):
         await by_sync.result_async(timeout=TIMEOUT)
-    await app.close_async()
 
 
 async def test_cancelling_a_finished_workflow_changes_nothing(app: pgflow.App) -> None:
