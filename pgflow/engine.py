@@ -97,13 +97,18 @@ class Engine:
         self.notifier = Notifier(store.pool, self.config.channel, self.waiters, self.config.notify_interval,
                                  self.config.notify, token)
         self.listener = Listener(self.config.dsn, self.config.channel, self.waiters, token)
-        async with anyio.create_task_group() as group:
-            await group.start(self.notifier.run)
-            await group.start(self.listener.run)
-            task_status.started()
-            await self._stop.wait()
-            group.cancel_scope.cancel()
-        await self.close_loop()
+        try:
+            async with anyio.create_task_group() as group:
+                await group.start(self.notifier.run)
+                await group.start(self.listener.run)
+                task_status.started()
+                await self._stop.wait()
+                group.cancel_scope.cancel()
+        except Exception:
+            log.exception("pgflow's notifier or listener failed; waiters fall back to their poll")
+            raise
+        finally:
+            await self.close_loop()
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run an async implementation to completion from sync code."""

@@ -45,7 +45,7 @@ class Waiter:
     """One coroutine waiting for pings on one key, woken safely from any thread."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._event = anyio.Event()
 
     def arm(self) -> None:
@@ -53,21 +53,40 @@ class Waiter:
         self._event = anyio.Event()
 
     def wake(self) -> None:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._event.set()
-        else:
-            self._loop.call_soon_threadsafe(self._wake_here)
+        _wake_all_of([self])
 
-    def _wake_here(self) -> None:
+    def set(self) -> None:
+        """Wake it; only on its own loop."""
         self._event.set()
 
     async def wait(self, timeout: float) -> None:
         with anyio.move_on_after(timeout):
             await self._event.wait()
+
+
+def _wake_all_of(waiters: Iterable[Waiter]) -> None:
+    """Wake waiters directly on the running loop, and with one call per other loop (each cross-thread
+    call costs a system call, and a busy listener wakes thousands of waiters a second)."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    elsewhere: dict[asyncio.AbstractEventLoop, list[Waiter]] = {}
+    for waiter in waiters:
+        if waiter.loop is running:
+            waiter.set()
+        else:
+            elsewhere.setdefault(waiter.loop, []).append(waiter)
+    for loop, batch in elsewhere.items():
+        try:
+            loop.call_soon_threadsafe(_set_each, batch)
+        except RuntimeError:  # that loop has closed: nobody is waiting there any more
+            pass
+
+
+def _set_each(waiters: list[Waiter]) -> None:
+    for waiter in waiters:
+        waiter.set()
 
 
 class Waiters:
@@ -95,8 +114,7 @@ class Waiters:
                 woken = [w for ws in self._by_key.values() for w in ws]
             else:
                 woken = [w for k in keys for w in self._by_key.get(k, ())]
-        for waiter in woken:
-            waiter.wake()
+        _wake_all_of(woken)
 
     def wake_all(self) -> None:
         self.wake((WAKE_ALL,))
@@ -178,7 +196,8 @@ def unpack(payload: str) -> tuple[str, list[str]]:
 
 
 class Notifier:
-    """Collects pings in memory and sends them in one background transaction every ``interval``.
+    """Collects pings in memory and sends them in one background transaction, at most one every
+    ``interval``.
 
     Modes: "buffered" (the default); "inline", where stream batches send their NOTIFY inside their
     own transaction and other pings go out without waiting for the interval (the naive design, for
@@ -199,6 +218,7 @@ class Notifier:
         self._pending: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._due = anyio.Event()
+        self._last_flush = -1e9
         self.flushes = 0
         self.failed_flushes = 0
 
@@ -226,7 +246,10 @@ class Notifier:
             while True:
                 await self._due.wait()
                 self._due = anyio.Event()
-                await anyio.sleep(self.interval)
+                # At most one flush per interval: a ping after a quiet spell goes out at once, and
+                # under load the pings of a whole interval share one transaction.
+                await anyio.sleep(max(0.0, self._last_flush + self.interval - anyio.current_time()))
+                self._last_flush = anyio.current_time()
                 with anyio.CancelScope(shield=True):
                     await self.flush()
         finally:

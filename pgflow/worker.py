@@ -221,7 +221,7 @@ class Worker:
         takes_tick = bool(inspect.signature(workflow.fn).parameters)
         while True:
             tick = workflow.schedule.next_after(datetime.now(UTC))
-            await anyio.sleep((tick - datetime.now(UTC)).total_seconds())
+            await anyio.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds()))
             starter = workflow.with_options(id=f"{workflow.name}@{tick.isoformat()}")
             try:
                 with anyio.CancelScope(shield=True):
