@@ -80,12 +80,15 @@ class _Pending:
 class StreamWriter:
     """Group commit for the chunks of every execution in one worker."""
 
-    def __init__(self, engine: Engine, store: Store, max_batch: int = 5000) -> None:
+    def __init__(self, engine: Engine, store: Store, max_batch: int = 5000, max_in_flight: int = 2) -> None:
         self._engine = engine
         self._store = store
         self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
         self._queue: list[_Pending] = []
         self._wake = anyio.Event()
+        self._in_flight = 0
+        self._busy: set[tuple[str, str]] = set()  # (workflow, key) with a chunk in a batch in flight
         self.batches = 0
         self.chunks = 0
 
@@ -99,14 +102,46 @@ class StreamWriter:
             raise pending.error
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            while self._queue:
-                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
-                with anyio.CancelScope(shield=True):
-                    await self._flush(batch)
+        """Send batches, up to ``max_in_flight`` at once so that the database commits one batch while
+        this process gathers the next. A stream's chunks never ride in two batches in flight at once:
+        each batch commits a stream's chunks in order, after every earlier one, so a reader never
+        sees a gap, and a batch that fails leaves nothing of its streams committed behind it."""
+        async with anyio.create_task_group() as flushes:
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._queue and self._in_flight < self._max_in_flight:
+                    batch = self._take_batch()
+                    if not batch:
+                        break
+                    streams = {(p.execution.workflow_id, p.key) for p in batch}
+                    self._busy |= streams
+                    self._in_flight += 1
+                    flushes.start_soon(self._flush_then_free, batch, streams)
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        waiting: list[_Pending] = []
+        for p in self._queue:
+            if p.execution.interrupt is not None:
+                p.error = p.execution.interrupt  # a failed batch poisoned it: nothing more goes out
+                p.done.set()
+            elif len(batch) >= self._max_batch or (p.execution.workflow_id, p.key) in self._busy:
+                waiting.append(p)
+            else:
+                batch.append(p)
+        self._queue = waiting
+        return batch
+
+    async def _flush_then_free(self, batch: list[_Pending], streams: set[tuple[str, str]]) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._flush(batch)
+        finally:
+            self._busy -= streams
+            self._in_flight -= 1
+            self._wake.set()
 
     async def _flush(self, batch: list[_Pending]) -> None:
         ids = [p.execution.workflow_id for p in batch]

@@ -350,7 +350,7 @@ class Store:
                     "WITH batch AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::text[], %s::int[],"
                     "   %s::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
                     " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
-                    "   WHERE w.id IN (SELECT workflow_id FROM batch) AND w.status = 'running'"
+                    "   WHERE w.id = ANY(%s::text[]) AND w.status = 'running'"
                     "   ORDER BY w.id FOR SHARE),"
                     " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
                     "   SELECT b.workflow_id, b.key, b.position, b.value FROM batch b"
@@ -359,7 +359,7 @@ class Store:
                     " SELECT b.workflow_id, b.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
                     " FROM (SELECT DISTINCT workflow_id, attempt FROM batch) b"
                     " LEFT JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
-                ), (workflow_ids, attempts, keys, positions, values))
+                ), (workflow_ids, attempts, keys, positions, values, sorted(set(workflow_ids))))
                 rows = await cur.fetchall()
                 if notify is not None:
                     await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", notify)
