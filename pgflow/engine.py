@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -117,18 +117,22 @@ class Engine:
     async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
         """Run ``fn(store)`` on the engine's loop, from whichever loop calls. ``fn`` must be
         idempotent: it is tried again while the server cannot be reached."""
-        if self._loop is None:
-            await anyio.to_thread.run_sync(self.portal)
-        assert self._loop is not None
 
-        async def on_engine_loop() -> T:
+        async def with_store() -> T:
             store = await self.store()
             return await retrying(lambda: fn(store), "a query")
 
-        if asyncio.get_running_loop() is self._loop:
-            return await on_engine_loop()
+        return await self.on_engine_loop(with_store)
 
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_engine_loop(), self._loop))
+    async def on_engine_loop(self, fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Await ``fn()`` run on the engine's loop: one hop there and one back, with no thread tied
+        up, however long it waits."""
+        if self._loop is None:
+            await anyio.to_thread.run_sync(self.portal)
+        assert self._loop is not None
+        if asyncio.get_running_loop() is self._loop:
+            return await fn()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(), self._loop))
 
     def ping(self, *keys: str) -> None:
         """Wake this process's waiters now and every other process's within a notifier interval."""

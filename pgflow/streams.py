@@ -211,24 +211,29 @@ def take(chunks: list[tuple[int, bytes | None]] | None, offset: int,
 async def next_chunks(engine: Engine, workflow_id: str, key: str,
                       offset: int) -> list[tuple[int, bytes | None]] | None:
     """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
-    can grow no more (its workflow ended and every chunk it wrote has been read)."""
+    can grow no more (its workflow ended and every chunk it wrote has been read).
 
-    async def fetch(store: Store) -> tuple[str | None, bool, list[tuple[int, bytes | None]]]:
+    The whole wait runs on the engine's loop, beside the listener and the shared fetcher, so a
+    reader on another loop costs one hop there and back per batch of chunks, not per ping."""
+
+    async def wait_there() -> list[tuple[int, bytes | None]] | None:
+        store = await engine.store()
         fetcher = _fetchers.get(store)
         if fetcher is None:
             fetcher = _fetchers.setdefault(store, ChunkFetcher(store))
-        return await fetcher.fetch(workflow_id, key, offset)
 
-    async def check() -> list[tuple[int, bytes | None]] | None:
-        status, closed, chunks = await engine.db(fetch)
-        if status is None:
-            raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        if chunks or closed or status in ("succeeded", "failed", "cancelled"):
-            return chunks
-        return None
+        async def check() -> list[tuple[int, bytes | None]] | None:
+            status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
+            if status is None:
+                raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
+            if chunks or closed or status in ("succeeded", "failed", "cancelled"):
+                return chunks
+            return None
 
-    chunks = await engine.wait_for([f"s:{workflow_id}:{key}", f"wf:{workflow_id}"], check, None)
-    return chunks or None
+        chunks = await engine.wait_for([f"s:{workflow_id}:{key}", f"wf:{workflow_id}"], check, None)
+        return chunks or None
+
+    return await engine.on_engine_loop(wait_there)
 
 
 @dataclass(eq=False)
