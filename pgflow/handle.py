@@ -66,11 +66,17 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
-        async def ended() -> WorkflowRow | None:
-            row = await self._row()
-            return row if row.status in FINAL else None
+        engine = self.app.engine
 
-        row = await self.app.engine.wait_for([f"wf:{self.id}"], ended, timeout)
+        async def wait_there() -> WorkflowRow | None:
+            # On the engine's loop, beside the listener: a wake-up costs no hop between threads.
+            async def ended() -> WorkflowRow | None:
+                row = await self._row()
+                return row if row.status in FINAL else None
+
+            return await engine.wait_for([f"wf:{self.id}"], ended, timeout)
+
+        row = await engine.on_engine_loop(wait_there)
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)
