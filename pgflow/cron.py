@@ -18,15 +18,20 @@ def _parse_field(text: str, name: str, low: int, high: int) -> frozenset[int]:
     values: set[int] = set()
     for part in text.split(","):
         body, _, step_text = part.partition("/")
-        step = int(step_text) if step_text else 1
-        if body == "*":
-            start, end = low, high
-        elif "-" in body:
-            a, b = body.split("-", 1)
-            start, end = int(a), int(b)
-        else:
-            start = int(body)
-            end = high if step_text else start
+        try:
+            step = int(step_text) if step_text else 1
+            if body == "*":
+                start, end = low, high
+            elif "-" in body:
+                a, b = body.split("-", 1)
+                start, end = int(a), int(b)
+            else:
+                start = int(body)
+                end = high if step_text else start
+        except ValueError:
+            raise ValueError(
+                f"cron {name} field {text!r} is not a number, range (a-b), step (*/n) or list of those"
+            ) from None
         if step < 1 or not low <= start <= end <= high:
             raise ValueError(f"cron {name} field {text!r} is outside {low}-{high}")
         values.update(range(start, end + 1, step))
@@ -61,8 +66,10 @@ class Cron:
         except ValueError as exc:
             raise ValueError(f"bad cron expression {expression!r}: {exc}") from exc
         seconds, minutes, hours, days, months, weekdays = sets
-        return cls(expression, seconds, minutes, hours, days, months, frozenset(d % 7 for d in weekdays),
+        cron = cls(expression, seconds, minutes, hours, days, months, frozenset(d % 7 for d in weekdays),
                    any_day=fields[3] == "*", any_weekday=fields[5] == "*")
+        cron.next_after(datetime(2000, 1, 1, tzinfo=UTC))  # refuse "never fires" (Feb 30) now
+        return cron
 
     def _day_matches(self, moment: datetime) -> bool:
         day_ok = moment.day in self.days
@@ -74,7 +81,7 @@ class Cron:
     def next_after(self, moment: datetime) -> datetime:
         """The first tick strictly after ``moment`` (an aware datetime; the result is UTC)."""
         t = moment.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)
-        limit = t + timedelta(days=366 * 5)
+        limit = t + timedelta(days=146097)  # 400 years: the calendar repeats after that
         while t < limit:
             if t.month not in self.months:
                 t = (t.replace(day=1, hour=0, minute=0, second=0) + timedelta(days=32)).replace(day=1)

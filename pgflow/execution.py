@@ -244,7 +244,8 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
         ):
             outcome = _refused(claimed) or await _run_in_time(workflow, claimed, execution, limiter)
         if outcome is not None:
-            await _finish(engine, store, execution, *outcome)
+            freed = (f"q:{workflow.queue}",) if workflow.queue in workflow.app.queues else ()
+            await _finish(engine, store, execution, *outcome, freed=freed)
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
@@ -309,9 +310,10 @@ async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execut
 
 
 async def _finish(engine: Engine, store: Store, execution: Execution, status: str,
-                  output: bytes | None, error: dict[str, Any] | None) -> None:
+                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> None:
+    """Record the end; ``freed`` are pings for workers waiting on a limited queue's free slot."""
     if await store.finish(execution.workflow_id, execution.attempt, status, output, error):
-        engine.ping(f"wf:{execution.workflow_id}")
+        engine.ping(f"wf:{execution.workflow_id}", *freed)
     else:
         log.warning("workflow %r attempt %d lost its lease before it could record %s",
                     execution.workflow_id, execution.attempt, status)

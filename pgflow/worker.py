@@ -175,10 +175,10 @@ class Worker:
                 try:
                     # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                     with anyio.CancelScope(shield=True):
-                        claimed = await self._claim(unlimited, limited, names, free)
+                        claimed, refill = await self._claim(unlimited, limited, names, free)
                         due = None if len(claimed) == free else await self._store.seconds_until_due(
                             self.queues, names)
-                    wait = 0 if len(claimed) == free else (poll if due is None else min(poll, due))
+                    wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
                     claimed = []
@@ -190,14 +190,30 @@ class Worker:
                 await self._wake.wait(wait)
 
     async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
-                     free: int) -> list[Claimed]:
+                     free: int) -> tuple[list[Claimed], float | None]:
+        """Claim up to ``free``; also say when a rate-limited queue's bucket next has a token."""
         assert self._store is not None
         claimed = await self._store.claim(self.id, unlimited, names, free, self.lease) if unlimited else []
+        refill: float | None = None
         for queue in limited:
             if len(claimed) < free:
-                claimed += await self._store.claim_limited(self.id, queue, names, free - len(claimed),
-                                                           self.lease)
-        return claimed
+                more, wait = await self._store.claim_limited(self.id, queue, names, free - len(claimed),
+                                                             self.lease)
+                claimed += more
+                if wait is not None:
+                    refill = wait if refill is None else min(refill, wait)
+        return claimed, refill
+
+    @staticmethod
+    def _next_look(poll: float, free: int, claimed: int, due: float | None, refill: float | None) -> float:
+        """Seconds until the claim loop looks again (woken earlier by pings). At once when every
+        free slot was filled (there may be more); when due workflows were left (others hold them, or
+        a queue's limit does), at the poll, a ping (a limited queue's workflow finishing sends one)
+        or a rate-limited queue's next token, not at once, which would spin."""
+        if claimed == free:
+            return 0.0
+        wait = poll if due is None or due <= 0 else min(poll, due)
+        return wait if refill is None else min(wait, refill)
 
     async def _run(self, claimed: Claimed) -> None:
         assert self._store is not None and self._wake is not None
@@ -235,6 +251,7 @@ class Worker:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
-                    await self._store.heartbeat(self.id, self.lease, forget_after=max(60.0, 10 * self.lease))
+                    await self._store.heartbeat(self.id, self.lease, max(60.0, 10 * self.lease),
+                                                socket.gethostname(), os.getpid(), self.queues, __version__)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)

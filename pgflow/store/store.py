@@ -136,32 +136,41 @@ class Store:
             return await self._claim(conn, owner, queues, names, limit, lease)
 
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
-                            lease: float) -> list[Claimed]:
+                            lease: float) -> tuple[list[Claimed], float | None]:
         """Claim from a queue with limits, holding its row lock so the limits hold across workers:
-        at most ``concurrency`` live leases at once, and starts paced by a token bucket."""
+        at most ``concurrency`` live leases at once, and starts paced by a token bucket.
+
+        Returns the claimed workflows and, when the bucket ran dry, the seconds until its next token.
+        """
         async with self.pool.connection() as conn, conn.transaction():
+            # Lock first, count after: the count's snapshot must include the claims of whoever held
+            # the lock before us (a count taken in the locking statement would predate them).
             cur = await conn.execute(self._sql(
-                "SELECT q.concurrency, q.rate_limit,"
-                "  least(q.rate_limit, q.tokens + q.rate_limit"
-                "        * extract(epoch FROM now() - q.refilled_at) / q.rate_period),"
-                "  (SELECT count(*) FROM {s}.workflows w WHERE w.queue = q.name AND w.status = 'running'"
-                "     AND w.lease_expires_at >= now())"
-                " FROM {s}.queues q WHERE q.name = %s FOR UPDATE"
+                "SELECT concurrency, rate_limit, rate_period,"
+                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period)"
+                " FROM {s}.queues WHERE name = %s FOR UPDATE"
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
-                return await self._claim(conn, owner, [queue], names, limit, lease)
-            concurrency, rate_limit, tokens, running = row
+                return await self._claim(conn, owner, [queue], names, limit, lease), None
+            concurrency, rate_limit, period, tokens = row
             if concurrency is not None:
-                limit = min(limit, concurrency - int(running))
+                cur = await conn.execute(self._sql(
+                    "SELECT count(*) FROM {s}.workflows"
+                    " WHERE queue = %s AND status = 'running' AND lease_expires_at >= now()"
+                ), (queue,))
+                running = await cur.fetchone()
+                limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
             claimed = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else []
-            if rate_limit is not None:
-                await conn.execute(self._sql(
-                    "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
-                ), (float(tokens) - len(claimed), queue))
-            return claimed
+            if rate_limit is None:
+                return claimed, None
+            left = float(tokens) - len(claimed)
+            await conn.execute(self._sql(
+                "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
+            ), (left, queue))
+            return claimed, (1 - left) * float(period) / rate_limit if left < 1 else None
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
                      names: Sequence[str], limit: int, lease: float) -> list[Claimed]:
@@ -223,20 +232,25 @@ class Store:
                 "SELECT id, host, pid, queues, version FROM {s}.workers ORDER BY started_at"))
             return [(str(a), str(b), int(c), list(d), str(e)) for a, b, c, d, e in await cur.fetchall()]
 
-    async def heartbeat(self, owner: str, lease: float, forget_after: float) -> list[tuple[str, int, bool]]:
+    async def heartbeat(self, owner: str, lease: float, forget_after: float, host: str, pid: int,
+                        queues: Sequence[str], version: str) -> list[tuple[str, int, bool]]:
         """Say this worker lives, forget workers silent for ``forget_after`` seconds, and extend every
         lease ``owner`` holds, in one statement; return (id, attempt, cancel requested) per lease."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "WITH alive AS (UPDATE {s}.workers SET heartbeat_at = now() WHERE id = %(owner)s),"
+                # An upsert: a worker the others forgot (it was cut off for a while) comes back.
+                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version)"
+                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s)"
+                "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 " gone AS (DELETE FROM {s}.workers"
-                "   WHERE heartbeat_at < now() - make_interval(secs => %(forget)s))"
+                "   WHERE heartbeat_at < now() - make_interval(secs => %(forget)s) AND id <> %(owner)s)"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
                 " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
                 " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %(owner)s"
                 "  AND status = 'running' ORDER BY id FOR UPDATE)"
                 " RETURNING id, attempt, cancel_requested"
-            ), {"owner": owner, "lease": lease, "forget": forget_after})
+            ), {"owner": owner, "lease": lease, "forget": forget_after, "host": host, "pid": pid,
+                "queues": list(queues), "version": version})
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
 
     async def release(self, id: str, attempt: int) -> bool:
