@@ -13,6 +13,7 @@ behind a gap, and the execution that resumes them reads the ends afresh.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import AsyncIterator
@@ -67,14 +68,24 @@ def encode_chunk(key: str, value: object) -> bytes:
     return data
 
 
-@dataclass(eq=False)
 class _Pending:
-    execution: Execution
-    key: str
-    position: int
-    value: bytes | None
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: BaseException | None = None
+    """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
+    thing to wait on, and there is one per chunk)."""
+
+    __slots__ = ("execution", "key", "position", "value", "done", "error")
+
+    def __init__(self, execution: Execution, key: str, position: int, value: bytes | None) -> None:
+        self.execution = execution
+        self.key = key
+        self.position = position
+        self.value = value
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.error: BaseException | None = None
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        self.error = error
+        if not self.done.done():  # its writer may have been cancelled meanwhile
+            self.done.set_result(None)
 
 
 class StreamWriter:
@@ -97,7 +108,7 @@ class StreamWriter:
         pending = _Pending(execution, key, position, value)
         self._queue.append(pending)
         self._wake.set()
-        await pending.done.wait()
+        await pending.done
         if pending.error is not None:
             raise pending.error
 
@@ -125,8 +136,7 @@ class StreamWriter:
         waiting: list[_Pending] = []
         for p in self._queue:
             if p.execution.interrupt is not None:
-                p.error = p.execution.interrupt  # a failed batch poisoned it: nothing more goes out
-                p.done.set()
+                p.resolve(p.execution.interrupt)  # a failed batch poisoned it: nothing more goes out
             elif len(batch) >= self._max_batch or (p.execution.workflow_id, p.key) in self._busy:
                 waiting.append(p)
             else:
@@ -165,11 +175,12 @@ class StreamWriter:
         for p in batch:
             ex = p.execution
             if (ex.workflow_id, ex.attempt) in fenced:
-                p.error = ex.interrupt = LeaseLost(
-                    f"workflow {ex.workflow_id!r} attempt {ex.attempt} lost its lease")
-            elif ex.workflow_id in cancelled and ex.interrupt is None:
+                ex.interrupt = LeaseLost(f"workflow {ex.workflow_id!r} attempt {ex.attempt} lost its lease")
+                p.resolve(ex.interrupt)
+                continue
+            if ex.workflow_id in cancelled and ex.interrupt is None:
                 ex.interrupt = CancelRequested(f"workflow {ex.workflow_id!r} was cancelled")
-            p.done.set()
+            p.resolve()
         if notify is None:
             self._engine.ping(*keys)
         else:
@@ -177,9 +188,9 @@ class StreamWriter:
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         for p in batch:
-            p.error = p.execution.interrupt = StreamWriteFailed(
+            p.execution.interrupt = StreamWriteFailed(
                 f"chunks of workflow {p.execution.workflow_id!r} could not be written: {exc}")
-            p.done.set()
+            p.resolve(p.execution.interrupt)
 
 
 async def read(engine: Engine, workflow_id: str, key: str, offset: int,
