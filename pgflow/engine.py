@@ -1,10 +1,11 @@
-"""The per-App runtime: connection pools, the notifier, the listener, and the loop the sync API uses.
+"""The per-App runtime: connection pools, the notifier, the listener, and the engine's own loop.
 
-psycopg's async connections belong to the event loop that opened them, so each loop that calls the
-async API gets its own pool (the worker's loop, a web framework's loop). Everything that is one per
-process runs on the engine's own loop, in a daemon thread started on first use: the pool behind the sync
-API, the notifier and the one LISTEN connection. Sync calls run the async implementation on that loop
-through a blocking portal, so the sync and async APIs cannot drift apart.
+Everything that is one per process runs on the engine's loop, in a daemon thread started on first use:
+the pool that callers use, the notifier and the one LISTEN connection. Sync calls run the async
+implementation on that loop through a blocking portal, so the sync and async APIs cannot drift apart;
+async calls from any other loop hop there and back without tying up a thread. psycopg's async
+connections belong to the loop that opened them, so a worker, whose hot paths must not hop, gets a
+pool on its own loop.
 """
 
 from __future__ import annotations

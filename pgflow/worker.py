@@ -66,14 +66,15 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
         self._tasks: TaskGroup | None = None
-        self._running_scope = anyio.CancelScope()
-        self._claiming = anyio.CancelScope()
-        self._idle = anyio.Event()
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
 
     async def __aenter__(self) -> Worker:
+        # Made here, not in __init__: anyio needs a running loop to make them.
+        self._running_scope = anyio.CancelScope()
+        self._claiming = anyio.CancelScope()
+        self._idle = anyio.Event()
         engine = self.app.engine
         await anyio.to_thread.run_sync(engine.portal)
         engine.hold_loop()
