@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
@@ -44,6 +45,22 @@ class Config:
     @property
     def channel(self) -> str:
         return f"pgflow_{self.schema}"
+
+
+IDLE_CHECK_AFTER = 2.0  # seconds a pooled connection may sit unused before it is checked on checkout
+_returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+async def _note_return(conn: Any) -> None:
+    _returned[conn] = time.monotonic()
+
+
+async def _check_if_idle(conn: Any) -> None:
+    """Check a connection on checkout only when it sat idle a while (a restart may have killed it):
+    a check on every checkout costs a round trip per query. A connection that died in the last
+    moments fails its query instead, which the idempotent operations retry."""
+    if time.monotonic() - _returned.get(conn, 0.0) > IDLE_CHECK_AFTER:
+        await AsyncConnectionPool.check_connection(conn)
 
 
 class Engine:
@@ -159,8 +176,7 @@ class Engine:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.config.dsn, min_size=1, max_size=self.config.pool_size, open=False,
                 kwargs={"autocommit": True}, name=f"pgflow-{self.config.schema}",
-                # A round trip per checkout buys not handing out connections a restart killed.
-                check=AsyncConnectionPool.check_connection,
+                check=_check_if_idle, reset=_note_return,
             )
             await pool.open(wait=True, timeout=30)
             store = self._stores.setdefault(loop, Store(pool, self.config.schema))

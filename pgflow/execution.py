@@ -232,11 +232,13 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
     for the lease to expire.
     """
     try:
+        # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
+        first = claimed.attempt == 1
         execution = Execution(
             engine=engine, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
-            journal=await store.journal(claimed.id), is_async=workflow.is_async,
+            journal={} if first else await store.journal(claimed.id), is_async=workflow.is_async,
             token=anyio.lowlevel.current_token(), writer=writer,
-            stream_ends=await store.stream_ends(claimed.id),
+            stream_ends={} if first else await store.stream_ends(claimed.id),
         )
         with tracer.start_as_current_span(
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,

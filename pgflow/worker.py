@@ -177,16 +177,15 @@ class Worker:
                     # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                     with anyio.CancelScope(shield=True):
                         claimed, refill = await self._claim(unlimited, limited, names, free)
-                        due = None if len(claimed) == free else await self._store.seconds_until_due(
-                            self.queues, names)
+                    for row in claimed:
+                        self.running.add(row.id)
+                        self._idle = anyio.Event()
+                        self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+                    due = None if len(claimed) == free else await self._store.seconds_until_due(
+                        self.queues, names)
                     wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
-                    claimed = []
-                for row in claimed:
-                    self.running.add(row.id)
-                    self._idle = anyio.Event()
-                    self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
             if wait > 0:
                 await self._wake.wait(wait)
 
