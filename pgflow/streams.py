@@ -26,6 +26,7 @@ import anyio.lowlevel
 import psycopg
 
 from . import codec
+from .context import current_execution
 from .errors import CancelRequested, ExecutionInterrupted, LeaseLost, UnknownWorkflow
 from .notify import pack
 from .store import Store, retrying
@@ -310,8 +311,6 @@ _fetchers: weakref.WeakKeyDictionary[Store, ChunkFetcher] = weakref.WeakKeyDicti
 
 
 def _execution(what: str) -> Execution:
-    from .context import current_execution
-
     execution = current_execution.get()
     if execution is None:
         raise RuntimeError(f"pgflow.{what} is called from inside a workflow or a step run by a worker")
