@@ -1,8 +1,9 @@
 """Streams: group-committed writes and batched reads.
 
 Writing a chunk is an INSERT, but not one per chunk: the chunks of every writer in a worker process are
-gathered while the previous batch commits and then written in one multi-row INSERT, and each writer
-awaits its batch's commit. Under load batches grow by themselves; when idle a chunk goes out at once.
+gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
+and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
+goes out at once.
 
 Positions are dense per (workflow, key). The execution that holds a workflow's lease is the only writer
 of its streams (fencing refuses the others), so it assigns positions in memory, from the stream ends
