@@ -361,8 +361,8 @@ class Store:
         async with self.pool.connection() as conn:
             async with conn.transaction():
                 cur = await conn.execute(self._sql(
-                    "WITH batch AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::text[], %s::int[],"
-                    "   %s::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
+                    "WITH batch AS (SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::int[],"
+                    "   %b::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
                     " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
                     "   WHERE w.id = ANY(%s::text[]) AND w.status = 'running'"
                     "   ORDER BY w.id FOR SHARE),"
@@ -394,7 +394,7 @@ class Store:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT r.i, w.status, coalesce(last.closed, false), c.position, c.value"
-                " FROM unnest(%s::text[], %s::text[], %s::int[]) WITH ORDINALITY AS r(workflow_id, key, start, i)"
+                " FROM unnest(%b::text[], %b::text[], %b::int[]) WITH ORDINALITY AS r(workflow_id, key, start, i)"
                 " LEFT JOIN {s}.workflows w ON w.id = r.workflow_id"
                 # The close marker is always a stream's last chunk.
                 " LEFT JOIN LATERAL (SELECT value IS NULL AS closed FROM {s}.streams"
@@ -403,7 +403,7 @@ class Store:
                 "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
                 "   ORDER BY position LIMIT %s) c ON true"
                 " ORDER BY r.i, c.position"
-            ), (workflow_ids, keys, offsets, limit))
+            ), (workflow_ids, keys, offsets, limit), binary=True)
             found: list[tuple[str | None, bool, list[tuple[int, bytes | None]]]] = [
                 (None, False, []) for _ in workflow_ids
             ]
