@@ -63,6 +63,40 @@ async def _check_if_idle(conn: Any) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+_outbox_lock = threading.Lock()
+_outboxes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], asyncio.Task[Any]]]] = {}
+
+
+def _answer_later(caller: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], done: asyncio.Task[Any]) -> None:
+    """Hand a finished task's outcome to the loop that awaits it. Runs on the engine's loop; the
+    answers finished in one pass of that loop (a shared fetch answers hundreds of readers at once)
+    cross to their loop in one call instead of one each."""
+    with _outbox_lock:
+        outbox = _outboxes.setdefault(caller, [])
+        outbox.append((answer, done))
+        first = len(outbox) == 1
+    if first:
+        try:
+            caller.call_soon_threadsafe(_deliver, caller)
+        except RuntimeError:  # the caller's loop has closed: nobody is waiting any more
+            with _outbox_lock:
+                _outboxes.pop(caller, None)
+
+
+def _deliver(caller: asyncio.AbstractEventLoop) -> None:
+    with _outbox_lock:
+        answers = _outboxes.pop(caller, [])
+    for answer, done in answers:
+        if answer.done():
+            continue
+        if done.cancelled():
+            answer.cancel()
+        elif done.exception() is not None:
+            answer.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            answer.set_result(done.result())
+
+
 class Engine:
     """Owns every connection and background task of one App; ``close`` stops them all.
 
@@ -148,9 +182,24 @@ class Engine:
         if self._loop is None:
             await anyio.to_thread.run_sync(self.portal)
         assert self._loop is not None
-        if asyncio.get_running_loop() is self._loop:
+        engine_loop = self._loop
+        caller = asyncio.get_running_loop()
+        if caller is engine_loop:
             return await fn()
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fn(), self._loop))
+        answer: asyncio.Future[T] = caller.create_future()
+        tasks: list[asyncio.Task[T]] = []
+
+        def start() -> None:
+            task = engine_loop.create_task(fn())
+            task.add_done_callback(lambda done: _answer_later(caller, answer, done))
+            tasks.append(task)
+
+        engine_loop.call_soon_threadsafe(start)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            engine_loop.call_soon_threadsafe(lambda: [task.cancel() for task in tasks])
+            raise
 
     def ping(self, *keys: str) -> None:
         """Wake this process's waiters now and every other process's within a notifier interval."""
