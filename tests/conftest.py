@@ -16,6 +16,7 @@ import pytest
 
 import pgflow
 
+from .processes import procs  # noqa: F401 - the fixture, for every multi-process test
 from .servers import EmbeddedServer, external_pg15_dsn
 
 _embedded: EmbeddedServer | None = None

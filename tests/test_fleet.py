@@ -16,10 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +26,10 @@ import pytest
 import pgflow
 
 from .apps import fleet
+from .processes import LEASE, WAIT, Proc, Processes, failure_of, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "tests.apps.fleet:app"
-WAIT = 90.0  # seconds: the bound of every wait for something another process does
-EXIT_WAIT = 45.0  # seconds a process that was told to stop gets before the test calls it stuck
-LEASE = 2.0  # seconds: the lease of every worker here, so a takeover comes soon
 
 pytestmark = pytest.mark.slow
 
@@ -42,129 +37,9 @@ pytestmark = pytest.mark.slow
 # -- processes ------------------------------------------------------------------------------------------
 
 
-class Proc:
-    """A child process whose stdout and stderr go to one log file, read back for failure messages."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
-        self.name = name
-        self.args = args
-        self.log = log
-        with log.open("wb") as out:
-            self.popen = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                          stdout=out, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def describe(self) -> str:
-        state = self.popen.poll()
-        status = "running" if state is None else f"exit code {state}"
-        return f"--- {self.name} (pid {self.pid}, {status}): {' '.join(self.args[1:])}\n{self.output()}"
-
-    def signal(self, signum: int) -> None:
-        self.popen.send_signal(signum)
-
-    def wait_exit(self, timeout: float = EXIT_WAIT) -> int:
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.name} did not exit within {timeout}s\n{self.describe()}")
-
-    def stop(self) -> None:
-        """Kill (if still running; a stopped process dies too) and reap."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait()
-
-
-class Processes:
-    """Starts child processes for one test and always kills and reaps them afterwards."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.started: list[Proc] = []
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, [sys.executable, *args], env, self.tmp_path, self.tmp_path / f"{name}.log")
-        self.started.append(proc)
-        return proc
-
-    def worker(self, name: str, env: dict[str, str], *, queues: str = "default", concurrency: int = 4,
-               lease: float = LEASE, grace: float = 5.0, extra: Sequence[str] = ()) -> Proc:
-        return self.start(name, ["-m", "pgflow", "worker", TARGET, "--queues", queues,
-                                 "--concurrency", str(concurrency), "--lease", str(lease),
-                                 "--grace", str(grace), *extra], env)
-
-    def logs(self) -> str:
-        return "\n".join(proc.describe() for proc in self.started)
-
-    def stop_all(self) -> None:
-        for proc in self.started:
-            proc.stop()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
-def wait_until(condition: Callable[[], Any], what: str, procs: Processes, *alive: Proc,
-               timeout: float = WAIT) -> Any:
-    """Wait for an event another process causes; fail early if a process that must cause it died.
-    Returns the condition's first truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        for proc in alive:
-            if proc.popen.poll() is not None:
-                pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
-        time.sleep(0.05)
-
-
-def result_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: float = WAIT) -> Any:
-    """``handle.result(timeout)``, with the workers' logs in the failure message if it does not succeed."""
-    try:
-        return handle.result(timeout=timeout)
-    except TimeoutError:
-        pytest.fail(f"{handle.id} not finished after {timeout}s (status {handle.status()})\n{procs.logs()}")
-    except pgflow.WorkflowFailed as exc:
-        pytest.fail(f"{exc}\n{exc.traceback}\n{procs.logs()}")
-
-
-def failure_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: float = WAIT) -> pgflow.WorkflowFailed:
-    """The WorkflowFailed that ``handle.result`` raises; the test fails if it returns or times out."""
-    try:
-        value = handle.result(timeout=timeout)
-    except pgflow.WorkflowFailed as exc:
-        return exc
-    except TimeoutError:
-        pytest.fail(f"{handle.id} not finished after {timeout}s (status {handle.status()})\n{procs.logs()}")
-    pytest.fail(f"{handle.id} succeeded with {value!r}, expected a failure\n{procs.logs()}")
-
-
-def lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
+def fleet_worker(procs: Processes, name: str, env: dict[str, str], **options: Any) -> Proc:
+    """A worker process serving the fleet app, with a short drain unless a test says otherwise."""
+    return procs.worker(name, TARGET, env, **{"grace": 5.0, **options})
 
 
 def query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -225,14 +100,14 @@ def test_sigstopped_worker_resumed_after_a_takeover_cannot_record_anything(
     effects, gates = tmp_path / "effects.txt", tmp_path / "gates"
     gates.mkdir()
 
-    a = procs.worker("worker-A", worker_env)
+    a = fleet_worker(procs, "worker-A", worker_env)
     handle = flows.zombie.start(str(effects), str(gates), where)
     wait_until(lambda: f"start {a.pid}" in lines(effects), "worker A to reach the gate", procs, a)
     assert workflow_row(dsn, schema, handle.id)[:2] == ("running", 1)
 
     a.signal(signal.SIGSTOP)
     frozen_at = time.monotonic()
-    b = procs.worker("worker-B", worker_env)
+    b = fleet_worker(procs, "worker-B", worker_env)
     wait_until(lambda: f"start {b.pid}" in lines(effects), "worker B to take the workflow over", procs, b)
     takeover = time.monotonic() - frozen_at
     status, attempt, owner = workflow_row(dsn, schema, handle.id)
@@ -277,7 +152,7 @@ def test_queue_concurrency_limit_holds_across_four_worker_processes(
                ' started timestamptz NOT NULL, ended timestamptz, seen int)')
     # One slot per process: without a global limit the four could run four at once, and reaching the
     # limit of two at all takes two processes, so the test can tell a global limit from a local one.
-    workers = [procs.worker(f"worker-{i}", worker_env, queues=fleet.LIMITED, concurrency=1) for i in range(4)]
+    workers = [fleet_worker(procs, f"worker-{i}", worker_env, queues=fleet.LIMITED, concurrency=1) for i in range(4)]
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid for w in workers}, "4 workers to register",
                procs, *workers)
     assert query(dsn, f'SELECT concurrency, rate_limit FROM "{schema}".queues WHERE name = %s',
@@ -310,7 +185,7 @@ def test_queue_rate_limit_paces_starts_across_worker_processes(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes,
 ) -> None:
     flows = fleet.build(app)
-    workers = [procs.worker(f"worker-{i}", worker_env, queues=fleet.PACED, concurrency=8) for i in range(3)]
+    workers = [fleet_worker(procs, f"worker-{i}", worker_env, queues=fleet.PACED, concurrency=8) for i in range(3)]
     app.migrate()
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid for w in workers}, "3 workers to register",
                procs, *workers)
@@ -344,7 +219,7 @@ def test_cancelled_queued_workflow_never_starts(
     handle.cancel()
     assert handle.status() == "cancelled"
 
-    procs.worker("worker", worker_env)
+    fleet_worker(procs, "worker", worker_env)
     # The worker serves the queue: a workflow started after the cancelled one runs to its end.
     assert result_of(flows.ping.start(1), procs) == 2
     with pytest.raises(pgflow.WorkflowCancelled):
@@ -363,7 +238,7 @@ def test_cancelled_running_workflow_stops_at_its_next_step(
 ) -> None:
     flows = fleet.build(app)
     effects = tmp_path / "effects.txt"
-    w = procs.worker("worker", worker_env)
+    w = fleet_worker(procs, "worker", worker_env)
     handle = flows.beats[kind].start(str(effects), 100_000)
     wait_until(lambda: len(handle.steps()) >= 3, "three steps to be recorded", procs, w)
 
@@ -392,7 +267,7 @@ def test_workflow_past_its_timeout_fails_with_workflow_timeout(
 ) -> None:
     flows = fleet.build(app)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
-    w = procs.worker("worker", worker_env)
+    w = fleet_worker(procs, "worker", worker_env)
     handle = flows.slow[kind].start(str(effects), str(gate))
     try:
         failure = failure_of(handle, procs)
@@ -414,7 +289,7 @@ def test_timeout_deadline_is_fixed_at_first_start_and_survives_a_crash(
 ) -> None:
     flows = fleet.build(app)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
-    a = procs.worker("worker-A", worker_env)
+    a = fleet_worker(procs, "worker-A", worker_env)
     handle = flows.deadline_flow.start(str(effects), str(gate))
     wait_until(lambda: f"held start {a.pid}" in lines(effects), "the step to start in worker A", procs, a)
     a.signal(signal.SIGKILL)
@@ -425,7 +300,7 @@ def test_timeout_deadline_is_fixed_at_first_start_and_survives_a_crash(
                              (handle.id,)) == [(True,)], "the deadline to pass", procs)
 
     gate.touch()  # the step could finish at once now: only the deadline can stop B from running it
-    b = procs.worker("worker-B", worker_env)
+    b = fleet_worker(procs, "worker-B", worker_env)
     failure = failure_of(handle, procs)
     assert failure.error_type == "pgflow.errors.WorkflowTimeout"
     assert "ran out of time" in failure.message
@@ -446,14 +321,14 @@ def test_workflow_whose_worker_dies_max_attempts_times_is_failed_without_running
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
     handle = flows.poison.start(str(effects), str(gate))
     for attempt, name in enumerate(["worker-A", "worker-B"], start=1):
-        w = procs.worker(name, worker_env)
+        w = fleet_worker(procs, name, worker_env)
         wait_until(lambda w=w: f"held start {w.pid}" in lines(effects), f"the step to start in {name}", procs, w)
         assert workflow_row(dsn, schema, handle.id)[:2] == ("running", attempt)
         w.signal(signal.SIGKILL)
         assert w.wait_exit() == -signal.SIGKILL
 
     gate.touch()  # the step could finish at once now: only max_attempts can stop C from running it
-    procs.worker("worker-C", worker_env)
+    fleet_worker(procs, "worker-C", worker_env)
     failure = failure_of(handle, procs)
     assert failure.error_type == "pgflow.errors.MaxAttemptsExceeded"
     assert workflow_row(dsn, schema, handle.id)[:2] == ("failed", 3)
@@ -471,7 +346,7 @@ def test_parent_resumed_after_a_crash_finds_its_children_instead_of_starting_new
 ) -> None:
     flows = fleet.build(app)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
-    a = procs.worker("worker-A", worker_env, concurrency=8)
+    a = fleet_worker(procs, "worker-A", worker_env, concurrency=8)
     parent = flows.parent[kind].start(str(effects), str(gate), 3)
 
     def waiting() -> bool:
@@ -483,7 +358,7 @@ def test_parent_resumed_after_a_crash_finds_its_children_instead_of_starting_new
     killed_at = time.monotonic()
     assert a.wait_exit() == -signal.SIGKILL
 
-    b = procs.worker("worker-B", worker_env, concurrency=8)
+    b = fleet_worker(procs, "worker-B", worker_env, concurrency=8)
     wait_until(lambda: f"parent waiting {b.pid}" in lines(effects), "worker B to resume the parent", procs, b)
     resumed = time.monotonic() - killed_at
     gate.touch()
@@ -509,7 +384,7 @@ def test_worker_registers_itself_and_unregisters_on_a_graceful_stop(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes,
 ) -> None:
     app.migrate()
-    w = procs.worker("worker", worker_env, queues="default,other")
+    w = fleet_worker(procs, "worker", worker_env, queues="default,other")
     [row] = wait_until(lambda: [r for r in registered(dsn, schema) if r[2] == w.pid], "the worker to register",
                        procs, w)
     id, host, pid, queues, version = row
@@ -529,8 +404,8 @@ def test_killed_workers_row_is_forgotten_by_a_live_workers_heartbeat_once_stale(
     dead worker's last heartbeat in the table instead: what it checks is that a live worker's heartbeat
     removes a stale row, and only that one."""
     app.migrate()
-    dead = procs.worker("worker-dead", worker_env)
-    live = procs.worker("worker-live", worker_env)
+    dead = fleet_worker(procs, "worker-dead", worker_env)
+    live = fleet_worker(procs, "worker-live", worker_env)
     wait_until(lambda: registered_pids(dsn, schema) == {dead.pid, live.pid}, "both workers to register",
                procs, dead, live)
     dead.signal(signal.SIGKILL)
@@ -549,7 +424,7 @@ def test_live_worker_silent_past_the_forget_bound_is_registered_again(
     """As if the worker could not reach the database for over a minute: its row is as old as that when
     its heartbeats get through again. A live worker must then be in the registry again."""
     app.migrate()
-    w = procs.worker("worker", worker_env)
+    w = fleet_worker(procs, "worker", worker_env)
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid}, "the worker to register", procs, w)
     query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\'')
 
@@ -603,7 +478,7 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
     flows = fleet.build(app)
     app.migrate()
     effects = tmp_path / "effects.txt"
-    supervisor = procs.worker("supervisor", worker_env, extra=["--processes", "2"])
+    supervisor = fleet_worker(procs, "supervisor", worker_env, extra=["--processes", "2"])
     children: set[int] = set()  # every child pid seen, killed in the finally if one outlives the test
 
     def child_pids(n: int, exclude: frozenset[int] = frozenset()) -> set[int] | None:

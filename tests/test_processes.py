@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,117 +23,12 @@ import pgflow
 from pgflow.store import migrations
 
 from .apps import crashy, failing
+from .processes import WAIT, Proc, Processes, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-WAIT = 60.0  # seconds: the bound of every wait for something another process does
-EXIT_WAIT = 30.0  # seconds a process that was told to stop gets before the test calls it stuck
-CRASH_LEASE = 2.0  # seconds: the lease of workers in crash tests, so a takeover comes soon
 
 
 # -- processes ------------------------------------------------------------------------------------------
-
-
-class Proc:
-    """A child process whose stdout and stderr go to one log file, read back for failure messages."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
-        self.name = name
-        self.args = args
-        self.log = log
-        with log.open("wb") as out:
-            self.popen = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                          stdout=out, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def describe(self) -> str:
-        state = self.popen.poll()
-        status = "running" if state is None else f"exit code {state}"
-        return f"--- {self.name} (pid {self.pid}, {status}): {' '.join(self.args[1:])}\n{self.output()}"
-
-    def wait_exit(self, timeout: float = EXIT_WAIT) -> int:
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.name} did not exit within {timeout}s\n{self.describe()}")
-
-    def stop(self) -> None:
-        """Kill (if still running) and reap: every test's cleanup, in a finally."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait()
-
-
-class Processes:
-    """Starts child processes for one test and always kills and reaps them afterwards."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.started: list[Proc] = []
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, [sys.executable, *args], env, self.tmp_path, self.tmp_path / f"{name}.log")
-        self.started.append(proc)
-        return proc
-
-    def worker(self, name: str, target: str, env: dict[str, str], *, lease: float = CRASH_LEASE,
-               concurrency: int = 4) -> Proc:
-        return self.start(name, ["-m", "pgflow", "worker", target, "--concurrency", str(concurrency),
-                                 "--lease", str(lease)], env)
-
-    def logs(self) -> str:
-        return "\n".join(proc.describe() for proc in self.started)
-
-    def stop_all(self) -> None:
-        for proc in self.started:
-            proc.stop()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
-def wait_until(condition: Callable[[], bool], what: str, procs: Processes, *alive: Proc,
-               timeout: float = WAIT) -> None:
-    """Wait for an event another process causes; fail early if a process that must cause it died."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for proc in alive:
-            if proc.popen.poll() is not None:
-                pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
-        time.sleep(0.05)
-
-
-def result_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: float = WAIT) -> Any:
-    """``handle.result(timeout)``, with the workers' logs in the failure message if it does not succeed."""
-    try:
-        return handle.result(timeout=timeout)
-    except TimeoutError:
-        pytest.fail(f"{handle.id} not finished after {timeout}s (status {handle.status()})\n{procs.logs()}")
-    except pgflow.WorkflowFailed as exc:
-        pytest.fail(f"{exc}\n{exc.traceback}\n{procs.logs()}")
-
-
-def lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
 
 
 # -- 1. a worker killed mid-workflow ---------------------------------------------------------------------
