@@ -6,9 +6,7 @@ from __future__ import annotations
 import re
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -16,16 +14,7 @@ import pgflow
 from pgflow.cron import Cron
 
 from .apps import fleet
-from .test_fleet import Processes, query, registered_pids, wait_until
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
+from .test_fleet import Processes, fleet_worker, query, registered_pids, wait_until
 
 
 def at(text: str) -> datetime:
@@ -218,7 +207,7 @@ def test_every_second_schedule_served_by_four_workers_runs_each_tick_once(
     name = flows.every_second.name
     app.migrate()
     query(dsn, f'CREATE TABLE "{schema}".tick_runs (tick text NOT NULL, pid int NOT NULL)')
-    workers = [procs.worker(f"worker-{i}", worker_env, queues=fleet.TICKS) for i in range(4)]
+    workers = [fleet_worker(procs, f"worker-{i}", worker_env, queues=fleet.TICKS) for i in range(4)]
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid for w in workers}, "4 workers to register",
                procs, *workers)
     [(all_up,)] = query(dsn, "SELECT now()")
