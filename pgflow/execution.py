@@ -88,7 +88,6 @@ class Execution:
     workflow_id: str
     attempt: int
     journal: dict[int, StepRecord]
-    is_async: bool
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
     # Per stream key: the next free position in the table, and how far this run's deterministic
@@ -236,7 +235,7 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
         first = claimed.attempt == 1
         execution = Execution(
             engine=engine, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
-            journal={} if first else await store.journal(claimed.id), is_async=workflow.is_async,
+            journal={} if first else await store.journal(claimed.id),
             token=anyio.lowlevel.current_token(), writer=writer,
             stream_ends={} if first else await store.stream_ends(claimed.id),
         )

@@ -226,12 +226,6 @@ class Store:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
-    async def workers(self) -> list[tuple[str, str, int, list[str], str]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT id, host, pid, queues, version FROM {s}.workers ORDER BY started_at"))
-            return [(str(a), str(b), int(c), list(d), str(e)) for a, b, c, d, e in await cur.fetchall()]
-
     async def heartbeat(self, owner: str, lease: float, forget_after: float, host: str, pid: int,
                         queues: Sequence[str], version: str) -> list[tuple[str, int, bool]]:
         """Say this worker lives, forget workers silent for ``forget_after`` seconds, and extend every
