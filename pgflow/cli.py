@@ -49,9 +49,12 @@ def load_app(target: str) -> App:
 
 
 async def _serve(app: App, concurrency: int, queues: list[str], lease: float, grace: float) -> int:
-    """Run a worker until SIGTERM or SIGINT, then drain it: a second signal cuts the drain short."""
-    async with app.worker(concurrency=concurrency, queues=queues, lease=lease) as worker:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    """Run a worker until SIGTERM or SIGINT, then drain it: a second signal cuts the drain short.
+
+    Signals are caught before the worker starts, so one that arrives while it starts up (it is
+    already registered) drains it instead of killing the process."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with app.worker(concurrency=concurrency, queues=queues, lease=lease) as worker:
             async for signum in signals:
                 log.info("received %s: draining for up to %.1fs (send it again to stop now)",
                          signal.Signals(signum).name, grace)
