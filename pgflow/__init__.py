@@ -1,7 +1,7 @@
 """pgflow: durable workflows, steps and streams with PostgreSQL as the only moving part."""
 
-__version__ = "0.1.0"
-
+from ._core.runtime import Stats
+from ._core.worker import Worker
 from .app import App
 from .errors import (
     ConfigurationError,
@@ -23,7 +23,7 @@ from .streams import (
     write_stream,
     write_stream_async,
 )
-from .worker import Worker
+from .version import __version__ as __version__
 from .workflow import Starter, Step, Workflow
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "RetryPolicy",
     "SerializationError",
     "Starter",
+    "Stats",
     "Step",
     "StepFailed",
     "StepInfo",

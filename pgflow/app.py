@@ -2,39 +2,30 @@
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
+import inspect
 import os
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-import anyio
-import anyio.to_thread
-
+from ._core.client import Client
+from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
+from ._core.runtime import Runtimes, Stats
+from ._core.store import Store
+from ._core.sync import LoopThread
+from ._core.worker import Worker
 from .cron import Cron
-from .engine import Config, Engine
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
-from .notify import NotifyMode
 from .retry import RetryOn, RetryPolicy
-from .store import Store
-from .worker import Worker
-from .workflow import Step, Workflow, check_registrable, make_step, qualified_name
+from .workflow import Step, Workflow, qualified_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-@dataclass(frozen=True)
-class QueueLimits:
-    concurrency: int | None
-    rate_limit: int | None
-    per: float
-
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 
@@ -64,8 +55,8 @@ class App:
                 f"schema {schema!r} is not usable: use lowercase letters, digits and _ "
                 "(at most 55 characters, not starting with a digit)"
             )
-        if notify not in ("buffered", "inline", "off"):
-            raise ConfigurationError(f"notify must be 'buffered', 'inline' or 'off', got {notify!r}")
+        if notify not in ("buffered", "off"):
+            raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
         if notify_interval <= 0 or poll_interval <= 0 or pool_size < 1:
             raise ConfigurationError("notify_interval and poll_interval must be > 0, pool_size >= 1")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
@@ -79,11 +70,13 @@ class App:
             )
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval)
+        self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
-        self.queues: dict[str, QueueLimits] = {}
-        self._engine: Engine | None = None
         self._lock = threading.Lock()
+        self._runtimes = Runtimes(self._config)
+        self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
+        self._client = Client(self.registry, self._runtimes, self._sync)
 
     @property
     def schema(self) -> str:
@@ -99,12 +92,11 @@ class App:
         return self._dsn
 
     @property
-    def engine(self) -> Engine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = Engine(Config(dsn=self.dsn, **self._settings))  # type: ignore[arg-type]
-                atexit.register(self.close)
-            return self._engine
+    def queues(self) -> dict[str, QueueLimits]:
+        return self.registry.queues
+
+    def _config(self) -> Config:
+        return Config(dsn=self.dsn, **self._settings)  # type: ignore[arg-type]
 
     # -- registration -----------------------------------------------------------------------------------
 
@@ -133,14 +125,12 @@ class App:
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
-            check_registrable(fn, "workflow")
-            workflow = Workflow(self, fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
-                                Cron.parse(schedule) if schedule is not None else None)
-            if workflow.name in self.workflows:
-                raise ConfigurationError(
-                    f"a workflow named {workflow.name!r} is already registered; pass name= to tell them apart"
-                )
-            self.workflows[workflow.name] = workflow
+            _check_registrable(fn, "workflow")
+            spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
+                                   Cron.parse(schedule) if schedule is not None else None)
+            self.registry.add_workflow(spec)
+            workflow: Workflow[Any, Any] = Workflow(spec, self._client)
+            self.workflows[spec.name] = workflow
             return workflow
 
         return register if fn is None else register(fn)
@@ -167,9 +157,11 @@ class App:
         retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
 
         def register(fn: Callable[..., Any]) -> Step[Any, Any]:
-            check_registrable(fn, "step")
-            step = make_step(fn, name, retry)
-            self.steps[step.name] = step
+            _check_registrable(fn, "step")
+            spec = StepSpec.of(fn, name or qualified_name(fn), retry)
+            self.registry.steps[spec.name] = spec
+            step: Step[Any, Any] = Step(spec)
+            self.steps[spec.name] = step
             return step
 
         return register if fn is None else register(fn)
@@ -185,13 +177,13 @@ class App:
             raise ConfigurationError(f"rate_limit must be at least 1, got {rate_limit}")
         if per <= 0:
             raise ConfigurationError(f"per must be a positive number of seconds, got {per}")
-        self.queues[name] = QueueLimits(concurrency, rate_limit, per)
+        self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per)
 
     # -- entry points -----------------------------------------------------------------------------------
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle on an existing workflow, started by this process or any other."""
-        return WorkflowHandle(self, workflow_id)
+        return WorkflowHandle(self._client, workflow_id)
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
                lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:
@@ -200,7 +192,8 @@ class App:
         ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
         ``grace`` is how long leaving the block waits for running workflows before giving them back.
         """
-        return Worker(self, concurrency, queues, lease=lease, heartbeat=heartbeat, grace=grace)
+        return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
+                      grace=grace)
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""
@@ -209,22 +202,29 @@ class App:
             await store.migrate()
             return await store.schema_version()
 
-        return await self.engine.db(migrate)
+        return await self._client.runtime().db(migrate)
 
     def migrate(self) -> int:
-        return self.engine.call(self.migrate_async)
+        return self._client.call(self.migrate_async)
+
+    def stats(self) -> Stats:
+        """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream
+        batches and chunks written by its workers."""
+        return self._runtimes.stats()
 
     async def close_async(self) -> None:
-        """The async twin of ``close``."""
-        await anyio.to_thread.run_sync(self.close)
+        """Close this App's connections and background tasks on the calling loop (flushing pending
+        pings), then those on every other loop; idempotent."""
+        await self._runtimes.aclose_current()
+        self._close_elsewhere()
 
     def close(self) -> None:
         """Flush pending pings and close every connection and background task; idempotent."""
-        with self._lock:
-            engine, self._engine = self._engine, None
-        if engine is not None:
-            atexit.unregister(self.close)
-            engine.close()
+        self._close_elsewhere()
+
+    def _close_elsewhere(self) -> None:
+        self._sync.stop()
+        self._runtimes.close()
 
     def __enter__(self) -> App:
         return self
@@ -239,3 +239,10 @@ class App:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close_async()
+
+
+def _check_registrable(fn: object, what: str) -> None:
+    if not callable(fn):
+        raise ConfigurationError(f"@app.{what} decorates a function, got {fn!r}")
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ConfigurationError(f"@app.{what} cannot decorate a generator function: {fn!r}")

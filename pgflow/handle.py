@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from . import codec, streams
+from ._core.client import Client
+from ._core.store import WorkflowRow
+from ._core.streams.checks import check_reader
+from ._core.streams.reader import ENDED, take
 from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
-from .store import WorkflowRow
-
-if TYPE_CHECKING:
-    from .app import App
-    from .workflow import Workflow
 
 R = TypeVar("R")
 
@@ -27,28 +25,27 @@ class StepInfo:
     error_type: str | None
     attempts: int
     finished_at: datetime
-FINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class WorkflowHandle(Generic[R]):
-    """Status, result and cancellation of one workflow. Every blocking method has an ``_async`` twin."""
+    """Status, result, streams and cancellation of one workflow. Every blocking method has an
+    ``_async`` twin, which runs on the caller's own event loop."""
 
-    def __init__(self, app: App, id: str, workflow: Workflow[Any, R] | None = None) -> None:
-        self.app = app
+    def __init__(self, client: Client, id: str) -> None:
+        self._client = client
         self.id = id
-        self._workflow = workflow
 
     def __repr__(self) -> str:
         return f"WorkflowHandle({self.id!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, WorkflowHandle) and other.app is self.app and other.id == self.id
+        return isinstance(other, WorkflowHandle) and other._client is self._client and other.id == self.id
 
     def __hash__(self) -> int:
         return hash(self.id)
 
     async def _row(self) -> WorkflowRow:
-        row = await self.app.engine.db(lambda store: store.workflow(self.id))
+        row = await self._client.runtime().db(lambda store: store.workflow(self.id))
         if row is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         return row
@@ -58,7 +55,7 @@ class WorkflowHandle(Generic[R]):
         return (await self._row()).status
 
     def status(self) -> str:
-        return self.app.engine.call(self.status_async)
+        return self._client.call(self.status_async)
 
     async def result_async(self, timeout: float | None = None) -> R:
         """Wait for the workflow to end and return its result (woken by its completion ping).
@@ -66,64 +63,72 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
-        engine = self.app.engine
+        async def ended() -> WorkflowRow | None:
+            row = await self._row()
+            return row if row.status in ENDED else None
 
-        async def wait_there() -> WorkflowRow | None:
-            # On the engine's loop, beside the listener: a wake-up costs no hop between threads.
-            async def ended() -> WorkflowRow | None:
-                row = await self._row()
-                return row if row.status in FINAL else None
-
-            return await engine.wait_for([f"wf:{self.id}"], ended, timeout)
-
-        row = await engine.on_engine_loop(wait_there)
+        row = await self._client.runtime().wait_for([f"wf:{self.id}"], ended, timeout)
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)
 
     def result(self, timeout: float | None = None) -> R:
-        return self.app.engine.call(self.result_async, timeout)
+        return self._client.call(self.result_async, timeout)
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""
-        return [StepInfo(*row) for row in await self.app.engine.db(lambda store: store.steps(self.id))]
+        return [StepInfo(*row) for row in await self._client.runtime().db(lambda store: store.steps(self.id))]
 
     def steps(self) -> list[StepInfo]:
-        return self.app.engine.call(self.steps_async)
+        return self._client.call(self.steps_async)
+
+    async def stream_items_async(self, key: str, offset: int = 0, *,
+                                 type: Any = Any) -> AsyncIterator[tuple[int, Any]]:
+        """Every (position, chunk) of stream ``key`` from ``offset`` on, in order, until the stream
+        is closed or the workflow ends in any way: what a server needs to tell a client where to
+        resume (an SSE ``id:``)."""
+        check_reader(key, offset)
+        at: int | None = offset
+        while at is not None:
+            items, at = take(await self._client.runtime().next_chunks(self.id, key, at), at, type)
+            for item in items:
+                yield item
+
+    def stream_items(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[tuple[int, Any]]:
+        check_reader(key, offset)
+        at: int | None = offset
+        while at is not None:
+            items, at = take(self._client.call(self._next_chunks, key, at), at, type)
+            yield from items
 
     async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncIterator[Any]:
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
         the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
         ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
-        async for value in streams.read(self.app.engine, self.id, key, offset, type):
+        async for _, value in self.stream_items_async(key, offset, type=type):
             yield value
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
-        streams.check_reader(key, offset)
-        at: int | None = offset
-        while at is not None:
-            values, at = streams.take(self.app.engine.call(self._next_chunks, key, at), at, type)
-            yield from values
+        for _, value in self.stream_items(key, offset, type=type):
+            yield value
 
     async def _next_chunks(self, key: str, offset: int) -> list[tuple[int, bytes | None]] | None:
-        return await streams.next_chunks(self.app.engine, self.id, key, offset)
+        return await self._client.runtime().next_chunks(self.id, key, offset)
 
     async def cancel_async(self) -> None:
         """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
-        status = await self.app.engine.db(lambda store: store.request_cancel(self.id))
+        runtime = self._client.runtime()
+        status = await runtime.db(lambda store: store.request_cancel(self.id))
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        self.app.engine.ping(f"wf:{self.id}")
+        runtime.ping([f"wf:{self.id}"])
 
     def cancel(self) -> None:
-        self.app.engine.call(self.cancel_async)
+        self._client.call(self.cancel_async)
 
     def _outcome(self, row: WorkflowRow) -> R:
         if row.status == "succeeded":
-            workflow = self._workflow or self.app.workflows.get(row.name)
-            if workflow is None:
-                return codec.decode(row.output or b"\xc0")  # type: ignore[no-any-return]
-            return workflow.codec.decode_result(row.output or b"\xc0")  # type: ignore[no-any-return]
+            return self._client.registry.decode_result(row.name, row.output or b"\xc0")  # type: ignore[no-any-return]
         if row.status == "cancelled":
             raise WorkflowCancelled(self.id)
         error = row.error or {}

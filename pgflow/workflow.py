@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
-from .codec import FunctionCodec
-from .context import journaling
-from .cron import Cron
-from .errors import ConfigurationError, WorkflowConflict
+from ._core.client import Client
+from ._core.execution import journaling
+from ._core.registry import StepSpec, WorkflowSpec
+from ._core.starting import enqueue
 from .handle import WorkflowHandle
-from .retry import RetryPolicy
-
-if TYPE_CHECKING:
-    from .app import App
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -36,26 +31,24 @@ def qualified_name(fn: Callable[..., Any]) -> str:
 class Step(Generic[P, R]):
     """A function whose outcome, once recorded in a workflow's journal, is never produced again."""
 
-    def __init__(self, fn: Callable[P, R], name: str, retry: RetryPolicy) -> None:
-        self.fn = fn
-        self.name = name
-        self.retry = retry
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.return_type = FunctionCodec(fn, f"step {name!r}").return_type
-        functools.update_wrapper(self, fn)
+    def __init__(self, spec: StepSpec) -> None:
+        self.spec = spec
+        self.fn = spec.fn
+        self.name = spec.name
+        self.retry = spec.retry
+        functools.update_wrapper(self, spec.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         execution = journaling()
         if execution is None:
             return self.fn(*args, **kwargs)
-        position = execution.take_position()
         # Awaitable on an event loop (an async workflow, or async code anywhere in one); a plain
         # call in a thread (a sync workflow, or sync code an async workflow runs in a thread).
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return execution.call_step_from_thread(self, position, args, kwargs)
-        return execution.call_step(self, position, args, kwargs)
+            return execution.call_step_from_thread(self.spec, args, kwargs)
+        return execution.step_call(self.spec, args, kwargs)
 
 
 @dataclass(frozen=True)
@@ -69,31 +62,18 @@ class StartOptions:
 class Workflow(Generic[P, R]):
     """A durable function: started by id on a queue, run by any worker, resumed from its journal."""
 
-    def __init__(self, app: App, fn: Callable[P, R], name: str, queue: str, priority: int,
-                 max_attempts: int | None, timeout: float | None = None,
-                 schedule: Cron | None = None) -> None:
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
-        self.app = app
-        self.fn = fn
-        self.name = name
-        self.queue = queue
-        self.priority = priority
-        self.max_attempts = max_attempts
-        self.timeout = timeout
-        self.schedule = schedule
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.codec = FunctionCodec(fn, f"workflow {name!r}")
-        if schedule is not None and len(inspect.signature(fn).parameters) > 1:
-            raise ConfigurationError(
-                f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
-        functools.update_wrapper(self, fn)
+    def __init__(self, spec: WorkflowSpec, client: Client) -> None:
+        self.spec = spec
+        self.fn = spec.fn
+        self.name = spec.name
+        self.queue = spec.queue
+        self.schedule = spec.schedule
+        self._client = client
+        functools.update_wrapper(self, spec.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """A plain call runs the function here and now; its steps join the caller's journal, if any."""
-        return self.fn(*args, **kwargs)
+        return self.fn(*args, **kwargs)  # type: ignore[no-any-return]
 
     def with_options(self, *, id: str | None = None, queue: str | None = None,
                      priority: int | None = None, delay: float | None = None) -> Starter[P, R]:
@@ -126,12 +106,11 @@ class Starter(Generic[P, R]):
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow; an id that exists returns its handle and starts nothing."""
-        inputs = self._workflow.codec.encode_arguments(args, kwargs)
-        id = self._id()
-        return self._workflow.app.engine.call(self._enqueue, id, inputs)
+        inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
+        return self._workflow._client.call(self._enqueue, self._id(), inputs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        inputs = self._workflow.codec.encode_arguments(args, kwargs)
+        inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
         return await self._enqueue(self._id(), inputs)
 
     def _id(self) -> str:
@@ -146,31 +125,6 @@ class Starter(Generic[P, R]):
 
     async def _enqueue(self, id: str, inputs: bytes) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
-        engine = workflow.app.engine
-        queue = options.queue or workflow.queue
-        priority = workflow.priority if options.priority is None else options.priority
-        created, name = await engine.db(lambda store: store.enqueue(
-            id, workflow.name, queue, priority, inputs, options.delay, workflow.max_attempts,
-            workflow.timeout,
-        ))
-        if name != workflow.name:
-            raise WorkflowConflict(
-                f"workflow id {id!r} already belongs to a workflow {name!r}, not {workflow.name!r}; "
-                "choose another id"
-            )
-        if created:
-            # Delayed ones too: an idle worker re-reads when the next workflow falls due.
-            engine.ping(f"q:{queue}")
-        return WorkflowHandle(workflow.app, id, workflow)
-
-
-def make_step(fn: Callable[P, R], name: str | None, retry: RetryPolicy) -> Step[P, R]:
-    return Step(fn, name or qualified_name(fn), retry)
-
-
-def check_registrable(fn: object, what: str) -> None:
-    if not callable(fn):
-        raise ConfigurationError(f"@app.{what} decorates a function, got {fn!r}")
-    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
-        raise ConfigurationError(f"@app.{what} cannot decorate a generator function: {fn!r}")
-
+        await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
+                      priority=options.priority, delay=options.delay)
+        return WorkflowHandle(workflow._client, id)

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow.store import migrations
+from pgflow._core.store import migrations
 
 from .apps import crashy, failing
 from .processes import WAIT, Proc, Processes, lines, result_of, wait_until

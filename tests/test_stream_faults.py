@@ -10,6 +10,7 @@ test must prove that pings (not the poll) deliver, its reading App polls every 6
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -240,13 +241,13 @@ async def test_a_terminated_listener_reconnects_and_the_reader_gets_everything(
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader.run)
             await wait_until(lambda: len(reader.got) >= 50 or reader.done, "50 chunks", procs, worker)
-            listener = reading.engine.listener
-            assert listener is not None
-            await wait_until(lambda: listener.backend_pid is not None, "the listener to connect", procs)
-            victim, before = listener.backend_pid, listener.reconnects
+            await wait_until(lambda: reading.stats().listeners_connected == 1, "the listener to connect", procs)
+            [(victim,)] = await query(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                      f"pgflow-listener-{os.getpid()}")
+            before = reading.stats().listener_reconnects
             assert await query(dsn, "SELECT pg_terminate_backend(%s)", victim) == [(True,)]
-            await wait_until(lambda: listener.reconnects > before and listener.backend_pid not in (None, victim),
-                             "the listener to reconnect", procs, worker)
+            await wait_until(lambda: reading.stats().listener_reconnects > before
+                             and reading.stats().listeners_connected == 1, "the listener to reconnect", procs, worker)
             gate.touch()  # the last chunk and the close come after the reconnect, announced by pings only
             await wait_until(lambda: reader.done, "the reader to finish", procs, worker, timeout=PING_WAIT)
         assert reader.error is None, f"{reader.error!r}\n{procs.logs()}"

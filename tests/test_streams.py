@@ -12,9 +12,10 @@ show that pings (not the poll) delivered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -23,9 +24,11 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg_pool import AsyncConnectionPool
 
 import pgflow
 from pgflow import codec
+from pgflow._core.notify import Notifier
 from pgflow.streams import MAX_CHUNK_BYTES, MAX_KEY_BYTES
 
 pytestmark = pytest.mark.anyio
@@ -610,7 +613,7 @@ async def test_with_notify_off_a_reader_in_another_app_gets_every_chunk_by_the_p
                     await wait_until(lambda: len(progress) == 50, "the first half")
                     half.set()
                     assert await h.result_async(timeout=WAIT) == 100
-        assert writer.engine.notifier is not None and writer.engine.notifier.flushes == 0
+        assert writer.stats().notify_flushes == 0
     assert got == {"async": list(range(100)), "sync": list(range(100))}
 
 
@@ -692,11 +695,31 @@ async def _received(conn: psycopg.AsyncConnection[Any], timeout: float) -> list[
     return keys
 
 
+@contextlib.asynccontextmanager
+async def notifier_on_pool(dsn: str, schema: str, interval: float) -> AsyncIterator[tuple[Notifier, Any]]:
+    """The runtime's notifier component, sending through a real pool of one connection."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False,
+                                                         kwargs={"autocommit": True})
+    await pool.open(wait=True)
+
+    async def the_pool() -> AsyncConnectionPool[Any]:
+        return pool
+
+    notifier = Notifier(the_pool, f"pgflow_{schema}", interval, "test-token")
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.run)
+            yield notifier, pool
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+
+
 async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_one_goes_out(
     dsn: str, schema: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A real App whose pool holds one connection, which the test keeps busy in a real query (no
-    # mocks), so the notifier's flush cannot get a connection within its timeout.
+    # The pool holds one connection, which the test keeps busy in a real query (no mocks), so the
+    # notifier's flush cannot get a connection within its timeout.
     listener = await _listen(dsn, f"pgflow_{schema}")
 
     async def flushed(counts: tuple[int, int]) -> None:
@@ -705,33 +728,27 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
                 await anyio.sleep(0.02)
 
     try:
-        async with other_app(dsn, schema, pool_size=1) as app:
-            engine = app.engine
-            # Threading events: hold() runs on the engine's loop, not on the test's.
-            held = threading.Event()
-            release = threading.Event()
+        async with notifier_on_pool(dsn, schema, 0.005) as (notifier, pool):
+            held, release = anyio.Event(), anyio.Event()
 
-            async def hold(store: Any) -> None:
-                async with store.pool.connection() as conn:
+            async def hold() -> None:
+                async with pool.connection() as conn:
                     await conn.execute("SELECT 1")
                     held.set()
-                    await anyio.to_thread.run_sync(release.wait)
+                    await release.wait()
 
-            await engine.db(lambda store: store.schema_version())  # starts the notifier
-            notifier = engine.notifier
-            assert notifier is not None
             async with anyio.create_task_group() as tg:
-                tg.start_soon(engine.db, hold)
-                await anyio.to_thread.run_sync(held.wait)
+                tg.start_soon(hold)
+                await held.wait()
                 with caplog.at_level(logging.WARNING, logger="pgflow.notify"):
-                    notifier.ping(["s:lost:a", "s:lost:b"])
+                    notifier.add(["s:lost:a", "s:lost:b"])
                     await flushed((0, 1))  # the notifier's own flush failed, and it goes on
                 release.set()
             assert (notifier.flushes, notifier.failed_flushes) == (0, 1)
             assert any("dropped 2 pings" in r.getMessage() for r in caplog.records), caplog.text
 
             # The connection is free again; the dropped pings are gone, the new ones go out.
-            notifier.ping(["s:kept:c"])
+            notifier.add(["s:kept:c"])
             await flushed((1, 1))
             assert (notifier.flushes, notifier.failed_flushes) == (1, 1)
             assert await _received(listener, timeout=1.0) == ["s:kept:c"]
@@ -742,13 +759,9 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
 async def test_one_overlong_key_does_not_drop_the_other_pings_of_its_flush(dsn: str, schema: str) -> None:
     listener = await _listen(dsn, f"pgflow_{schema}")
     try:
-        async with other_app(dsn, schema, notify_interval=3600) as app:
-            engine = app.engine
-            await engine.db(lambda store: store.schema_version())  # starts the notifier
-            notifier = engine.notifier
-            assert notifier is not None
-            notifier.ping([f"wf:{'x' * 8000}", "s:ordinary:k"])
-            await engine.db(lambda store: notifier.flush())
+        async with notifier_on_pool(dsn, schema, 3600) as (notifier, _):
+            notifier.add([f"wf:{'x' * 8000}", "s:ordinary:k"])
+            await notifier.flush()
             assert "s:ordinary:k" in await _received(listener, timeout=1.0)
     finally:
         await listener.close()
@@ -1080,11 +1093,11 @@ async def test_stream_functions_outside_a_workflow_raise_a_clear_error(app: pgfl
         lambda: pgflow.stream_offset("s"),
     ]
     for call in calls:
-        with pytest.raises(RuntimeError, match="inside a workflow or a step"):
+        with pytest.raises(RuntimeError, match="can only be called inside a workflow or step"):
             call()
-    with pytest.raises(RuntimeError, match="inside a workflow or a step"):
+    with pytest.raises(RuntimeError, match="can only be called inside a workflow or step"):
         await pgflow.write_stream_async("s", 1)
-    with pytest.raises(RuntimeError, match="inside a workflow or a step"):
+    with pytest.raises(RuntimeError, match="can only be called inside a workflow or step"):
         await pgflow.close_stream_async("s")
 
     @app.step
@@ -1093,9 +1106,9 @@ async def test_stream_functions_outside_a_workflow_raise_a_clear_error(app: pgfl
         return n
 
     # A step called outside any workflow is a plain call: it is not run by a worker either.
-    with pytest.raises(RuntimeError, match="pgflow.write_stream is called from inside a workflow"):
+    with pytest.raises(RuntimeError, match="pgflow.write_stream can only be called inside a workflow"):
         writes(1)
-    with pytest.raises(RuntimeError, match="inside a workflow or a step"):
+    with pytest.raises(RuntimeError, match="can only be called inside a workflow or step"):
         await anyio.to_thread.run_sync(lambda: pgflow.write_stream("s", 1))
 
 

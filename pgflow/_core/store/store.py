@@ -184,12 +184,15 @@ class Store:
             "   AND name = ANY(%(names)s)"
             "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
             " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-            "   ORDER BY priority DESC, due_at LIMIT %(limit)s)"
+            "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+            # A claim lost in a server crash harms nothing (the row is claimable again), so its
+            # commit does not wait for the disk: only starts and finishes must.
+            " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
             " UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
             "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
             "  started_at = coalesce(w.started_at, now()),"
             "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-            " FROM chosen WHERE w.id = chosen.id"
+            " FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
             " RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
             "  extract(epoch FROM w.deadline_at - now())"
         ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
@@ -226,26 +229,34 @@ class Store:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
-    async def heartbeat(self, owner: str, lease: float, forget_after: float, host: str, pid: int,
-                        queues: Sequence[str], version: str) -> list[tuple[str, int, bool]]:
-        """Say this worker lives, forget workers silent for ``forget_after`` seconds, and extend every
-        lease ``owner`` holds, in one statement; return (id, attempt, cancel requested) per lease."""
+    async def heartbeat(self, owner: str, lease: float, host: str, pid: int, queues: Sequence[str],
+                        version: str) -> list[tuple[str, int, bool]]:
+        """Say this worker lives and extend every lease ``owner`` holds, in one statement; return
+        (id, attempt, cancel requested) per lease. A heartbeat lost in a crash harms nothing (the
+        leases simply run out), so it does not wait for the disk."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
                 "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version)"
                 "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
-                " gone AS (DELETE FROM {s}.workers"
-                "   WHERE heartbeat_at < now() - make_interval(secs => %(forget)s) AND id <> %(owner)s)"
+                " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
                 " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
                 " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %(owner)s"
-                "  AND status = 'running' ORDER BY id FOR UPDATE)"
+                "  AND status = 'running' ORDER BY id FOR UPDATE) AND EXISTS (SELECT FROM lazy)"
                 " RETURNING id, attempt, cancel_requested"
-            ), {"owner": owner, "lease": lease, "forget": forget_after, "host": host, "pid": pid,
+            ), {"owner": owner, "lease": lease, "host": host, "pid": pid,
                 "queues": list(queues), "version": version})
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
+
+    async def forget_workers(self, silent_for: float) -> int:
+        """Forget the workers whose heartbeat has been silent for ``silent_for`` seconds."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+            ), (silent_for,))
+            return int(cur.rowcount)
 
     async def release(self, id: str, attempt: int) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting."""
@@ -343,34 +354,30 @@ class Store:
 
     async def write_chunks(
         self, workflow_ids: list[str], attempts: list[int], keys: list[str], positions: list[int],
-        values: list[bytes | None], notify: tuple[str, list[str]] | None = None,
+        values: list[bytes | None],
     ) -> tuple[set[tuple[str, int]], set[str]]:
-        """Insert a batch of chunks from many executions in one statement.
+        """Insert a batch of chunks from many executions in one autocommit statement (no transaction
+        left open around it, so a writer paused mid-batch holds no lock).
 
         Each chunk is written only if its execution still holds its workflow (fencing). Returns the
         (workflow id, attempt) pairs that were fenced out and the ids whose cancellation was requested.
-        ``notify`` = (channel, payloads) sends NOTIFY inside the same transaction (the naive design,
-        kept for comparison).
         """
         async with self.pool.connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(self._sql(
-                    "WITH batch AS (SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::int[],"
-                    "   %b::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
-                    " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
-                    "   WHERE w.id = ANY(%s::text[]) AND w.status = 'running'"
-                    "   ORDER BY w.id FOR SHARE),"
-                    " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
-                    "   SELECT b.workflow_id, b.key, b.position, b.value FROM batch b"
-                    "   JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
-                    "   ON CONFLICT DO NOTHING RETURNING 1)"
-                    " SELECT b.workflow_id, b.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
-                    " FROM (SELECT DISTINCT workflow_id, attempt FROM batch) b"
-                    " LEFT JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
-                ), (workflow_ids, attempts, keys, positions, values, sorted(set(workflow_ids))))
-                rows = await cur.fetchall()
-                if notify is not None:
-                    await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", notify)
+            cur = await conn.execute(self._sql(
+                "WITH batch AS (SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::int[],"
+                "   %b::bytea[]) AS b(workflow_id, attempt, key, position, value)),"
+                " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
+                "   WHERE w.id = ANY(%s::text[]) AND w.status = 'running'"
+                "   ORDER BY w.id FOR SHARE),"
+                " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                "   SELECT b.workflow_id, b.key, b.position, b.value FROM batch b"
+                "   JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+                "   ON CONFLICT DO NOTHING RETURNING 1)"
+                " SELECT b.workflow_id, b.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
+                " FROM (SELECT DISTINCT workflow_id, attempt FROM batch) b"
+                " LEFT JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+            ), (workflow_ids, attempts, keys, positions, values, sorted(set(workflow_ids))))
+            rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
         return fenced, cancelled

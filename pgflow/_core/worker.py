@@ -11,30 +11,28 @@ another worker resumes it from its journal without waiting for the lease to run 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
 from anyio.abc import TaskGroup
 
-from . import __version__
-from .errors import ConfigurationError, ExecutionInterrupted
+from ..errors import ConfigurationError, ExecutionInterrupted
+from ..version import __version__
 from .execution import execute
+from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
+from .registry import Registry, WorkflowSpec
+from .runtime import Runtime, Runtimes
+from .starting import enqueue
 from .store import Claimed, Store
-from .streams import StreamWriter
-
-if TYPE_CHECKING:
-    from .app import App
-    from .workflow import Workflow
+from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.worker")
 
@@ -46,15 +44,17 @@ class Worker:
     (default 0: they are interrupted at once and go back to the queue).
     """
 
-    def __init__(self, app: App, concurrency: int = 16, queues: Sequence[str] | None = None,
-                 lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> None:
+    def __init__(self, registry: Registry, runtimes: Runtimes, concurrency: int = 16,
+                 queues: Sequence[str] | None = None, lease: float = 10.0, heartbeat: float | None = None,
+                 grace: float = 0.0) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         if lease <= 0:
             raise ConfigurationError(f"lease must be positive, got {lease}")
         if grace < 0:
             raise ConfigurationError(f"grace must be >= 0 seconds, got {grace}")
-        self.app = app
+        self.registry = registry
+        self.runtimes = runtimes
         self.concurrency = concurrency
         self.queues = list(queues) if queues else ["default"]
         self.lease = lease
@@ -66,34 +66,30 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
         self._tasks: TaskGroup | None = None
+        self._runtime: Runtime | None = None
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
+        self._maintenance: Maintenance | None = None
 
     async def __aenter__(self) -> Worker:
         # Made here, not in __init__: anyio needs a running loop to make them.
         self._running_scope = anyio.CancelScope()
         self._claiming = anyio.CancelScope()
         self._idle = anyio.Event()
-        engine = self.app.engine
-        await anyio.to_thread.run_sync(engine.portal)
-        engine.hold_loop()
-        try:
-            self._store = await engine.store()
-            for queue in self.queues:
-                limits = self.app.queues.get(queue)
-                if limits is not None:
-                    await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit,
-                                                    limits.per)
-            await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues,
-                                              __version__)
-        except BaseException:
-            await engine.release_loop()
-            raise
-        self._writer = StreamWriter(engine, self._store)
+        runtime = self._runtime = self.runtimes.current()
+        self._store = await runtime.store()
+        for queue in self.queues:
+            limits = self.registry.queues.get(queue)
+            if limits is not None:
+                await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__)
+        self._writer = StreamWriter(self._store, runtime.ping)
+        self._maintenance = Maintenance((await self.runtimes.config_async()).dsn, self._store.schema,
+                                        self._services(), interval=self.lease)
         self._wake = Waiter()
         for queue in self.queues:
-            engine.waiters.add(f"q:{queue}", self._wake)
+            runtime.waiters.add(f"q:{queue}", self._wake)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         await self._group.start(self._main)
@@ -117,18 +113,17 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 try:
                     await self._store.unregister_worker(self.id)  # type: ignore[union-attr]
-                except Exception as exc:  # noqa: BLE001 - heartbeats of the others forget it anyway
+                except Exception as exc:  # noqa: BLE001 - the maintenance service forgets it anyway
                     log.warning("could not unregister worker %s: %s", self.id, exc)
-                await self.app.engine.release_loop()
             log.info("worker %s stopped", self.id)
 
     async def stop(self, grace: float) -> bool:
         """Stop claiming, wait up to ``grace`` seconds for running workflows, then interrupt the
         rest (they go back to the queue). Returns True when nothing had to be interrupted."""
-        assert self._wake is not None
+        assert self._wake is not None and self._runtime is not None
         self._claiming.cancel()
         for queue in self.queues:
-            self.app.engine.waiters.remove(f"q:{queue}", self._wake)
+            self._runtime.waiters.remove(f"q:{queue}", self._wake)
         if self.running and grace > 0:
             log.info("worker %s draining %d running workflows (up to %.1fs)", self.id,
                      len(self.running), grace)
@@ -144,30 +139,57 @@ class Worker:
     async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
-        assert self._writer is not None
+        assert self._writer is not None and self._maintenance is not None
         with self._running_scope:
-            async with anyio.create_task_group() as tasks:
-                self._tasks = tasks
-                tasks.start_soon(self._writer.run)
-                tasks.start_soon(self._intake)
-                tasks.start_soon(self._heartbeat_loop)
-                task_status.started()
+            try:
+                async with anyio.create_task_group() as tasks:
+                    self._tasks = tasks
+                    tasks.start_soon(self._writer.run)
+                    tasks.start_soon(self._intake)
+                    tasks.start_soon(self._heartbeat_loop)
+                    task_status.started()
+            finally:
+                assert self._runtime is not None
+                self._runtime.stream_counts[0] += self._writer.batches
+                self._runtime.stream_counts[1] += self._writer.chunks
 
     async def _intake(self) -> None:
-        """Everything that brings work in (claiming, schedules); ``stop`` cancels it first."""
+        """Everything that brings work in (claiming, the maintenance services such as schedules);
+        ``stop`` cancels it first."""
+        assert self._maintenance is not None
         with self._claiming:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._claim_loop)
-                for workflow in self.app.workflows.values():
-                    if workflow.schedule is not None and workflow.queue in self.queues:
-                        group.start_soon(self._schedule_loop, workflow)
+                group.start_soon(self._maintenance.run)
+
+    def _services(self) -> dict[str, Service]:
+        """The fleet-wide chores this worker can take on: forgetting dead workers, and the schedules
+        of the workflows it serves."""
+        assert self._store is not None
+        store, forget_after = self._store, max(60.0, 10 * self.lease)
+        services = {"reaper": every(self.heartbeat, lambda: store.forget_workers(forget_after),
+                                    "forgetting dead workers")}
+        for spec in self.registry.workflows.values():
+            if spec.schedule is not None and spec.queue in self.queues:
+                services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
+                                                         catch_up=3 * self.lease)
+        return services
+
+    def _start_tick(self, spec: WorkflowSpec) -> Callable[[datetime], Awaitable[object]]:
+        async def start(tick: datetime) -> object:
+            assert self._runtime is not None
+            inputs = spec.codec.encode_arguments((tick,) if spec.takes_tick else (), {})
+            return await enqueue(self._runtime, spec, f"{spec.name}@{tick.isoformat()}", inputs)
+
+        return start
 
     async def _claim_loop(self) -> None:
         assert self._store is not None and self._wake is not None and self._tasks is not None
-        poll = self.app.engine.config.poll_interval
-        names = sorted(self.app.workflows)
-        limited = [q for q in self.queues if q in self.app.queues]
-        unlimited = [q for q in self.queues if q not in self.app.queues]
+        assert self._runtime is not None and self._runtime.config is not None
+        poll = self._runtime.config.poll_interval
+        names = sorted(self.registry.workflows)
+        limited = [q for q in self.queues if q in self.registry.queues]
+        unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             self._wake.arm()
             free = self.concurrency - len(self.running)
@@ -216,10 +238,11 @@ class Worker:
         return wait if refill is None else min(wait, refill)
 
     async def _run(self, claimed: Claimed) -> None:
-        assert self._store is not None and self._wake is not None
+        assert self._store is not None and self._wake is not None and self._runtime is not None
         try:
-            workflow = self.app.workflows[claimed.name]
-            await execute(self.app.engine, self._store, workflow, claimed, self._limiter, self._writer)
+            workflow = self.registry.workflows[claimed.name]
+            freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
+            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -230,28 +253,13 @@ class Worker:
                 self._idle.set()
             self._wake.wake()
 
-    async def _schedule_loop(self, workflow: Workflow[Any, Any]) -> None:
-        """Start ``workflow`` at every tick of its schedule. Every worker serving its queue does
-        this; the tick's id makes all but the first start a no-op."""
-        assert workflow.schedule is not None
-        takes_tick = bool(inspect.signature(workflow.fn).parameters)
-        while True:
-            tick = workflow.schedule.next_after(datetime.now(UTC))
-            await anyio.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds()))
-            starter = workflow.with_options(id=f"{workflow.name}@{tick.isoformat()}")
-            try:
-                with anyio.CancelScope(shield=True):
-                    await (starter.start_async(tick) if takes_tick else starter.start_async())
-            except (psycopg.Error, OSError) as exc:
-                log.warning("could not start %s for %s: %s", workflow.name, tick, exc)
-
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
         while True:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
-                    await self._store.heartbeat(self.id, self.lease, max(60.0, 10 * self.lease),
-                                                socket.gethostname(), os.getpid(), self.queues, __version__)
+                    await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
+                                                self.queues, __version__)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)

@@ -10,20 +10,22 @@ of a step call, not two.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import pickle
 import traceback
+from collections.abc import Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from . import codec
-from .context import current_execution, inside_step
-from .errors import (
+from .. import codec
+from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
     LeaseLost,
@@ -34,15 +36,33 @@ from .errors import (
     StoreUnavailable,
     WorkflowTimeout,
 )
+from ..telemetry import tracer
+from .registry import StepSpec, WorkflowSpec
+from .runtime import Runtime
 from .store import Claimed, StepRecord, Store, retrying
-from .telemetry import tracer
-
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .streams import StreamWriter
-    from .workflow import Step, Workflow
+from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
+
+# The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
+# journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
+# started from a workflow derive their ids from it.
+current_execution: ContextVar[Execution | None] = ContextVar("pgflow_execution", default=None)
+inside_step: ContextVar[bool] = ContextVar("pgflow_inside_step", default=False)
+
+
+def journaling() -> Execution | None:
+    """The execution whose journal a step call made here belongs to, if any."""
+    execution = current_execution.get()
+    if execution is None or inside_step.get():
+        return None
+    return execution
+
+
+def _storable(text: str) -> str:
+    """Text PostgreSQL can hold in jsonb: NUL and lone surrogates (which a user's exception message
+    may carry) are spelled out instead of failing the write that records the failure."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -50,9 +70,9 @@ def describe(exc: BaseException) -> dict[str, Any]:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     return {
-        "type": name,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+        "type": _storable(name),
+        "message": _storable(str(exc)),
+        "traceback": _storable("".join(traceback.format_exception(exc))),
     }
 
 
@@ -65,7 +85,7 @@ def _pickled(exc: BaseException) -> bytes | None:
     return data
 
 
-def replay(record: StepRecord, step: Step[Any, Any]) -> Any:
+def replay(record: StepRecord, step: StepSpec) -> Any:
     """The recorded outcome of a step: its output, or its exception raised again."""
     if record.error is None:
         return codec.decode(record.output or b"\xc0", step.return_type)
@@ -83,7 +103,7 @@ def replay(record: StepRecord, step: Step[Any, Any]) -> Any:
 class Execution:
     """One run of one workflow by one worker, identified by its attempt (the fencing token)."""
 
-    engine: Engine
+    runtime: Runtime
     store: Store
     workflow_id: str
     attempt: int
@@ -97,6 +117,9 @@ class Execution:
     closed_streams: set[str] = field(default_factory=set)
     next_position: int = 0
     interrupt: ExecutionInterrupted | None = field(default=None)
+    # Step calls made in an async workflow and not yet started; one still unstarted when the body
+    # returns was called without ``await``.
+    unstarted: list[tuple[str, Coroutine[Any, Any, Any]]] = field(default_factory=list)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -107,9 +130,33 @@ class Execution:
         if self.interrupt is not None:
             raise self.interrupt
 
-    async def call_step(self, step: Step[Any, Any], position: int, args: Any, kwargs: Any) -> Any:
+    def step_call(self, step: StepSpec, args: Any, kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """The awaitable of a step call in an async workflow. It takes its journal position when it
+        starts, so a call that is never awaited takes none, and is reported when the body returns."""
+        call = self.call_step(step, args, kwargs)
+        if len(self.unstarted) >= 64:
+            self.unstarted = [(name, c) for name, c in self.unstarted if _unstarted(c)]
+        self.unstarted.append((step.name, call))
+        return call
+
+    def check_awaited(self, report: bool = True) -> None:
+        """Raise when a step call of the body was never awaited (it took no position, ran nothing)."""
+        forgotten = [name for name, call in self.unstarted if _unstarted(call)]
+        for _, call in self.unstarted:
+            if _unstarted(call):
+                call.close()  # no "never awaited" warning on top of the error
+        self.unstarted = []
+        if forgotten and report:
+            raise TypeError(
+                f"workflow {self.workflow_id!r} called step {forgotten[0]!r} without await"
+                f"{f' (and {len(forgotten) - 1} more)' if len(forgotten) > 1 else ''}: in an async "
+                "workflow every step call is awaited, e.g. `await my_step(x)`"
+            )
+
+    async def call_step(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         """The journaled call of a step: replayed when recorded, otherwise run, retried and recorded."""
         self.check_interrupt()
+        position = self.take_position()
         record = self.journal.get(position)
         if record is not None:
             if record.name != step.name:
@@ -151,7 +198,7 @@ class Execution:
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
-    async def _run_body(self, step: Step[Any, Any], args: Any, kwargs: Any) -> Any:
+    async def _run_body(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         token = inside_step.set(True)
         try:
             if step.is_async:
@@ -217,24 +264,29 @@ class Execution:
         end = self.stream_ends.get(key, 0)
         return end - self.stream_cursor.get(key, 0) if inside_step.get() else end
 
-    def call_step_from_thread(self, step: Step[Any, Any], position: int, args: Any, kwargs: Any) -> Any:
+    def call_step_from_thread(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         """The same journaled call, made from a sync workflow's thread."""
-        return run_in_loop(self.call_step, step, position, args, kwargs, token=self.token)
+        return run_in_loop(self.call_step, step, args, kwargs, token=self.token)
 
 
-async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], claimed: Claimed,
-                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None) -> None:
+def _unstarted(call: Coroutine[Any, Any, Any]) -> bool:
+    return inspect.getcoroutinestate(call) == inspect.CORO_CREATED
+
+
+async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
+                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
+                  freed: tuple[str, ...] = ()) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
     workflow back to the queue at once, so another worker resumes it from its journal without waiting
-    for the lease to expire.
+    for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
     """
     try:
         # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
         first = claimed.attempt == 1
         execution = Execution(
-            engine=engine, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
+            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal={} if first else await store.journal(claimed.id),
             token=anyio.lowlevel.current_token(), writer=writer,
             stream_ends={} if first else await store.stream_ends(claimed.id),
@@ -245,13 +297,12 @@ async def execute(engine: Engine, store: Store, workflow: Workflow[Any, Any], cl
         ):
             outcome = _refused(claimed) or await _run_in_time(workflow, claimed, execution, limiter)
         if outcome is not None:
-            freed = (f"q:{workflow.queue}",) if workflow.queue in workflow.app.queues else ()
-            await _finish(engine, store, execution, *outcome, freed=freed)
+            await _finish(runtime, store, execution, *outcome, freed=freed)
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
                 if await store.release(claimed.id, claimed.attempt):
-                    engine.ping(f"q:{workflow.queue}")
+                    runtime.ping([f"q:{workflow.queue}"])
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
@@ -270,7 +321,7 @@ def _refused(claimed: Claimed) -> Outcome | None:
     return None
 
 
-async def _run_in_time(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execution,
+async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                        limiter: anyio.CapacityLimiter) -> Outcome | None:
     """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
     refused any further write)."""
@@ -284,14 +335,19 @@ async def _run_in_time(workflow: Workflow[Any, Any], claimed: Claimed, execution
     return "failed", None, describe(WorkflowTimeout(message))
 
 
-async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execution,
-               limiter: anyio.CapacityLimiter) -> tuple[str, bytes | None, dict[str, Any] | None] | None:
+async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
+               limiter: anyio.CapacityLimiter) -> Outcome | None:
     """The workflow function's outcome as (status, output, error); None when the lease was lost."""
     reset = current_execution.set(execution)
     try:
         args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
         if workflow.is_async:
-            result = await workflow.fn(*args, **kwargs)
+            try:
+                result = await workflow.fn(*args, **kwargs)
+            except BaseException:
+                execution.check_awaited(report=False)
+                raise
+            execution.check_awaited()
         else:
             context = contextvars.copy_context()
             result = await anyio.to_thread.run_sync(
@@ -310,11 +366,11 @@ async def _run(workflow: Workflow[Any, Any], claimed: Claimed, execution: Execut
         current_execution.reset(reset)
 
 
-async def _finish(engine: Engine, store: Store, execution: Execution, status: str,
+async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
                   output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> None:
     """Record the end; ``freed`` are pings for workers waiting on a limited queue's free slot."""
     if await store.finish(execution.workflow_id, execution.attempt, status, output, error):
-        engine.ping(f"wf:{execution.workflow_id}", *freed)
+        runtime.ping([f"wf:{execution.workflow_id}", *freed])
     else:
         log.warning("workflow %r attempt %d lost its lease before it could record %s",
                     execution.workflow_id, execution.attempt, status)

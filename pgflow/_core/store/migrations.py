@@ -1,6 +1,6 @@
 """Numbered SQL migrations, applied once per schema however many processes start at once.
 
-Each file in ``migrations/`` is ``NNNN_name.sql``; ``{schema}`` in it is replaced by the quoted schema.
+Each file in ``sql/`` is ``NNNN_name.sql``; ``{schema}`` in it is replaced by the quoted schema.
 The fast path (already at the latest version) takes no lock, so a process that starts against a
 migrated database pays two small queries; the slow path serialises on an advisory lock held by the
 migrating transaction, so concurrent starters wait for the first and then find nothing to do.
@@ -25,7 +25,7 @@ class Migration:
 def available() -> list[Migration]:
     """The migrations shipped with this version of pgflow, in order."""
     found = []
-    for entry in resources.files(__package__).joinpath("migrations").iterdir():
+    for entry in resources.files(__package__).joinpath("sql").iterdir():
         match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))

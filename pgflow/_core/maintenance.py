@@ -1,0 +1,110 @@
+"""Maintenance services, each run by one worker of the fleet at a time.
+
+Work that must happen once for the whole fleet (starting a schedule's ticks, forgetting dead workers)
+runs as a small service on whichever worker holds that service's advisory lock. Every worker keeps one
+connection for these locks and tries, every ``interval`` seconds, to take the locks of the services it
+can run; when the holder dies its session ends, the lock is free, and another worker takes the service
+over within an interval. Each schedule has a lock of its own, so workers that register different
+scheduled workflows each serve theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import psycopg
+
+from ..cron import Cron
+
+log = logging.getLogger("pgflow.maintenance")
+
+Service = Callable[[], Awaitable[None]]
+
+
+class Maintenance:
+    """Elects this worker for the services it offers and runs those it wins."""
+
+    def __init__(self, conninfo: str, schema: str, services: dict[str, Service], interval: float) -> None:
+        self._conninfo = conninfo
+        self._schema = schema
+        self._services = services
+        self._interval = interval
+        self.leading: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, application_name=f"pgflow-maintenance-{os.getpid()}")
+                async with conn:
+                    await self._lead(conn)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("maintenance connection lost (%s); services move to another worker", exc)
+            finally:
+                self.leading.clear()
+            await anyio.sleep(self._interval)
+
+    async def _lead(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        async with anyio.create_task_group() as services:
+            while True:
+                for name, service in self._services.items():
+                    if name in self.leading:
+                        continue
+                    cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                                             (f"pgflow.{self._schema}.{name}",))
+                    row = await cur.fetchone()
+                    if row and row[0]:
+                        log.info("this worker now runs the %s service", name)
+                        self.leading.add(name)
+                        services.start_soon(_keep_running, name, service)
+                if len(self.leading) == len(self._services):
+                    await conn.execute("SELECT 1")  # a dead session must end the services it holds
+                await anyio.sleep(self._interval)
+
+
+async def _keep_running(name: str, service: Service) -> None:
+    while True:
+        try:
+            await service()
+            return
+        except Exception:
+            log.exception("maintenance service %s failed; restarting it", name)
+            await anyio.sleep(1.0)
+
+
+def every(seconds: float, chore: Callable[[], Awaitable[object]], what: str) -> Service:
+    """A service that does ``chore`` every ``seconds``, logging (not stopping on) database errors."""
+
+    async def service() -> None:
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await chore()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("%s failed: %s", what, exc)
+            await anyio.sleep(seconds)
+
+    return service
+
+
+def schedule(cron: Cron, start_tick: Callable[[datetime], Awaitable[object]], catch_up: float) -> Service:
+    """A service that starts a workflow at every tick of ``cron``. A tick that fell in the last
+    ``catch_up`` seconds before the service started (while the previous holder was dying) is started
+    too; the tick's workflow id makes a second start of it a no-op."""
+
+    async def service() -> None:
+        tick = cron.next_after(datetime.now(UTC) - timedelta(seconds=catch_up))
+        while True:
+            await anyio.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds()))
+            try:
+                with anyio.CancelScope(shield=True):
+                    await start_tick(tick)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("could not start the tick %s: %s", tick.isoformat(), exc)
+            tick = cron.next_after(max(tick, datetime.now(UTC) - timedelta(seconds=catch_up)))
+
+    return service

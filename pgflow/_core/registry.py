@@ -1,0 +1,110 @@
+"""What an App knows without touching the database: its settings, workflows, steps and queue limits.
+
+Plain data: the runtime, the worker and the executions receive the pieces they need from here, so none
+of them depends on the App (or on the public wrappers users hold).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..codec import FunctionCodec, decode
+from ..cron import Cron
+from ..errors import ConfigurationError
+from ..retry import RetryPolicy
+
+NotifyMode = Literal["buffered", "off"]
+
+
+@dataclass(frozen=True)
+class Config:
+    dsn: str
+    schema: str = "pgflow"
+    pool_size: int = 10
+    notify: NotifyMode = "buffered"
+    notify_interval: float = 0.005
+    poll_interval: float = 1.0
+    listen_idle: float = 30.0  # seconds without a waiter before the LISTEN connection is closed
+
+    @property
+    def channel(self) -> str:
+        return f"pgflow_{self.schema}"
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    concurrency: int | None
+    rate_limit: int | None
+    per: float
+
+
+@dataclass(frozen=True, eq=False)
+class StepSpec:
+    """A step as the journal needs it: what to run, under which name, how to retry it."""
+
+    fn: Callable[..., Any]
+    name: str
+    retry: RetryPolicy
+    is_async: bool
+    return_type: Any
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy) -> StepSpec:
+        return cls(fn, name, retry, inspect.iscoroutinefunction(fn),
+                   FunctionCodec(fn, f"step {name!r}").return_type)
+
+
+@dataclass(frozen=True, eq=False)
+class WorkflowSpec:
+    """A workflow as a worker needs it to claim, run and record it."""
+
+    fn: Callable[..., Any]
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int | None
+    timeout: float | None
+    schedule: Cron | None
+    is_async: bool
+    codec: FunctionCodec
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
+           timeout: float | None, schedule: Cron | None) -> WorkflowSpec:
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
+        if schedule is not None and len(inspect.signature(fn).parameters) > 1:
+            raise ConfigurationError(
+                f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
+        return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
+                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}"))
+
+    @property
+    def takes_tick(self) -> bool:
+        return bool(inspect.signature(self.fn).parameters)
+
+
+@dataclass
+class Registry:
+    workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
+    steps: dict[str, StepSpec] = field(default_factory=dict)
+    queues: dict[str, QueueLimits] = field(default_factory=dict)
+
+    def add_workflow(self, spec: WorkflowSpec) -> None:
+        if spec.name in self.workflows:
+            raise ConfigurationError(
+                f"a workflow named {spec.name!r} is already registered; pass name= to tell them apart"
+            )
+        self.workflows[spec.name] = spec
+
+    def decode_result(self, name: str, data: bytes) -> Any:
+        """A workflow's recorded result, typed by its return hint when this process knows it."""
+        spec = self.workflows.get(name)
+        if spec is None:
+            return decode(data)
+        return spec.codec.decode_result(data)

@@ -1,0 +1,301 @@
+"""The runtime: what pgflow keeps on each event loop that uses it.
+
+Every loop that touches the database gets its own ``Runtime``: a connection pool that belongs to
+that loop, the waiters of that loop, its notifier, its LISTEN connection (open only while something
+waits) and its shared stream fetcher. An async caller therefore runs everything on its own loop, with
+no thread of pgflow's and no hop between threads; sync callers reach a runtime of their own on a
+private loop (see ``sync.py``). ``Runtimes`` is the App's set of them, one per loop, and the
+process-wide things they share: the configuration, the ping token, the one-time migration.
+
+A runtime's background tasks (the notifier and the listener) belong to one task group in one root
+task; closing the runtime, or the loop's own shutdown, cancels that task, which flushes the last pings
+and closes the pool and the listener on its way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from psycopg_pool import AsyncConnectionPool
+
+from .listener import Listener
+from .notify import Notifier, Waiters, new_token
+from .registry import Config
+from .store import Store, retrying
+from .streams.reader import ChunkFetcher, Chunks, next_chunks
+
+log = logging.getLogger("pgflow")
+
+T = TypeVar("T")
+IDLE_CHECK_AFTER = 2.0  # seconds a pooled connection may sit unused before it is checked on checkout
+
+
+@dataclass
+class Stats:
+    """Counters of an App in this process, summed over its runtimes (``app.stats()``)."""
+
+    runtimes: int = 0
+    pool_connections: int = 0
+    notify_flushes: int = 0
+    notify_failed_flushes: int = 0
+    listeners_connected: int = 0
+    listener_reconnects: int = 0
+    notification_queue_usage: float = 0.0
+    fetch_queries: int = 0
+    stream_batches: int = 0
+    stream_chunks: int = 0
+
+    def __add__(self, other: Stats) -> Stats:
+        summed = Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)})
+        summed.notification_queue_usage = max(self.notification_queue_usage, other.notification_queue_usage)
+        return summed
+
+
+class Runtime:
+    """pgflow on one event loop. Made by ``Runtimes.current()``; only touched from its own loop."""
+
+    def __init__(self, hub: Runtimes) -> None:
+        self.hub = hub
+        self.loop = asyncio.get_running_loop()
+        self.waiters = Waiters(on_wait=self._want_listener)
+        self.fetcher = ChunkFetcher(self.store)
+        self.config: Config | None = None
+        self.notifier: Notifier | None = None
+        self.listener: Listener | None = None
+        self.stream_counts = [0, 0]  # batches, chunks: added to by the workers' stream writers
+        self._store: Store | None = None
+        self._opening = anyio.Lock()
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._root: asyncio.Task[None] | None = None
+        self._listen_wanted = anyio.Event()
+        self._listening = False
+        self._closed = False
+
+    # -- the pool ---------------------------------------------------------------------------------------
+
+    async def store(self) -> Store:
+        """The store on this loop's pool, opened (and the schema migrated) on first use."""
+        if self._store is None:
+            async with self._opening:
+                if self._store is None:
+                    self._store = await self._open()
+        return self._store
+
+    async def _open(self) -> Store:
+        config = self.config = await self.hub.config_async()
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            config.dsn, min_size=1, max_size=config.pool_size, open=False,
+            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}"}, name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
+        )
+        await pool.open(wait=True, timeout=30)
+        store = Store(pool, config.schema)
+        try:
+            await self.hub.migrate_once(store)
+        except BaseException:
+            await pool.close()
+            raise
+        self.notifier = Notifier(self._pool, config.channel, config.notify_interval, self.hub.token)
+        self.listener = Listener(lambda: config.dsn, config.channel, self.waiters, self.hub.token,
+                                 config.listen_idle)
+        return store
+
+    async def _pool(self) -> AsyncConnectionPool[Any]:
+        return (await self.store()).pool
+
+    async def _note_return(self, conn: Any) -> None:
+        self._returned[conn] = time.monotonic()
+
+    async def _check_if_idle(self, conn: Any) -> None:
+        """Check a connection on checkout only when it sat idle a while (a restart may have killed
+        it): a check on every checkout costs a round trip per query. A connection that died in the
+        last moments fails its query instead, which the idempotent operations retry."""
+        if time.monotonic() - self._returned.get(conn, 0.0) > IDLE_CHECK_AFTER:
+            await AsyncConnectionPool.check_connection(conn)
+
+    async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
+        """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""
+        store = await self.store()
+        return await retrying(lambda: fn(store), "a query")
+
+    # -- pings and waits --------------------------------------------------------------------------------
+
+    def ping(self, keys: Iterable[str]) -> None:
+        """Wake this process's waiters now and every other process's within a notifier interval."""
+        keys = set(keys)
+        self.waiters.wake(keys)
+        self.hub.wake_elsewhere(self, keys)
+        if self.notifier is not None and self.config is not None and self.config.notify != "off":
+            self._serve_in_background()
+            self.notifier.add(keys)
+
+    async def wait_for(self, keys: list[str], check: Callable[[], Awaitable[T | None]],
+                       timeout: float | None) -> T | None:
+        """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value."""
+        if self.config is None:
+            await self.store()
+        assert self.config is not None
+        return await self.waiters.wait_for(keys, check, timeout, self.config.poll_interval)
+
+    async def next_chunks(self, workflow_id: str, key: str, offset: int) -> Chunks | None:
+        return await next_chunks(self.fetcher, self.wait_for, workflow_id, key, offset)
+
+    def _want_listener(self) -> None:
+        if not self._listening:
+            self._listening = True
+            self._serve_in_background()
+            self._listen_wanted.set()
+
+    # -- background tasks -------------------------------------------------------------------------------
+
+    def _serve_in_background(self) -> None:
+        if (self._root is None or self._root.done()) and not self._closed:
+            self._root = self.loop.create_task(self._serve(), name="pgflow runtime")
+
+    async def _serve(self) -> None:
+        """The notifier, and the listener whenever something waits, until cancelled; then the last
+        pings go out and every connection is closed."""
+        try:
+            await self.store()
+            assert self.notifier is not None and self.listener is not None
+            async with anyio.create_task_group() as group:
+                group.start_soon(self.notifier.run)
+                while True:
+                    await self._listen_wanted.wait()
+                    self._listen_wanted = anyio.Event()
+                    try:
+                        await self.listener.run()  # returns once nothing has waited for a while
+                    finally:
+                        self._listening = False
+        except Exception:
+            log.exception("pgflow's notifier or listener failed; waiters fall back to their poll")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close_pool()
+
+    async def _close_pool(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.pool.close()
+
+    async def aclose(self) -> None:
+        """Flush pending pings, stop the listener and close the pool; idempotent."""
+        self._closed = True
+        root, self._root = self._root, None
+        if root is not None and not root.done():
+            root.cancel()
+            await asyncio.wait([root])
+        await self._close_pool()
+
+    def stats(self) -> Stats:
+        pool = self._store.pool if self._store is not None else None
+        listener, notifier = self.listener, self.notifier
+        return Stats(
+            runtimes=1,
+            pool_connections=pool.get_stats().get("pool_size", 0) if pool is not None else 0,
+            notify_flushes=notifier.flushes if notifier else 0,
+            notify_failed_flushes=notifier.failed_flushes if notifier else 0,
+            listeners_connected=int(bool(listener and listener.connected)),
+            listener_reconnects=listener.reconnects if listener else 0,
+            notification_queue_usage=listener.queue_usage if listener else 0.0,
+            fetch_queries=self.fetcher.queries,
+            stream_batches=self.stream_counts[0],
+            stream_chunks=self.stream_counts[1],
+        )
+
+    def listener_pid(self) -> int | None:
+        return self.listener.backend_pid if self.listener is not None else None
+
+
+class Runtimes:
+    """An App's runtimes, one per event loop, and what they share in this process."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self._make_config = config
+        self._config: Config | None = None
+        self._lock = threading.Lock()
+        self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
+        self._migrated = False
+        self.token = new_token()
+
+    def config(self) -> Config:
+        """The configuration; resolving it may start the embedded server (blocking)."""
+        with self._lock:
+            if self._config is None:
+                self._config = self._make_config()
+            return self._config
+
+    async def config_async(self) -> Config:
+        if self._config is not None:
+            return self._config
+        # Only the embedded default has work to do here (starting a server): keep it off the loop.
+        return await anyio.to_thread.run_sync(self.config)
+
+    def current(self) -> Runtime:
+        """The runtime of the running event loop, made on first use."""
+        loop = asyncio.get_running_loop()
+        runtime = self._by_loop.get(loop)
+        if runtime is None:
+            with self._lock:
+                for old in [old for old in self._by_loop if old.is_closed()]:
+                    del self._by_loop[old]
+                runtime = self._by_loop.setdefault(loop, Runtime(self))
+        return runtime
+
+    async def migrate_once(self, store: Store) -> None:
+        if not self._migrated:
+            await store.migrate()
+            self._migrated = True
+
+    def wake_elsewhere(self, origin: Runtime, keys: set[str]) -> None:
+        """Wake the waiters of this App on the process's other loops directly: their listeners skip
+        this process's pings."""
+        if len(self._by_loop) < 2:
+            return
+        for loop, runtime in list(self._by_loop.items()):
+            if runtime is not origin and len(runtime.waiters):
+                with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits there
+                    loop.call_soon_threadsafe(runtime.waiters.wake, keys)
+
+    def stats(self) -> Stats:
+        total = Stats()
+        for runtime in list(self._by_loop.values()):
+            total = total + runtime.stats()
+        return total
+
+    def listener_pids(self) -> list[int]:
+        return [pid for runtime in list(self._by_loop.values()) if (pid := runtime.listener_pid())]
+
+    async def aclose_current(self) -> None:
+        loop = asyncio.get_running_loop()
+        runtime = self._by_loop.pop(loop, None)
+        if runtime is not None:
+            await runtime.aclose()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Close the runtimes of loops that still run; those of closed loops closed with them."""
+        with self._lock:
+            runtimes, self._by_loop = self._by_loop, {}
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, runtime in runtimes.items():
+            if loop.is_closed():
+                continue
+            if loop is running:
+                loop.create_task(runtime.aclose())  # cannot block the loop we are called from
+            elif loop.is_running():
+                future = asyncio.run_coroutine_threadsafe(runtime.aclose(), loop)
+                with contextlib.suppress(Exception):
+                    future.result(timeout)

@@ -1,0 +1,1 @@
+"""Streams inside the runtime: the group-committed writer beside the worker, the shared reader."""

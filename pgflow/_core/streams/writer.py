@@ -1,0 +1,179 @@
+"""Group-committed stream writes, one writer per worker.
+
+Writing a chunk is an INSERT, but not one per chunk: the chunks of every execution in a worker are
+gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
+and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
+goes out at once.
+
+Positions are dense per (workflow, key). The execution that holds a workflow's lease is the only writer
+of its streams (fencing refuses the others), so it assigns positions in memory, from the stream ends
+read once when it starts. A batch that fails is retried whole; if it cannot be written, every execution
+that had a chunk in it is interrupted and given back to the queue, so no later chunk of theirs lands
+behind a gap, and the execution that resumes them reads the ends afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import anyio
+import psycopg
+
+from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
+from ..store import Store, retrying
+
+log = logging.getLogger("pgflow.streams")
+
+
+class StreamWriteFailed(ExecutionInterrupted):
+    """A batch of chunks could not be written; the execution stops and another run resumes it."""
+
+
+class Owner(Protocol):
+    """The execution a chunk is written for: its fencing token, and where to say it must stop."""
+
+    workflow_id: str
+    attempt: int
+    interrupt: ExecutionInterrupted | None
+
+
+class _Pending:
+    """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
+    thing to wait on, and there is one per chunk)."""
+
+    __slots__ = ("owner", "key", "position", "value", "done", "error")
+
+    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
+        self.owner = owner
+        self.key = key
+        self.position = position
+        self.value = value
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.error: BaseException | None = None
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        self.error = error
+        if not self.done.done():  # its writer may have been cancelled meanwhile
+            self.done.set_result(None)
+
+
+class StreamWriter:
+    """Group commit for the chunks of every execution in one worker."""
+
+    def __init__(self, store: Store, ping: Callable[[set[str]], None], max_batch: int = 5000,
+                 max_in_flight: int = 2) -> None:
+        self._store = store
+        self._ping = ping
+        self._max_batch = max_batch
+        self._max_in_flight = max_in_flight
+        self._queue: list[_Pending] = []
+        self._wake = anyio.Event()
+        self._in_flight = 0
+        self._busy: set[tuple[str, str]] = set()  # (workflow, key) with a chunk in a batch in flight
+        self.batches = 0
+        self.chunks = 0
+
+    async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
+        """Queue one chunk and return once its batch has committed."""
+        pending = _Pending(owner, key, position, value)
+        self._queue.append(pending)
+        self._wake.set()
+        await pending.done
+        if pending.error is not None:
+            raise pending.error
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Send batches, up to ``max_in_flight`` at once so that the database commits one batch while
+        this process gathers the next. A stream's chunks never ride in two batches in flight at once:
+        each batch commits a stream's chunks in order, after every earlier one, so a reader never
+        sees a gap, and a batch that fails leaves nothing of its streams committed behind it."""
+        async with anyio.create_task_group() as flushes:
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._queue and self._in_flight < self._max_in_flight:
+                    batch = self._take_batch()
+                    if not batch:
+                        break
+                    streams = {(p.owner.workflow_id, p.key) for p in batch}
+                    self._busy |= streams
+                    self._in_flight += 1
+                    flushes.start_soon(self._flush_then_free, batch, streams)
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        waiting: list[_Pending] = []
+        for p in self._queue:
+            if p.owner.interrupt is not None:
+                p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
+            elif len(batch) >= self._max_batch or (p.owner.workflow_id, p.key) in self._busy:
+                waiting.append(p)
+            else:
+                batch.append(p)
+        self._queue = waiting
+        return batch
+
+    async def _flush_then_free(self, batch: list[_Pending], streams: set[tuple[str, str]]) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._flush(batch)
+        finally:
+            self._busy -= streams
+            self._in_flight -= 1
+            self._wake.set()
+
+    async def _flush(self, batch: list[_Pending]) -> None:
+        """Write a batch. A batch refused by the server for its content (not an outage) is split
+        and its halves written apart, so one execution's bad chunk interrupts that execution only;
+        a later half skips the executions an earlier half interrupted, so no stream gets a gap."""
+        batch = [p for p in batch if not self._poisoned(p)]
+        if not batch:
+            return
+        try:
+            fenced, cancelled = await retrying(lambda: self._store.write_chunks(
+                [p.owner.workflow_id for p in batch], [p.owner.attempt for p in batch],
+                [p.key for p in batch], [p.position for p in batch], [p.value for p in batch],
+            ), f"a batch of {len(batch)} chunks")
+        except psycopg.OperationalError as exc:
+            log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
+            self._fail(batch, exc)
+            return
+        except psycopg.Error as exc:
+            if len(batch) == 1:
+                log.error("a chunk of workflow %r could not be written: %s", batch[0].owner.workflow_id, exc)
+                self._fail(batch, exc)
+                return
+            middle = len(batch) // 2
+            await self._flush(batch[:middle])
+            await self._flush(batch[middle:])
+            return
+        self.batches += 1
+        self.chunks += len(batch)
+        for p in batch:
+            owner = p.owner
+            if (owner.workflow_id, owner.attempt) in fenced:
+                owner.interrupt = LeaseLost(f"workflow {owner.workflow_id!r} attempt {owner.attempt} lost its lease")
+                p.resolve(owner.interrupt)
+                continue
+            if owner.workflow_id in cancelled and owner.interrupt is None:
+                owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
+            p.resolve()
+        self._ping({f"s:{p.owner.workflow_id}:{p.key}" for p in batch})
+
+    @staticmethod
+    def _poisoned(p: _Pending) -> bool:
+        if p.owner.interrupt is not None and isinstance(p.owner.interrupt, StreamWriteFailed):
+            p.resolve(p.owner.interrupt)
+            return True
+        return False
+
+    @staticmethod
+    def _fail(batch: list[_Pending], exc: BaseException) -> None:
+        for p in batch:
+            p.owner.interrupt = StreamWriteFailed(
+                f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")
+            p.resolve(p.owner.interrupt)
