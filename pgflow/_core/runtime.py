@@ -96,7 +96,8 @@ class Runtime:
         config = self.config = await self.hub.config_async()
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
-            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}"}, name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
+            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}"},
+            name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
         )
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
@@ -220,8 +221,9 @@ class Runtime:
 class Runtimes:
     """An App's runtimes, one per event loop, and what they share in this process."""
 
-    def __init__(self, config: Callable[[], Config]) -> None:
+    def __init__(self, config: Callable[[], Config], config_blocks: bool = False) -> None:
         self._make_config = config
+        self._config_blocks = config_blocks
         self._config: Config | None = None
         self._lock = threading.Lock()
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
@@ -236,8 +238,8 @@ class Runtimes:
             return self._config
 
     async def config_async(self) -> Config:
-        if self._config is not None:
-            return self._config
+        if self._config is not None or not self._config_blocks:
+            return self.config()
         # Only the embedded default has work to do here (starting a server): keep it off the loop.
         return await anyio.to_thread.run_sync(self.config)
 

@@ -117,6 +117,11 @@ class Worker:
                     log.warning("could not unregister worker %s: %s", self.id, exc)
             log.info("worker %s stopped", self.id)
 
+    @property
+    def leading(self) -> set[str]:
+        """The fleet-wide maintenance services this worker runs now (each runs on one worker)."""
+        return set(self._maintenance.leading) if self._maintenance is not None else set()
+
     async def stop(self, grace: float) -> bool:
         """Stop claiming, wait up to ``grace`` seconds for running workflows, then interrupt the
         rest (they go back to the queue). Returns True when nothing had to be interrupted."""

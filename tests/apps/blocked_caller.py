@@ -1,0 +1,16 @@
+"""A sync caller that blocks in ``result()`` or in iterating ``stream()`` on a workflow no worker runs
+(``python -m tests.apps.blocked_caller result|stream``): the runtime tests send it SIGINT."""
+
+from __future__ import annotations
+
+import sys
+
+from .runtime_app import tokens
+
+handle = tokens.start(5)
+print("blocking", flush=True)
+if sys.argv[1] == "result":
+    handle.result()
+else:
+    for _ in handle.stream("tokens"):
+        pass
