@@ -395,7 +395,7 @@ class Bench:
                 await asyncio.gather(*(one(i) for i in range(a.workflows)))
 
             t0 = time.perf_counter()
-            bench_app.engine.call(enqueue_all)
+            asyncio.run(enqueue_all())
             record["enqueue_s"] = time.perf_counter() - t0
             record["enqueue_per_s"] = a.workflows / record["enqueue_s"]
             bench_app.close()  # this process neither listens nor polls through pgflow while workers run
@@ -605,12 +605,6 @@ class Bench:
             with self.probe() as conn:
                 worker = self.worker(run, "worker", schema, ["--concurrency", str(a.concurrency), "--grace", "0"])
                 self.wait_registered(conn, schema, lambda: [worker.pid], 1, deadline, worker)
-            engine = bench_app.engine
-            engine.portal()
-            while engine.listener is None or not engine.listener.connected.is_set():
-                if time.monotonic() > deadline:
-                    raise RunFailed("this process's listener did not connect")
-                time.sleep(0.01)
             time.sleep(0.5)  # the worker's claim loop is parked on its wait
             noop = bench_app.workflows["fleet.noop"]
             latencies: list[float] = []

@@ -42,8 +42,9 @@ class Maintenance:
                     self._conninfo, autocommit=True, application_name=f"pgflow-maintenance-{os.getpid()}")
                 async with conn:
                     await self._lead(conn)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("maintenance connection lost (%s); services move to another worker", exc)
+            except* (psycopg.Error, OSError) as lost:  # from the task group of the services, too
+                log.warning("maintenance connection lost (%s); its services move to another worker",
+                            lost.exceptions[0])
             finally:
                 self.leading.clear()
             await anyio.sleep(self._interval)

@@ -34,6 +34,7 @@ from .notify import Notifier, Waiters, new_token
 from .registry import Config
 from .store import Store, retrying
 from .streams.reader import ChunkFetcher, Chunks, next_chunks
+from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow")
 
@@ -73,7 +74,8 @@ class Runtime:
         self.config: Config | None = None
         self.notifier: Notifier | None = None
         self.listener: Listener | None = None
-        self.stream_counts = [0, 0]  # batches, chunks: added to by the workers' stream writers
+        self.writers: set[StreamWriter] = set()  # the stream writers of the workers on this loop
+        self.retired_writes = (0, 0)  # batches and chunks of the writers of workers that have stopped
         self._store: Store | None = None
         self._opening = anyio.Lock()
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
@@ -210,12 +212,14 @@ class Runtime:
             listener_reconnects=listener.reconnects if listener else 0,
             notification_queue_usage=listener.queue_usage if listener else 0.0,
             fetch_queries=self.fetcher.queries,
-            stream_batches=self.stream_counts[0],
-            stream_chunks=self.stream_counts[1],
+            stream_batches=self.retired_writes[0] + sum(w.batches for w in self.writers),
+            stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
         )
 
-    def listener_pid(self) -> int | None:
-        return self.listener.backend_pid if self.listener is not None else None
+    def retire(self, writer: StreamWriter) -> None:
+        self.writers.discard(writer)
+        self.retired_writes = (self.retired_writes[0] + writer.batches, self.retired_writes[1] + writer.chunks)
+
 
 
 class Runtimes:
@@ -274,9 +278,6 @@ class Runtimes:
         for runtime in list(self._by_loop.values()):
             total = total + runtime.stats()
         return total
-
-    def listener_pids(self) -> list[int]:
-        return [pid for runtime in list(self._by_loop.values()) if (pid := runtime.listener_pid())]
 
     async def aclose_current(self) -> None:
         loop = asyncio.get_running_loop()

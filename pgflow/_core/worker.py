@@ -85,6 +85,7 @@ class Worker:
                 await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
         await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__)
         self._writer = StreamWriter(self._store, runtime.ping)
+        runtime.writers.add(self._writer)
         self._maintenance = Maintenance((await self.runtimes.config_async()).dsn, self._store.schema,
                                         self._services(), interval=self.lease)
         self._wake = Waiter()
@@ -155,8 +156,7 @@ class Worker:
                     task_status.started()
             finally:
                 assert self._runtime is not None
-                self._runtime.stream_counts[0] += self._writer.batches
-                self._runtime.stream_counts[1] += self._writer.chunks
+                self._runtime.retire(self._writer)
 
     async def _intake(self) -> None:
         """Everything that brings work in (claiming, the maintenance services such as schedules);
