@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 from ._core.client import Client
 from ._core.store import WorkflowRow
 from ._core.streams.checks import check_reader
-from ._core.streams.reader import ENDED, take
+from ._core.streams.reader import ENDED, Chunks, take
 from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 
 R = TypeVar("R")
@@ -88,18 +88,33 @@ class WorkflowHandle(Generic[R]):
         is closed or the workflow ends in any way: what a server needs to tell a client where to
         resume (an SSE ``id:``)."""
         check_reader(key, offset)
-        at: int | None = offset
-        while at is not None:
-            items, at = take(await self._client.runtime().next_chunks(self.id, key, at), at, type)
-            for item in items:
-                yield item
+        batches = self._client.runtime().read_stream(self.id, key, offset)
+        try:
+            async for chunks in batches:
+                items, closed = take(chunks, type)
+                for item in items:
+                    yield item
+                if closed:
+                    return
+        finally:
+            await batches.aclose()
 
     def stream_items(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[tuple[int, Any]]:
         check_reader(key, offset)
-        at: int | None = offset
-        while at is not None:
-            items, at = take(self._client.call(self._next_chunks, key, at), at, type)
-            yield from items
+        batches = self._batches(key, offset)
+        try:
+            while (chunks := self._client.call(_next_batch, batches)) is not None:
+                items, closed = take(chunks, type)
+                yield from items
+                if closed:
+                    return
+        finally:
+            self._client.call(batches.aclose)
+
+    async def _batches(self, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
+        """The batches of a sync reader, made on the loop that serves it."""
+        async for chunks in self._client.runtime().read_stream(self.id, key, offset):
+            yield chunks
 
     async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncIterator[Any]:
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
@@ -111,9 +126,6 @@ class WorkflowHandle(Generic[R]):
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
         for _, value in self.stream_items(key, offset, type=type):
             yield value
-
-    async def _next_chunks(self, key: str, offset: int) -> list[tuple[int, bytes | None]] | None:
-        return await self._client.runtime().next_chunks(self.id, key, offset)
 
     async def cancel_async(self) -> None:
         """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
@@ -134,3 +146,7 @@ class WorkflowHandle(Generic[R]):
         error = row.error or {}
         raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),
                              error.get("traceback", ""))
+
+
+async def _next_batch(batches: AsyncIterator[Chunks]) -> Chunks | None:
+    return await anext(batches, None)

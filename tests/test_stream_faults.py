@@ -204,8 +204,9 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
             tg.start_soon(collect, listener)
             worker = procs.worker("worker")
 
-            # 3000 keys in one batch: more keys than the notifier names one by one, so it pings "*".
-            short = [f"k{i:04d}" for i in range(3000)]
+            # 4400 keys at once: even split into two batches, more keys per batch than are named one
+            # by one, so each batch pings "*".
+            short = [f"k{i:04d}" for i in range(4400)]
             _, sent = await phase("short", short, reading, worker)
             assert any(msgspec.json.decode(p)[1] == ["*"] for p in sent), sent[:5]
 

@@ -14,10 +14,12 @@ Everything here belongs to one event loop and is only touched from it: no locks.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -41,23 +43,39 @@ def new_token() -> str:
 
 
 class Waiter:
-    """One coroutine waiting for pings on some keys."""
+    """One coroutine waiting for pings on some keys: a bare future per wait (the cheapest thing to
+    wait on; a reader waits once per batch of chunks)."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_loop", "_woken")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._woken: asyncio.Future[None] | None = None
 
     def arm(self) -> None:
         """Start a new wait; call before re-reading the table so no ping after the read is missed."""
-        self._event = anyio.Event()
+        self._woken = self._loop.create_future()
 
     def wake(self) -> None:
-        self._event.set()
+        woken = self._woken
+        if woken is not None and not woken.done():
+            woken.set_result(None)
 
     async def wait(self, timeout: float) -> None:
-        with anyio.move_on_after(timeout):
-            await self._event.wait()
+        """Until woken (since the last ``arm``) or ``timeout`` seconds pass."""
+        woken = self._woken
+        if woken is None or woken.done():
+            return
+        expiry = self._loop.call_later(timeout, _expire, woken)
+        try:
+            await woken
+        finally:
+            expiry.cancel()
+
+
+def _expire(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 class Waiters:
@@ -95,46 +113,68 @@ class Waiters:
     def wake_all(self) -> None:
         self.wake((WAKE_ALL,))
 
+    @contextlib.contextmanager
+    def watching(self, keys: list[str]) -> Iterator[Waiter]:
+        """A waiter woken by pings of ``keys`` while the block runs (a stream reader keeps one for
+        its whole life instead of registering anew for every batch)."""
+        waiter = Waiter()
+        for key in keys:
+            self.add(key, waiter)
+        try:
+            yield waiter
+        finally:
+            for key in keys:
+                self.remove(key, waiter)
+
     async def wait_for(
         self, keys: list[str], check: Callable[[], Awaitable[T | None]], timeout: float | None,
         poll: float,
     ) -> T | None:
         """Re-run ``check`` whenever one of ``keys`` is pinged, and every ``poll`` seconds, until it
-        returns something other than None or ``timeout`` passes (then None).
+        returns something other than None or ``timeout`` passes (then None)."""
+        with self.watching(keys) as waiter:
+            return await until(waiter, check, timeout, poll)
 
-        A check that fails to reach the database (a restart, a dropped connection) counts as "not
-        yet": waiting goes on, and only a database unreachable for ``OUTAGE_LIMIT`` seconds fails it.
-        """
-        waiter = Waiter()
-        for key in keys:
-            self.add(key, waiter)
+
+async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeout: float | None,
+                poll: float) -> T | None:
+    """Re-run ``check`` whenever ``waiter`` is woken, and every ``poll`` seconds, until it returns
+    something other than None or ``timeout`` passes (then None).
+
+    A check that fails to reach the database (a restart, a dropped connection) counts as "not yet":
+    waiting goes on, and only a database unreachable for ``OUTAGE_LIMIT`` seconds fails it.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    failing_since: float | None = None
+    while True:
+        waiter.arm()
         try:
-            deadline = None if timeout is None else anyio.current_time() + timeout
-            failing_since: float | None = None
-            while True:
-                waiter.arm()
-                try:
-                    found = await check()
-                    failing_since = None
-                except psycopg.OperationalError as exc:
-                    now = anyio.current_time()
-                    failing_since = failing_since or now
-                    if now - failing_since > OUTAGE_LIMIT:
-                        raise
-                    log.warning("cannot reach the database (%s); retrying", exc)
-                    found = None
-                if found is not None:
-                    return found
-                wait = poll
-                if deadline is not None:
-                    left = deadline - anyio.current_time()
-                    if left <= 0:
-                        return None
-                    wait = min(wait, left)
-                await waiter.wait(wait)
-        finally:
-            for key in keys:
-                self.remove(key, waiter)
+            found = await check()
+            failing_since = None
+        except psycopg.OperationalError as exc:
+            now = loop.time()
+            failing_since = failing_since or now
+            if now - failing_since > OUTAGE_LIMIT:
+                raise
+            log.warning("cannot reach the database (%s); retrying", exc)
+            found = None
+        if found is not None:
+            return found
+        wait = poll
+        if deadline is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            wait = min(wait, left)
+        await waiter.wait(wait)
+
+
+def payloads_for(token: str, keys: set[str]) -> list[str]:
+    """The NOTIFY payloads announcing ``keys``: one "wake all" when there are very many."""
+    if len(keys) > WAKE_ALL_ABOVE:
+        return [_payload(token, [WAKE_ALL])]
+    return pack(token, keys)
 
 
 def pack(token: str, keys: Iterable[str]) -> list[str]:
@@ -214,12 +254,12 @@ class Notifier:
         keys, self._pending = self._pending, set()
         if not keys:
             return
-        payloads = [_payload(self.token, [WAKE_ALL])] if len(keys) > WAKE_ALL_ABOVE else pack(self.token, keys)
+        payloads = payloads_for(self.token, keys)
         try:
             pool = await self._pool()
             async with pool.connection(timeout=FLUSH_TIMEOUT) as conn:
                 await conn.execute(
-                    "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self._channel, payloads)
+                    "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) AS p", (self._channel, payloads)
                 )
             self.flushes += 1
         except (psycopg.Error, OSError, PoolTimeout) as exc:

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -30,10 +30,10 @@ import anyio.to_thread
 from psycopg_pool import AsyncConnectionPool
 
 from .listener import Listener
-from .notify import Notifier, Waiters, new_token
+from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
 from .registry import Config
 from .store import Store, retrying
-from .streams.reader import ChunkFetcher, Chunks, next_chunks
+from .streams.reader import ChunkFetcher, Chunks, read_batches, stream_keys
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow")
@@ -136,22 +136,49 @@ class Runtime:
     def ping(self, keys: Iterable[str]) -> None:
         """Wake this process's waiters now and every other process's within a notifier interval."""
         keys = set(keys)
-        self.waiters.wake(keys)
-        self.hub.wake_elsewhere(self, keys)
+        self.wake_here(keys)
         if self.notifier is not None and self.config is not None and self.config.notify != "off":
             self._serve_in_background()
             self.notifier.add(keys)
 
+    def wake_here(self, keys: set[str]) -> None:
+        """Wake the waiters of this process (on every loop), with no round trip."""
+        self.waiters.wake(keys)
+        self.hub.wake_elsewhere(self, keys)
+
+    def payloads(self, keys: set[str]) -> list[str]:
+        """The NOTIFY payloads that tell other processes of ``keys`` (none with notify="off")."""
+        if self.config is None or self.config.notify == "off":
+            return []
+        return payloads_for(self.hub.token, keys)
+
     async def wait_for(self, keys: list[str], check: Callable[[], Awaitable[T | None]],
                        timeout: float | None) -> T | None:
         """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value."""
+        with self.waiters.watching(keys) as waiter:
+            return await self.until(waiter, check, timeout)
+
+    async def until(self, waiter: Waiter, check: Callable[[], Awaitable[T | None]],
+                    timeout: float | None) -> T | None:
+        """Re-run ``check`` whenever ``waiter`` is woken and on the slow poll, until it returns a value."""
         if self.config is None:
             await self.store()
         assert self.config is not None
-        return await self.waiters.wait_for(keys, check, timeout, self.config.poll_interval)
+        return await until(waiter, check, timeout, self.config.poll_interval)
 
-    async def next_chunks(self, workflow_id: str, key: str, offset: int) -> Chunks | None:
-        return await next_chunks(self.fetcher, self.wait_for, workflow_id, key, offset)
+    async def read_stream(self, workflow_id: str, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
+        """Batches of chunks of a stream from ``offset`` on, waiting for each, until the stream can
+        grow no more. One waiter serves the whole read."""
+        if self.config is None:
+            await self.store()
+        assert self.config is not None
+        with self.waiters.watching(stream_keys(workflow_id, key)) as waiter:
+            batches = read_batches(self.fetcher, waiter, workflow_id, key, offset, self.config.poll_interval)
+            try:
+                async for chunks in batches:
+                    yield chunks
+            finally:
+                await batches.aclose()
 
     def _want_listener(self) -> None:
         if not self._listening:

@@ -84,7 +84,8 @@ class Worker:
             if limits is not None:
                 await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
         await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__)
-        self._writer = StreamWriter(self._store, runtime.ping)
+        assert runtime.config is not None
+        self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
         self._maintenance = Maintenance((await self.runtimes.config_async()).dsn, self._store.schema,
                                         self._services(), interval=self.lease)

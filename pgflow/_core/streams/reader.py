@@ -8,39 +8,51 @@ with no hop between threads.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 import anyio
+import psycopg
 
 from ... import codec
 from ...errors import UnknownWorkflow
+from ..notify import OUTAGE_LIMIT, Waiter
 from ..store import Store
 
 log = logging.getLogger("pgflow.streams")
 
 READ_BATCH = 1000
 ENDED = ("succeeded", "failed", "cancelled")
-T = TypeVar("T")
 Chunks = list[tuple[int, bytes | None]]
 Found = tuple[str | None, bool, Chunks]
 
 
-class WaitFor(Protocol):
-    async def __call__(self, keys: list[str], check: Callable[[], Awaitable[T | None]],
-                       timeout: float | None) -> T | None: ...
+def stream_keys(workflow_id: str, key: str) -> list[str]:
+    """The pings a reader of the stream waits for: the stream grew, or its workflow ended."""
+    return [f"s:{workflow_id}:{key}", f"wf:{workflow_id}"]
 
 
-@dataclass(eq=False)
 class _Read:
-    workflow_id: str
-    key: str
-    offset: int
-    done: anyio.Event = field(default_factory=anyio.Event)
-    result: Found = (None, False, [])
-    error: BaseException | None = None
+    """One reader's question, answered by the next shared query."""
+
+    __slots__ = ("workflow_id", "key", "offset", "answer")
+
+    def __init__(self, workflow_id: str, key: str, offset: int) -> None:
+        self.workflow_id = workflow_id
+        self.key = key
+        self.offset = offset
+        self.answer: asyncio.Future[Found] = asyncio.get_running_loop().create_future()
+
+    def reply(self, result: Found | None = None, error: BaseException | None = None) -> None:
+        if self.answer.done():  # its reader was cancelled meanwhile
+            return
+        if error is not None:
+            self.answer.set_exception(error)
+        else:
+            assert result is not None
+            self.answer.set_result(result)
 
 
 class ChunkFetcher:
@@ -55,20 +67,19 @@ class ChunkFetcher:
     async def fetch(self, workflow_id: str, key: str, offset: int) -> Found:
         read = _Read(workflow_id, key, offset)
         self._queue.append(read)
-        if self._busy:
-            await read.done.wait()
-        else:
+        if not self._busy:
             self._busy = True
             try:
                 with anyio.CancelScope(shield=True):
+                    # Readers woken by the same ping run right after this one: let them ask first,
+                    # so one query answers them all.
+                    await asyncio.sleep(0)
                     while self._queue:
                         batch, self._queue = self._queue[:READ_BATCH], self._queue[READ_BATCH:]
                         await self._answer(batch)
             finally:
                 self._busy = False
-        if read.error is not None:
-            raise read.error
-        return read.result
+        return await read.answer
 
     async def _answer(self, batch: list[_Read]) -> None:
         """Answer a batch in one query. When it fails, the halves are tried apart, so a read that
@@ -85,40 +96,54 @@ class ChunkFetcher:
                 await self._answer(batch[:middle])
                 await self._answer(batch[middle:])
                 return
-            batch[0].error = exc
-            batch[0].done.set()
+            batch[0].reply(error=exc)
             return
         for r, result in zip(batch, results, strict=True):
-            r.result = result
-            r.done.set()
+            r.reply(result)
 
 
-async def next_chunks(fetcher: ChunkFetcher, wait_for: WaitFor, workflow_id: str, key: str,
-                      offset: int) -> Chunks | None:
-    """The chunks from ``offset`` on, waiting until there is at least one; None once the stream
-    can grow no more (its workflow ended and every chunk it wrote has been read)."""
+async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, key: str, offset: int,
+                       poll: float) -> AsyncGenerator[Chunks, None]:
+    """Batches of a stream's chunks from ``offset`` on, until it can grow no more (closed, or its
+    workflow ended and every chunk it wrote has been read).
 
-    async def check() -> Chunks | None:
-        status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
+    ``waiter`` is armed before each fetch, so a ping that comes while the reader fetches or handles a
+    batch makes it fetch again at once; otherwise it waits for the next ping or the poll. So each
+    batch costs one shared query, not a second one that finds nothing yet. A fetch that cannot reach
+    the database counts as "nothing yet" until the outage lasts ``OUTAGE_LIMIT`` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    failing_since: float | None = None
+    while True:
+        waiter.arm()
+        try:
+            status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
+            failing_since = None
+        except psycopg.OperationalError as exc:
+            now = loop.time()
+            failing_since = failing_since or now
+            if now - failing_since > OUTAGE_LIMIT:
+                raise
+            log.warning("cannot reach the database (%s); retrying", exc)
+            await waiter.wait(poll)
+            continue
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        if chunks or closed or status in ENDED:
-            return chunks
-        return None
+        if chunks:
+            yield chunks
+            offset = chunks[-1][0] + 1
+            if len(chunks) >= READ_BATCH:
+                continue  # more are waiting: no need for a ping
+        elif closed or status in ENDED:
+            return
+        await waiter.wait(poll)
 
-    chunks = await wait_for([f"s:{workflow_id}:{key}", f"wf:{workflow_id}"], check, None)
-    return chunks or None
 
-
-def take(chunks: Chunks | None, offset: int, decode_as: Any) -> tuple[list[tuple[int, Any]], int | None]:
-    """The (position, decoded value) pairs of fetched chunks and the offset to read from next (None
-    at the end)."""
-    if chunks is None:
-        return [], None
+def take(chunks: Chunks, decode_as: Any) -> tuple[list[tuple[int, Any]], bool]:
+    """The (position, decoded value) pairs of fetched chunks, and whether the close marker ended them."""
     items: list[tuple[int, Any]] = []
     for position, value in chunks:
         if value is None:
-            return items, None
+            return items, True
         items.append((position, codec.decode(value, decode_as)))
-        offset = position + 1
-    return items, offset
+    return items, False

@@ -3,7 +3,9 @@
 Writing a chunk is an INSERT, but not one per chunk: the chunks of every execution in a worker are
 gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
 and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
-goes out at once.
+goes out at once. A batch carries its own pings (one NOTIFY with the keys of its streams, sent by its
+commit): the batch is already the coalescing, and a second transaction per batch would double the
+round trips of the hot path.
 
 Positions are dense per (workflow, key). The execution that holds a workflow's lease is the only writer
 of its streams (fencing refuses the others), so it assigns positions in memory, from the stream ends
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import anyio
@@ -26,6 +28,8 @@ from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from ..store import Store, retrying
 
 log = logging.getLogger("pgflow.streams")
+
+SPLIT_ABOVE = 32  # chunks per half below which a queue goes out as one batch
 
 
 class StreamWriteFailed(ExecutionInterrupted):
@@ -63,10 +67,12 @@ class _Pending:
 class StreamWriter:
     """Group commit for the chunks of every execution in one worker."""
 
-    def __init__(self, store: Store, ping: Callable[[set[str]], None], max_batch: int = 5000,
-                 max_in_flight: int = 2) -> None:
+    def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
+                 wake: Callable[[set[str]], None], max_batch: int = 5000, max_in_flight: int = 2) -> None:
         self._store = store
-        self._ping = ping
+        self._channel = channel
+        self._payloads = payloads
+        self._wake_local = wake
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._queue: list[_Pending] = []
@@ -107,10 +113,15 @@ class StreamWriter:
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
+        limit = self._max_batch
+        if self._in_flight == 0 and self._max_in_flight > 1 and len(self._queue) >= 2 * SPLIT_ABOVE:
+            # Nothing in flight and a big queue (writers that all waited on the last batch): send it
+            # as two halves, so one half's writers carry on while the other half commits.
+            limit = min(limit, (len(self._queue) + 1) // 2)
         for p in self._queue:
             if p.owner.interrupt is not None:
                 p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
-            elif len(batch) >= self._max_batch or (p.owner.workflow_id, p.key) in self._busy:
+            elif len(batch) >= limit or (p.owner.workflow_id, p.key) in self._busy:
                 waiting.append(p)
             else:
                 batch.append(p)
@@ -133,11 +144,20 @@ class StreamWriter:
         batch = [p for p in batch if not self._poisoned(p)]
         if not batch:
             return
-        try:
-            fenced, cancelled = await retrying(lambda: self._store.write_chunks(
+        keys = {f"s:{p.owner.workflow_id}:{p.key}" for p in batch}
+        pings = self._payloads(keys)
+        tries = 0
+
+        def write() -> Awaitable[tuple[set[tuple[str, int]], set[str]]]:
+            nonlocal tries
+            tries += 1
+            return self._store.write_chunks(
                 [p.owner.workflow_id for p in batch], [p.owner.attempt for p in batch],
                 [p.key for p in batch], [p.position for p in batch], [p.value for p in batch],
-            ), f"a batch of {len(batch)} chunks")
+                self._channel, pings, again=tries > 1)
+
+        try:
+            fenced, cancelled = await retrying(write, f"a batch of {len(batch)} chunks")
         except psycopg.OperationalError as exc:
             log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
             self._fail(batch, exc)
@@ -162,7 +182,7 @@ class StreamWriter:
             if owner.workflow_id in cancelled and owner.interrupt is None:
                 owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
             p.resolve()
-        self._ping({f"s:{p.owner.workflow_id}:{p.key}" for p in batch})
+        self._wake_local(keys)
 
     @staticmethod
     def _poisoned(p: _Pending) -> bool:
