@@ -42,15 +42,39 @@ def new_token() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+class PollTicks:
+    """The slow poll of one loop's waiters: one timer for all of them instead of one per wait (a
+    reader waits once per batch of chunks). A waiter that waits for the poll is woken at the next
+    tick, at most ``every`` seconds later."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._loop = asyncio.get_running_loop()
+        self._due: set[Waiter] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, waiter: Waiter) -> None:
+        self._due.add(waiter)
+        if self._timer is None:
+            self._timer = self._loop.call_later(self.every, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        due, self._due = self._due, set()
+        for waiter in due:
+            waiter.wake()
+
+
 class Waiter:
     """One coroutine waiting for pings on some keys: a bare future per wait (the cheapest thing to
-    wait on; a reader waits once per batch of chunks)."""
+    wait on)."""
 
-    __slots__ = ("_loop", "_woken")
+    __slots__ = ("_loop", "_woken", "_ticks")
 
-    def __init__(self) -> None:
+    def __init__(self, ticks: PollTicks | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._woken: asyncio.Future[None] | None = None
+        self._ticks = ticks
 
     def arm(self) -> None:
         """Start a new wait; call before re-reading the table so no ping after the read is missed."""
@@ -61,11 +85,17 @@ class Waiter:
         if woken is not None and not woken.done():
             woken.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Until woken (since the last ``arm``) or ``timeout`` seconds pass."""
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until woken (since the last ``arm``) or ``timeout`` seconds pass; with no timeout, until
+        woken or the next tick of the poll."""
         woken = self._woken
         if woken is None or woken.done():
             return
+        if timeout is None and self._ticks is not None:
+            self._ticks.add(self)
+            await woken
+            return
+        assert timeout is not None
         expiry = self._loop.call_later(timeout, _expire, woken)
         try:
             await woken
@@ -85,6 +115,7 @@ class Waiters:
     def __init__(self, on_wait: Callable[[], None] = lambda: None) -> None:
         self._by_key: dict[str, set[Waiter]] = {}
         self._on_wait = on_wait
+        self.ticks = PollTicks()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -117,7 +148,7 @@ class Waiters:
     def watching(self, keys: list[str]) -> Iterator[Waiter]:
         """A waiter woken by pings of ``keys`` while the block runs (a stream reader keeps one for
         its whole life instead of registering anew for every batch)."""
-        waiter = Waiter()
+        waiter = Waiter(self.ticks)
         for key in keys:
             self.add(key, waiter)
         try:
@@ -126,20 +157,11 @@ class Waiters:
             for key in keys:
                 self.remove(key, waiter)
 
-    async def wait_for(
-        self, keys: list[str], check: Callable[[], Awaitable[T | None]], timeout: float | None,
-        poll: float,
-    ) -> T | None:
-        """Re-run ``check`` whenever one of ``keys`` is pinged, and every ``poll`` seconds, until it
-        returns something other than None or ``timeout`` passes (then None)."""
-        with self.watching(keys) as waiter:
-            return await until(waiter, check, timeout, poll)
-
 
 async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeout: float | None,
                 poll: float) -> T | None:
-    """Re-run ``check`` whenever ``waiter`` is woken, and every ``poll`` seconds, until it returns
-    something other than None or ``timeout`` passes (then None).
+    """Re-run ``check`` whenever ``waiter`` is woken, and on the poll (every ``poll`` seconds), until
+    it returns something other than None or ``timeout`` passes (then None).
 
     A check that fails to reach the database (a restart, a dropped connection) counts as "not yet":
     waiting goes on, and only a database unreachable for ``OUTAGE_LIMIT`` seconds fails it.
@@ -161,13 +183,13 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
             found = None
         if found is not None:
             return found
-        wait = poll
-        if deadline is not None:
-            left = deadline - loop.time()
-            if left <= 0:
-                return None
-            wait = min(wait, left)
-        await waiter.wait(wait)
+        if deadline is None:
+            await waiter.wait()
+            continue
+        left = deadline - loop.time()
+        if left <= 0:
+            return None
+        await waiter.wait(left if left < poll else None)
 
 
 def payloads_for(token: str, keys: set[str]) -> list[str]:

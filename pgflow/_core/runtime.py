@@ -96,10 +96,12 @@ class Runtime:
 
     async def _open(self) -> Store:
         config = self.config = await self.hub.config_async()
+        self.waiters.ticks.every = config.poll_interval
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
             kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}"},
             name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
+            configure=_configure,
         )
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
@@ -173,7 +175,7 @@ class Runtime:
             await self.store()
         assert self.config is not None
         with self.waiters.watching(stream_keys(workflow_id, key)) as waiter:
-            batches = read_batches(self.fetcher, waiter, workflow_id, key, offset, self.config.poll_interval)
+            batches = read_batches(self.fetcher, waiter, workflow_id, key, offset)
             try:
                 async for chunks in batches:
                     yield chunks
@@ -247,6 +249,13 @@ class Runtime:
         self.writers.discard(writer)
         self.retired_writes = (self.retired_writes[0] + writer.batches, self.retired_writes[1] + writer.chunks)
 
+
+
+async def _configure(conn: Any) -> None:
+    """Every pooled connection: no JIT. pgflow's statements are short and planned once; a cost
+    estimate over jit_above_cost (a large batch, a long stream) would spend more compiling than
+    running them (seen: 14 ms of JIT for a 2 ms read)."""
+    await conn.execute("SET jit = off")
 
 
 class Runtimes:

@@ -16,7 +16,14 @@ class _Chunk(msgspec.Struct, array_like=False):
     v: bytes | None
 
 
-_ROWS = msgspec.json.Encoder()
+class _Ask(msgspec.Struct, array_like=False):
+    i: int
+    workflow_id: str
+    key: str
+    start: int
+
+
+_ROWS = _ASKS = msgspec.json.Encoder()
 
 
 class StreamStatements:
@@ -93,21 +100,24 @@ class StreamStatements:
         """
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT r.i, w.status, coalesce(last.closed, false), c.position, c.value"
-                " FROM unnest(%b::text[], %b::text[], %b::int[]) WITH ORDINALITY AS r(workflow_id, key, start, i)"
+                # Only a read that found nothing needs the workflow's status and whether the stream
+                # was closed before its offset (the close marker is always a stream's last chunk):
+                # scalar subqueries under CASE, so the others skip both lookups, and the planner
+                # cannot turn them into a scan of the whole workflows table.
+                "SELECT r.i,"
+                " CASE WHEN c.position IS NULL THEN"
+                "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END,"
+                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.streams"
+                "  WHERE workflow_id = r.workflow_id AND key = r.key ORDER BY position DESC LIMIT 1), false)"
+                "  ELSE false END,"
+                " c.position, c.value"
+                " FROM json_to_recordset(%b::json) AS r(i int, workflow_id text, key text, start int)"
                 " LEFT JOIN LATERAL (SELECT position, value FROM {s}.streams"
                 "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
                 "   ORDER BY position LIMIT %s) c ON true"
-                # Only a read that found nothing needs the workflow's status and whether the stream
-                # was closed before its offset (the close marker is always a stream's last chunk):
-                # for the others these lookups are skipped (one-time filters on c).
-                " LEFT JOIN LATERAL (SELECT status FROM {s}.workflows"
-                "   WHERE c.position IS NULL AND id = r.workflow_id) w ON true"
-                " LEFT JOIN LATERAL (SELECT value IS NULL AS closed FROM {s}.streams"
-                "   WHERE c.position IS NULL AND workflow_id = r.workflow_id AND key = r.key"
-                "   ORDER BY position DESC LIMIT 1) last ON true"
                 " ORDER BY r.i, c.position"
-            ), (workflow_ids, keys, offsets, limit), binary=True)
+            ), (_ASKS.encode([_Ask(i, *ask) for i, ask in enumerate(zip(workflow_ids, keys, offsets, strict=True), 1)])
+                .decode(), limit), binary=True)
             found: list[tuple[str | None, bool, list[tuple[int, bytes | None]]]] = [
                 (None, False, []) for _ in workflow_ids
             ]

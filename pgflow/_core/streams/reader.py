@@ -102,8 +102,8 @@ class ChunkFetcher:
             r.reply(result)
 
 
-async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, key: str, offset: int,
-                       poll: float) -> AsyncGenerator[Chunks, None]:
+async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, key: str,
+                       offset: int) -> AsyncGenerator[Chunks, None]:
     """Batches of a stream's chunks from ``offset`` on, until it can grow no more (closed, or its
     workflow ended and every chunk it wrote has been read).
 
@@ -125,7 +125,7 @@ async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, 
             if now - failing_since > OUTAGE_LIMIT:
                 raise
             log.warning("cannot reach the database (%s); retrying", exc)
-            await waiter.wait(poll)
+            await waiter.wait()
             continue
         if status is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
@@ -136,7 +136,7 @@ async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, 
                 continue  # more are waiting: no need for a ping
         elif closed or status in ENDED:
             return
-        await waiter.wait(poll)
+        await waiter.wait()
 
 
 def take(chunks: Chunks, decode_as: Any) -> tuple[list[tuple[int, Any]], bool]:
