@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
+from ._core.checks import check_id, check_queue
 from ._core.client import Client
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
@@ -173,6 +174,7 @@ class App:
         """Limit a queue across every worker: at most ``concurrency`` of its workflows running at
         once, and at most ``rate_limit`` started per ``per`` seconds. Workers serving the queue write
         the limits to the database when they start."""
+        check_queue(name)
         if concurrency is not None and concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         if rate_limit is not None and rate_limit < 1:
@@ -185,7 +187,7 @@ class App:
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle on an existing workflow, started by this process or any other."""
-        return WorkflowHandle(self._client, workflow_id)
+        return WorkflowHandle(self._client, check_id(workflow_id))
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
                lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:

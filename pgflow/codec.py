@@ -32,6 +32,13 @@ def encode(value: object, what: str) -> bytes:
             f"{what} cannot be stored: {exc}. Use str, bytes, numbers, lists, dicts, "
             "msgspec Structs or dataclasses."
         ) from exc
+    except UnicodeEncodeError as exc:
+        raise SerializationError(
+            f"{what} cannot be stored: it holds text that is not valid Unicode ({exc.reason} at "
+            f"position {exc.start}, a lone surrogate?)"
+        ) from exc
+    except RecursionError as exc:
+        raise SerializationError(f"{what} cannot be stored: it is nested too deeply") from exc
 
 
 def decode(data: bytes, type_: Any = Any) -> Any:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from ._core.checks import check_reader
 from ._core.client import Client
 from ._core.store import WorkflowRow
-from ._core.streams.checks import check_reader
 from ._core.streams.reader import ENDED, Chunks, take
 from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 

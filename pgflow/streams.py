@@ -9,8 +9,8 @@ from __future__ import annotations
 import anyio.from_thread
 import anyio.lowlevel
 
+from ._core.checks import MAX_CHUNK_BYTES, MAX_KEY_BYTES, check_key, encode_chunk
 from ._core.execution import Execution, current_execution
-from ._core.streams.checks import MAX_CHUNK_BYTES, MAX_KEY_BYTES, check_key, encode_chunk
 
 __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_async", "stream_offset",
            "write_stream", "write_stream_async"]

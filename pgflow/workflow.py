@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from ._core.checks import check_delay, check_id, check_priority, check_queue
 from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import StepSpec, WorkflowSpec
@@ -95,10 +96,14 @@ class Starter(Generic[P, R]):
 
     def with_options(self, *, id: str | None = None, queue: str | None = None,
                      priority: int | None = None, delay: float | None = None) -> Starter[P, R]:
-        if delay is not None and delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
-        if id is not None and not id:
-            raise ValueError("a workflow id must not be empty")
+        if id is not None:
+            check_id(id)
+        if queue is not None:
+            check_queue(queue)
+        if priority is not None:
+            check_priority(priority)
+        if delay is not None:
+            delay = check_delay(delay)
         changes: dict[str, Any] = {k: v for k, v in
                                    {"id": id, "queue": queue, "priority": priority, "delay": delay}.items()
                                    if v is not None}

@@ -14,7 +14,7 @@ import inspect
 import logging
 import pickle
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,7 @@ from ..telemetry import tracer
 from .registry import StepSpec, WorkflowSpec
 from .runtime import Runtime
 from .store import Claimed, StepRecord, Store, retrying
-from .streams.writer import StreamWriter
+from .streams.writer import ChunkRefused, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 
@@ -275,12 +275,14 @@ def _unstarted(call: Coroutine[Any, Any, Any]) -> bool:
 
 async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
                   limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
-                  freed: tuple[str, ...] = ()) -> None:
+                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
     workflow back to the queue at once, so another worker resumes it from its journal without waiting
     for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
+    While it runs, ``cancellers[id]`` cancels it where it stands (its worker learnt that somebody
+    cancelled it), and it is recorded as cancelled.
     """
     try:
         # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
@@ -295,7 +297,18 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
                                                      "pgflow.attempt": claimed.attempt},
         ):
-            outcome = _refused(claimed) or await _run_in_time(workflow, claimed, execution, limiter)
+            outcome = _refused(claimed)
+            if outcome is None:
+                with anyio.CancelScope() as scope:
+                    if cancellers is not None:
+                        cancellers[claimed.id] = lambda: _cancel(execution, scope)
+                    try:
+                        outcome = await _run_in_time(workflow, claimed, execution, limiter)
+                    finally:
+                        if cancellers is not None:
+                            cancellers.pop(claimed.id, None)
+                if scope.cancelled_caught:
+                    outcome = "cancelled", None, None
         if outcome is not None:
             await _finish(runtime, store, execution, *outcome, freed=freed)
     except BaseException:
@@ -309,6 +322,13 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
 
 
 Outcome = tuple[str, bytes | None, dict[str, Any] | None]
+
+
+def _cancel(execution: Execution, scope: anyio.CancelScope) -> None:
+    """Stop a running workflow now, not at its next step: anything it tries to write after this is
+    refused, and its end is recorded as cancelled."""
+    execution.interrupt = CancelRequested(f"workflow {execution.workflow_id!r} was cancelled")
+    scope.cancel()
 
 
 def _refused(claimed: Claimed) -> Outcome | None:
@@ -357,6 +377,8 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
         return "succeeded", workflow.codec.encode_result(result), None
     except CancelRequested:
         return "cancelled", None, None
+    except ChunkRefused as exc:
+        return "failed", None, describe(exc)
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None

@@ -27,6 +27,8 @@ import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .store import unreachable
+
 log = logging.getLogger("pgflow.notify")
 
 T = TypeVar("T")
@@ -175,6 +177,8 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
             found = await check()
             failing_since = None
         except psycopg.OperationalError as exc:
+            if not unreachable(exc):
+                raise
             now = loop.time()
             failing_since = failing_since or now
             if now - failing_since > OUTAGE_LIMIT:

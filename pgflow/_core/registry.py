@@ -15,6 +15,7 @@ from ..codec import FunctionCodec, decode
 from ..cron import Cron
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy
+from .checks import check_priority, check_queue
 
 NotifyMode = Literal["buffered", "off"]
 
@@ -74,6 +75,8 @@ class WorkflowSpec:
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
            timeout: float | None, schedule: Cron | None) -> WorkflowSpec:
+        check_queue(queue)
+        check_priority(priority)
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
         if timeout is not None and timeout <= 0:

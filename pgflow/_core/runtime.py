@@ -126,7 +126,16 @@ class Runtime:
         it): a check on every checkout costs a round trip per query. A connection that died in the
         last moments fails its query instead, which the idempotent operations retry."""
         if time.monotonic() - self._returned.get(conn, 0.0) > IDLE_CHECK_AFTER:
-            await AsyncConnectionPool.check_connection(conn)
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except Exception:
+                # What killed this idle connection (a restart, a failover, a NAT reset, a DBA's
+                # pg_terminate_backend) likely killed the others too. Check them all now: the pool
+                # then finds a live connection at once, instead of trying one dead connection after
+                # another with a growing pause between tries (1, 2, 4, 8 s ...).
+                if self._store is not None:
+                    await self._store.pool.check()
+                raise
 
     async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
         """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""

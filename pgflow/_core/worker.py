@@ -25,6 +25,7 @@ from anyio.abc import TaskGroup
 
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
+from .checks import check_queue
 from .execution import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
@@ -56,12 +57,13 @@ class Worker:
         self.registry = registry
         self.runtimes = runtimes
         self.concurrency = concurrency
-        self.queues = list(queues) if queues else ["default"]
+        self.queues = [check_queue(queue) for queue in queues] if queues else ["default"]
         self.lease = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
         self.grace = grace
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.running: set[str] = set()
+        self._cancellers: dict[str, Callable[[], None]] = {}
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
@@ -248,7 +250,8 @@ class Worker:
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
-            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed)
+            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed,
+                          self._cancellers)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -265,7 +268,14 @@ class Worker:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
-                    await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
-                                                self.queues, __version__)
+                    leases = await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
+                                                         self.queues, __version__)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
+                continue
+            # A cancelled workflow stops now, even one that never reaches another step or write.
+            for workflow_id, _, cancel_requested in leases:
+                cancel = self._cancellers.get(workflow_id) if cancel_requested else None
+                if cancel is not None:
+                    log.info("workflow %s was cancelled; stopping it", workflow_id)
+                    cancel()

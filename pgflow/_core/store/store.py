@@ -350,16 +350,32 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# Server states that pass: it is shutting down or starting (a restart, a failover), it ended the
+# session, or it has no connection slot free right now.
+_PASSING_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True when the server could not be reached or went away, which waiting may mend. Every other
+    error (a value the server refuses, a statement over one of its limits) comes back the same however
+    often the statement is tried."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _PASSING_STATES
+
+
 async def retrying(operation: Callable[[], Awaitable[T]], what: str, patience: float = 10.0) -> T:
     """Run an idempotent database operation, trying again while the server cannot be reached (a
-    restart, a failover) for up to ``patience`` seconds; then the last error propagates."""
+    restart, a failover) for up to ``patience`` seconds; then the last error propagates. Errors that
+    trying again cannot mend propagate at once."""
     deadline = anyio.current_time() + patience
     delay = 0.05
     while True:
         try:
             return await operation()
         except psycopg.OperationalError as exc:
-            if anyio.current_time() + delay > deadline:
+            if not unreachable(exc) or anyio.current_time() + delay > deadline:
                 raise
             log.warning("%s failed (%s); trying again in %.2fs", what, exc, delay)
             await anyio.sleep(delay)

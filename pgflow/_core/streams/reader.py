@@ -19,7 +19,7 @@ import psycopg
 from ... import codec
 from ...errors import UnknownWorkflow
 from ..notify import OUTAGE_LIMIT, Waiter
-from ..store import Store
+from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
@@ -120,6 +120,8 @@ async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, 
             status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
             failing_since = None
         except psycopg.OperationalError as exc:
+            if not unreachable(exc):
+                raise
             now = loop.time()
             failing_since = failing_since or now
             if now - failing_since > OUTAGE_LIMIT:

@@ -25,7 +25,7 @@ import anyio
 import psycopg
 
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
-from ..store import Store, retrying
+from ..store import Store, retrying, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
@@ -34,6 +34,10 @@ SPLIT_ABOVE = 32  # chunks per half below which a queue goes out as one batch
 
 class StreamWriteFailed(ExecutionInterrupted):
     """A batch of chunks could not be written; the execution stops and another run resumes it."""
+
+
+class ChunkRefused(ExecutionInterrupted):
+    """The server refused a chunk for what it holds; its workflow fails with this reason."""
 
 
 class Owner(Protocol):
@@ -158,14 +162,13 @@ class StreamWriter:
 
         try:
             fenced, cancelled = await retrying(write, f"a batch of {len(batch)} chunks")
-        except psycopg.OperationalError as exc:
-            log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
-            self._fail(batch, exc)
-            return
         except psycopg.Error as exc:
-            if len(batch) == 1:
-                log.error("a chunk of workflow %r could not be written: %s", batch[0].owner.workflow_id, exc)
+            if unreachable(exc):
+                log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
                 self._fail(batch, exc)
+                return
+            if len(batch) == 1:
+                self._refuse(batch[0], exc)
                 return
             middle = len(batch) // 2
             await self._flush(batch[:middle])
@@ -185,8 +188,17 @@ class StreamWriter:
         self._wake_local(keys)
 
     @staticmethod
+    def _refuse(p: _Pending, exc: BaseException) -> None:
+        """The server refuses this chunk itself (not an outage): trying it again cannot help, so its
+        workflow fails with the reason instead of being run again and again."""
+        log.error("a chunk of stream %r of workflow %r was refused: %s", p.key, p.owner.workflow_id, exc)
+        p.owner.interrupt = ChunkRefused(
+            f"a chunk of stream {p.key!r} could not be stored ({type(exc).__name__}: {exc})")
+        p.resolve(p.owner.interrupt)
+
+    @staticmethod
     def _poisoned(p: _Pending) -> bool:
-        if p.owner.interrupt is not None and isinstance(p.owner.interrupt, StreamWriteFailed):
+        if p.owner.interrupt is not None and isinstance(p.owner.interrupt, StreamWriteFailed | ChunkRefused):
             p.resolve(p.owner.interrupt)
             return True
         return False

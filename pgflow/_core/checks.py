@@ -1,0 +1,77 @@
+"""What ids, queue names, priorities, delays, stream keys, offsets and chunks may be: checked before
+anything is written, queued or batched, so one bad value fails its own caller with an error that names
+the parameter and the limit, and never a statement or a batch shared with others."""
+
+from __future__ import annotations
+
+import math
+
+from .. import codec
+
+MAX_ID_BYTES = 1000  # far below the index's row limit (~2,700 bytes), and pings name ids
+MAX_QUEUE_BYTES = 256
+MAX_DELAY = 10 * 366 * 24 * 3600.0  # seconds: ten years
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # the column is an integer
+
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+MAX_KEY_BYTES = 256
+
+
+def check_text(value: object, what: str, limit: int) -> str:
+    """A non-empty str that PostgreSQL can store (no NUL, no lone surrogate) within ``limit`` bytes."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} is a non-empty string, got {value!r}")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} must be valid Unicode text (it holds a lone surrogate): {value!r}") from exc
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters: {value!r}")
+    if size > limit:
+        raise ValueError(f"{what} is at most {limit} bytes, got {size}")
+    return value
+
+
+def check_id(id: object) -> str:
+    return check_text(id, "a workflow id", MAX_ID_BYTES)
+
+
+def check_queue(queue: object) -> str:
+    return check_text(queue, "a queue name", MAX_QUEUE_BYTES)
+
+
+def check_priority(priority: object) -> int:
+    low, high = PRIORITY_RANGE
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"priority is an int, got {priority!r}")
+    if not low <= priority <= high:
+        raise ValueError(f"priority must be between {low} and {high}, got {priority}")
+    return priority
+
+
+def check_delay(delay: object) -> float:
+    if not isinstance(delay, int | float) or isinstance(delay, bool):
+        raise TypeError(f"delay is a number of seconds, got {delay!r}")
+    if not math.isfinite(delay) or not 0 <= delay <= MAX_DELAY:
+        raise ValueError(f"delay must be between 0 and {MAX_DELAY:.0f} seconds (ten years), got {delay!r}")
+    return float(delay)
+
+
+def check_key(key: str) -> None:
+    check_text(key, "a stream key", MAX_KEY_BYTES)
+
+
+def check_reader(key: str, offset: int) -> None:
+    check_key(key)
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ValueError(f"a stream offset is a position >= 0, got {offset!r}")
+
+
+def encode_chunk(key: str, value: object) -> bytes:
+    data = codec.encode(value, f"a chunk of stream {key!r}")
+    if len(data) > MAX_CHUNK_BYTES:
+        raise ValueError(
+            f"a chunk of stream {key!r} is {len(data)} bytes encoded; the limit is {MAX_CHUNK_BYTES}. "
+            "Split it into several chunks."
+        )
+    return data
