@@ -391,8 +391,10 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
 async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
                   output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> None:
     """Record the end; ``freed`` are pings for workers waiting on a limited queue's free slot."""
-    if await store.finish(execution.workflow_id, execution.attempt, status, output, error):
-        runtime.ping([f"wf:{execution.workflow_id}", *freed])
+    keys = {f"wf:{execution.workflow_id}", *freed}
+    pings = runtime.pings_to_carry(keys)
+    if await store.finish(execution.workflow_id, execution.attempt, status, output, error, pings):
+        runtime.announced(keys, pings)
     else:
         log.warning("workflow %r attempt %d lost its lease before it could record %s",
                     execution.workflow_id, execution.attempt, status)

@@ -251,8 +251,21 @@ class Notifier:
         self._pending: set[str] = set()
         self._due = anyio.Event()
         self._last_flush = -1e9
+        self._flushing = False
         self.flushes = 0
         self.failed_flushes = 0
+
+    def carry(self, keys: set[str]) -> list[str]:
+        """The payloads a statement about to commit should send itself, when nothing was flushed for
+        an interval and nothing waits for the next flush (then the statement's own commit is the
+        quickest way out, with no second transaction); otherwise none, and the keys go to ``add``
+        after the commit, to be coalesced with the others. So under load NOTIFY still goes out at
+        most once per interval per process, and a lone ping waits for no round trip."""
+        now = anyio.current_time()
+        if self._pending or self._flushing or now - self._last_flush < self._interval:
+            return []
+        self._last_flush = now
+        return payloads_for(self.token, keys)
 
     def add(self, keys: Iterable[str]) -> None:
         """Send these keys with the next flush."""
@@ -270,8 +283,12 @@ class Notifier:
                 self._due = anyio.Event()
                 await anyio.sleep(max(0.0, self._last_flush + self._interval - anyio.current_time()))
                 self._last_flush = anyio.current_time()
-                with anyio.CancelScope(shield=True):
-                    await self.flush()
+                self._flushing = True
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self.flush()
+                finally:
+                    self._flushing = False
         finally:
             with anyio.CancelScope(shield=True):
                 await self.flush()

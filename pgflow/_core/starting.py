@@ -13,8 +13,11 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
     workflow of another name raises WorkflowConflict."""
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
+    await runtime.store()
+    keys = {f"q:{queue}"}
+    pings = runtime.pings_to_carry(keys)
     created, name = await runtime.db(lambda store: store.enqueue(
-        id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout,
+        id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
     ))
     if name != workflow.name:
         raise WorkflowConflict(
@@ -22,5 +25,5 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
         )
     if created:
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
-        runtime.ping([f"q:{queue}"])
+        runtime.announced(keys, pings)
     return created

@@ -64,6 +64,7 @@ class Worker:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.running: set[str] = set()
         self._cancellers: dict[str, Callable[[], None]] = {}
+        self._slot_wanted = True
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._group: TaskGroup | None = None
@@ -202,17 +203,19 @@ class Worker:
             self._wake.arm()
             free = self.concurrency - len(self.running)
             wait = poll
+            # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
+            # workflow may have work waiting for it.
+            self._slot_wanted = True
             if free > 0:
                 try:
                     # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                     with anyio.CancelScope(shield=True):
-                        claimed, refill = await self._claim(unlimited, limited, names, free)
+                        claimed, due, refill = await self._claim(unlimited, limited, names, free)
+                    self._slot_wanted = len(claimed) == free
                     for row in claimed:
                         self.running.add(row.id)
                         self._idle = anyio.Event()
                         self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
-                    due = None if len(claimed) == free else await self._store.seconds_until_due(
-                        self.queues, names)
                     wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
@@ -220,19 +223,23 @@ class Worker:
                 await self._wake.wait(wait)
 
     async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
-                     free: int) -> tuple[list[Claimed], float | None]:
-        """Claim up to ``free``; also say when a rate-limited queue's bucket next has a token."""
+                     free: int) -> tuple[list[Claimed], float | None, float | None]:
+        """Claim up to ``free``; also say when the next delayed workflow falls due and when a
+        rate-limited queue's bucket next has a token."""
         assert self._store is not None
-        claimed = await self._store.claim(self.id, unlimited, names, free, self.lease) if unlimited else []
+        claimed: list[Claimed] = []
+        due: float | None = None
         refill: float | None = None
+        if unlimited:
+            claimed, due = await self._store.claim(self.id, unlimited, names, free, self.lease)
         for queue in limited:
             if len(claimed) < free:
-                more, wait = await self._store.claim_limited(self.id, queue, names, free - len(claimed),
-                                                             self.lease)
+                more, more_due, wait = await self._store.claim_limited(self.id, queue, names, free - len(claimed),
+                                                                       self.lease)
                 claimed += more
-                if wait is not None:
-                    refill = wait if refill is None else min(refill, wait)
-        return claimed, refill
+                due = _earliest(due, more_due)
+                refill = _earliest(refill, wait)
+        return claimed, due, refill
 
     @staticmethod
     def _next_look(poll: float, free: int, claimed: int, due: float | None, refill: float | None) -> float:
@@ -247,6 +254,7 @@ class Worker:
 
     async def _run(self, claimed: Claimed) -> None:
         assert self._store is not None and self._wake is not None and self._runtime is not None
+        freed: tuple[str, ...] = ()
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
@@ -260,7 +268,11 @@ class Worker:
             self.running.discard(claimed.id)
             if not self.running:
                 self._idle.set()
-            self._wake.wake()
+            # Look again only when the freed slot can matter: the last claim left work unclaimed for
+            # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim
+            # now would find nothing (a ping brings new work), and costs a round trip per workflow.
+            if self._slot_wanted or freed:
+                self._wake.wake()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
@@ -279,3 +291,7 @@ class Worker:
                 if cancel is not None:
                     log.info("workflow %s was cancelled; stopping it", workflow_id)
                     cancel()
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)

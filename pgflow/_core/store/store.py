@@ -27,6 +27,45 @@ log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
 
 
+# NOTIFY payloads sent by the statement that carries them, on commit: (channel, payloads).
+Pings = tuple[str, list[str]]
+NO_PINGS: Pings = ("", [])
+# A subquery that sends them; a statement that has nothing to announce passes NO_PINGS.
+SEND_PINGS = "(SELECT count(pg_notify(%s, p)) AS sent FROM unnest(%b::text[]) AS p) AS pings"
+
+
+# Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
+# merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
+# round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
+CLAIM = (
+    "WITH queued AS (SELECT c.id, c.priority, c.due_at FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
+    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
+    "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
+    " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
+    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+    "   AND name = ANY(%(names)s)"
+    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+    # A claim lost in a server crash harms nothing (the row is claimable again), so its
+    # commit does not wait for the disk: only starts and finishes must.
+    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+    "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
+    "  started_at = coalesce(w.started_at, now()),"
+    "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
+    "  FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
+    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
+    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
+    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL,"
+    "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
+    "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A workflow this worker now holds a lease on."""
@@ -81,9 +120,10 @@ class Store(StreamStatements):
 
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
-        max_attempts: int | None, timeout: float | None = None,
+        max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
     ) -> tuple[bool, str]:
-        """Insert a queued workflow unless the id exists; return (created, name of the row's workflow)."""
+        """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
+        ``pings`` go out with the commit."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
@@ -93,7 +133,8 @@ class Store(StreamStatements):
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, id))
+                " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, id, *pings))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -128,20 +169,22 @@ class Store(StreamStatements):
     # -- claiming and leases ---------------------------------------------------------------------------
 
     async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
-                    lease: float) -> list[Claimed]:
+                    lease: float) -> tuple[list[Claimed], float | None]:
         """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first.
 
-        Only workflows named in ``names`` are taken: a worker never claims one it cannot run.
+        Only workflows named in ``names`` are taken: a worker never claims one it cannot run. Also
+        returns in how many seconds the next delayed one falls due (None when none waits).
         """
         async with self.pool.connection() as conn:
             return await self._claim(conn, owner, queues, names, limit, lease)
 
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
-                            lease: float) -> tuple[list[Claimed], float | None]:
+                            lease: float) -> tuple[list[Claimed], float | None, float | None]:
         """Claim from a queue with limits, holding its row lock so the limits hold across workers:
         at most ``concurrency`` live leases at once, and starts paced by a token bucket.
 
-        Returns the claimed workflows and, when the bucket ran dry, the seconds until its next token.
+        Returns the claimed workflows, the seconds until the next delayed one falls due (see
+        ``claim``), and, when the bucket ran dry, the seconds until its next token.
         """
         async with self.pool.connection() as conn, conn.transaction():
             # Lock first, count after: the count's snapshot must include the claims of whoever held
@@ -153,7 +196,7 @@ class Store(StreamStatements):
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
-                return await self._claim(conn, owner, [queue], names, limit, lease), None
+                return (*await self._claim(conn, owner, [queue], names, limit, lease), None)
             concurrency, rate_limit, period, tokens = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
@@ -164,43 +207,30 @@ class Store(StreamStatements):
                 limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            claimed = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else []
+            claimed, due = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else ([], None)
             if rate_limit is None:
-                return claimed, None
+                return claimed, due, None
             left = float(tokens) - len(claimed)
             await conn.execute(self._sql(
                 "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
             ), (left, queue))
-            return claimed, (1 - left) * float(period) / rate_limit if left < 1 else None
+            return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
-                     names: Sequence[str], limit: int, lease: float) -> list[Claimed]:
-        cur = await conn.execute(self._sql(
-            "WITH queued AS (SELECT id, priority, due_at FROM {s}.workflows"
-            "   WHERE status = 'queued' AND queue = ANY(%(queues)s) AND due_at <= now()"
-            "   AND name = ANY(%(names)s)"
-            "   ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-            " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
-            "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-            "   AND name = ANY(%(names)s)"
-            "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-            " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-            "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-            # A claim lost in a server crash harms nothing (the row is claimable again), so its
-            # commit does not wait for the disk: only starts and finishes must.
-            " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
-            " UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
-            "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-            "  started_at = coalesce(w.started_at, now()),"
-            "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-            " FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
-            " RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
-            "  extract(epoch FROM w.deadline_at - now())"
+                     names: Sequence[str], limit: int, lease: float) -> tuple[list[Claimed], float | None]:
+        """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
+        workflow of these queues falls due (None when none waits), in the same round trip.
+
+        Each queue is read by its own scan of the queued index, in priority and due order, and the
+        scans are merged: a worker serving many queues reads no more rows than one serving one."""
+        cur = await conn.execute(self._sql(CLAIM
         ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
             "lease": lease})
-        return [Claimed(id, name, inputs, attempt, max_attempts,
-                        None if left is None else float(left))
-                for id, name, inputs, attempt, max_attempts, left in await cur.fetchall()]
+        rows = await cur.fetchall()
+        due = rows[-1][6]
+        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left))
+                   for id, name, inputs, attempt, max_attempts, left, _ in rows[:-1]]
+        return claimed, None if due is None else max(0.0, float(due))
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
                             rate_period: float) -> None:
@@ -268,15 +298,6 @@ class Store(StreamStatements):
         )
         return row is not None
 
-    async def seconds_until_due(self, queues: Sequence[str], names: Sequence[str]) -> float | None:
-        """How long until the next queued workflow on ``queues`` falls due; None when none waits."""
-        row = await self._fetchone(
-            "SELECT extract(epoch FROM min(due_at) - now()) FROM {s}.workflows"
-            " WHERE status = 'queued' AND queue = ANY(%s) AND name = ANY(%s)",
-            (list(queues), list(names)),
-        )
-        return None if row is None or row[0] is None else max(0.0, float(row[0]))
-
     # -- the journal -----------------------------------------------------------------------------------
 
     async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
@@ -324,16 +345,18 @@ class Store(StreamStatements):
 
     async def finish(
         self, workflow_id: str, attempt: int, status: str, output: bytes | None,
-        error: dict[str, Any] | None,
+        error: dict[str, Any] | None, pings: Pings = NO_PINGS,
     ) -> bool:
-        """Record the end of an execution; False when the attempt no longer owns the workflow."""
+        """Record the end of an execution; False when the attempt no longer owns the workflow.
+        ``pings`` go out with the commit."""
         row = await self._fetchone(
-            "UPDATE {s}.workflows SET status = %s, output = %s, error = %s, finished_at = now(),"
-            " lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1",
-            (status, output, _jsonb(error), workflow_id, attempt),
+            "WITH done AS (UPDATE {s}.workflows SET status = %s, output = %s, error = %s,"
+            "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL"
+            "  WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1)"
+            " SELECT (SELECT count(*) FROM done), (SELECT sent FROM " + SEND_PINGS + ")",
+            (status, output, _jsonb(error), workflow_id, attempt, *pings),
         )
-        return row is not None
+        return row is not None and bool(row[0])
 
     async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
         async with self.pool.connection() as conn:
