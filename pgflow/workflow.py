@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -18,7 +18,7 @@ from ._core.checks import check_delay, check_id, check_priority, check_queue
 from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import StepSpec, WorkflowSpec
-from ._core.starting import enqueue
+from ._core.starting import enqueue, enqueue_many
 from .handle import WorkflowHandle
 
 P = ParamSpec("P")
@@ -86,6 +86,16 @@ class Workflow(Generic[P, R]):
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         return await Starter(self, StartOptions()).start_async(*args, **kwargs)
 
+    def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
+                   ) -> list[WorkflowHandle[R]]:
+        """Start one workflow per item of ``calls`` (each a tuple of positional arguments) in one
+        statement; see ``Starter.start_many``."""
+        return Starter(self, StartOptions()).start_many(calls, ids=ids)
+
+    async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
+                               ) -> list[WorkflowHandle[R]]:
+        return await Starter(self, StartOptions()).start_many_async(calls, ids=ids)
+
 
 class Starter(Generic[P, R]):
     """A workflow with options bound, as returned by ``with_options``."""
@@ -117,6 +127,43 @@ class Starter(Generic[P, R]):
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
         return await self._enqueue(self._id(), inputs)
+
+    def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
+                   ) -> list[WorkflowHandle[R]]:
+        """Start one workflow per item of ``calls`` (each a tuple of positional arguments) in one
+        statement, with this starter's queue, priority and delay; handles come back in order. Every
+        argument is checked before anything is written. ``ids`` (one per call) make the starts
+        idempotent as ``start`` is: an id that exists starts nothing and its handle comes back."""
+        ids_, inputs = self._many(calls, ids)
+        return self._workflow._client.call(self._enqueue_many, ids_, inputs)
+
+    async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
+                               ) -> list[WorkflowHandle[R]]:
+        ids_, inputs = self._many(calls, ids)
+        return await self._enqueue_many(ids_, inputs)
+
+    def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
+        if self._options.id is not None:
+            raise ValueError("start_many takes its ids from ids=, not from with_options(id=)")
+        encode = self._workflow.spec.codec.encode_arguments
+        inputs: list[bytes] = []
+        for call in calls:
+            if not isinstance(call, tuple | list):
+                raise TypeError(f"start_many takes one tuple of arguments per workflow, e.g. [(1,), (2,)]; "
+                                f"got {call!r:.80}")
+            inputs.append(encode(tuple(call), {}))
+        if ids is None:
+            return [str(uuid.uuid4()) for _ in inputs], inputs
+        if isinstance(ids, str) or len(ids) != len(inputs):
+            raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")
+        return [check_id(id) for id in ids], inputs
+
+    async def _enqueue_many(self, ids: list[str], inputs: list[bytes]) -> list[WorkflowHandle[R]]:
+        workflow, options = self._workflow, self._options
+        if ids:
+            await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
+                               priority=options.priority, delay=options.delay)
+        return [WorkflowHandle(workflow._client, id) for id in ids]
 
     def _id(self) -> str:
         """The given id, or one derived from the starting workflow's position, so that a parent

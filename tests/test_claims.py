@@ -3,13 +3,12 @@ the next due time found from the index, so the cost of a claim stays flat as a b
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.store.store import CLAIM, quote_identifier
+from pgflow._core.store import quote_identifier
+from pgflow._core.store.claims import CLAIM
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 import os
 import signal
-import warnings
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 

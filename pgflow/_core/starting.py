@@ -27,3 +27,26 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
         runtime.announced(keys, pings)
     return created
+
+
+async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
+                       queue: str | None = None, priority: int | None = None, delay: float = 0.0) -> None:
+    """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
+    another name raise WorkflowConflict (after the others were started)."""
+    queue = queue or workflow.queue
+    priority = workflow.priority if priority is None else priority
+    await runtime.store()
+    keys = {f"q:{queue}"}
+    pings = runtime.pings_to_carry(keys)
+    found = await runtime.db(lambda store: store.enqueue_many(
+        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+    ))
+    if any(created for created, _ in found):
+        runtime.announced(keys, pings)
+    taken = [(id, name) for id, (_, name) in zip(ids, found, strict=True) if name != workflow.name]
+    if taken:
+        id, name = taken[0]
+        raise WorkflowConflict(
+            f"{len(taken)} of the ids already belong to other workflows (first: {id!r} is a {name!r}, not "
+            f"{workflow.name!r}); the others were started. Choose other ids."
+        )

@@ -1,13 +1,13 @@
 """The SQL layer: every statement pgflow runs, and the schema's numbered migrations."""
 
+from .claims import Claimed
+from .statements import quote_identifier
 from .store import (
     NO_PINGS,
-    Claimed,
     Pings,
     StepRecord,
     Store,
     WorkflowRow,
-    quote_identifier,
     retrying,
     unreachable,
 )

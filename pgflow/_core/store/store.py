@@ -16,11 +16,10 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 import psycopg
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from . import migrations
+from .claims import ClaimStatements
 from .streams import StreamStatements
 
 log = logging.getLogger("pgflow.store")
@@ -32,50 +31,6 @@ Pings = tuple[str, list[str]]
 NO_PINGS: Pings = ("", [])
 # A subquery that sends them; a statement that has nothing to announce passes NO_PINGS.
 SEND_PINGS = "(SELECT count(pg_notify(%s, p)) AS sent FROM unnest(%b::text[]) AS p) AS pings"
-
-
-# Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
-# merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
-# round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
-CLAIM = (
-    "WITH queued AS (SELECT c.id, c.priority, c.due_at FROM unnest(%(queues)s::text[]) AS q(queue)"
-    "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
-    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
-    "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-    " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
-    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-    "   AND name = ANY(%(names)s)"
-    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-    # A claim lost in a server crash harms nothing (the row is claimable again), so its
-    # commit does not wait for the disk: only starts and finishes must.
-    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-    " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
-    "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-    "  started_at = coalesce(w.started_at, now()),"
-    "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-    "  FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
-    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
-    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
-    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL,"
-    "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
-    "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
-    "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A workflow this worker now holds a lease on."""
-
-    id: str
-    name: str
-    inputs: bytes
-    attempt: int
-    max_attempts: int | None
-    seconds_left: float | None  # until the workflow's timeout; None without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +52,8 @@ class WorkflowRow:
     error: dict[str, Any] | None
 
 
-class Store(StreamStatements):
+class Store(ClaimStatements, StreamStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
-
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
-        self.pool = pool
-        self.schema = schema
-        self._s = quote_identifier(schema)
-
-    def _sql(self, template: str) -> str:
-        return template.replace("{s}", self._s)
 
     async def migrate(self) -> list[migrations.Migration]:
         async with self.pool.connection() as conn:
@@ -142,6 +89,37 @@ class Store(StreamStatements):
             return False, await self._name_of(id)
         return bool(row[0]), str(row[1])
 
+    async def enqueue_many(
+        self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
+        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS,
+    ) -> list[tuple[bool, str]]:
+        """Insert many queued workflows of one name in one statement, skipping ids that exist; for
+        each id in order, (created, name of the row's workflow)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
+                " new AS (INSERT INTO {s}.workflows"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
+                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s FROM asked ORDER BY n"
+                "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
+                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
+                " LEFT JOIN new ON new.id = a.id"
+                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
+                " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
+            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, *pings))
+            rows = await cur.fetchall()
+        found: list[tuple[bool, str]] = [(False, "")] * len(ids)
+        created_here: set[str] = set()
+        for n, created, row_name in rows:
+            id = ids[n - 1]
+            if created and id in created_here:
+                created = False  # the same id twice in one list: created once
+            if created:
+                created_here.add(id)
+            # NULL name: a concurrent start inserted it and committed after our snapshot.
+            found[n - 1] = (bool(created), str(row_name) if row_name is not None else await self._name_of(id))
+        return found
+
     async def _name_of(self, id: str) -> str:
         row = await self._fetchone("SELECT name FROM {s}.workflows WHERE id = %s", (id,))
         if row is None:
@@ -165,87 +143,6 @@ class Store(StreamStatements):
             (id,),
         )
         return None if row is None else str(row[0])
-
-    # -- claiming and leases ---------------------------------------------------------------------------
-
-    async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
-                    lease: float) -> tuple[list[Claimed], float | None]:
-        """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first.
-
-        Only workflows named in ``names`` are taken: a worker never claims one it cannot run. Also
-        returns in how many seconds the next delayed one falls due (None when none waits).
-        """
-        async with self.pool.connection() as conn:
-            return await self._claim(conn, owner, queues, names, limit, lease)
-
-    async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
-                            lease: float) -> tuple[list[Claimed], float | None, float | None]:
-        """Claim from a queue with limits, holding its row lock so the limits hold across workers:
-        at most ``concurrency`` live leases at once, and starts paced by a token bucket.
-
-        Returns the claimed workflows, the seconds until the next delayed one falls due (see
-        ``claim``), and, when the bucket ran dry, the seconds until its next token.
-        """
-        async with self.pool.connection() as conn, conn.transaction():
-            # Lock first, count after: the count's snapshot must include the claims of whoever held
-            # the lock before us (a count taken in the locking statement would predate them).
-            cur = await conn.execute(self._sql(
-                "SELECT concurrency, rate_limit, rate_period,"
-                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period)"
-                " FROM {s}.queues WHERE name = %s FOR UPDATE"
-            ), (queue,))
-            row = await cur.fetchone()
-            if row is None:
-                return (*await self._claim(conn, owner, [queue], names, limit, lease), None)
-            concurrency, rate_limit, period, tokens = row
-            if concurrency is not None:
-                cur = await conn.execute(self._sql(
-                    "SELECT count(*) FROM {s}.workflows"
-                    " WHERE queue = %s AND status = 'running' AND lease_expires_at >= now()"
-                ), (queue,))
-                running = await cur.fetchone()
-                limit = min(limit, concurrency - int(running[0] if running else 0))
-            if rate_limit is not None:
-                limit = min(limit, int(tokens))
-            claimed, due = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else ([], None)
-            if rate_limit is None:
-                return claimed, due, None
-            left = float(tokens) - len(claimed)
-            await conn.execute(self._sql(
-                "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
-            ), (left, queue))
-            return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
-
-    async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
-                     names: Sequence[str], limit: int, lease: float) -> tuple[list[Claimed], float | None]:
-        """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
-        workflow of these queues falls due (None when none waits), in the same round trip.
-
-        Each queue is read by its own scan of the queued index, in priority and due order, and the
-        scans are merged: a worker serving many queues reads no more rows than one serving one."""
-        cur = await conn.execute(self._sql(CLAIM
-        ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
-            "lease": lease})
-        rows = await cur.fetchall()
-        due = rows[-1][6]
-        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left))
-                   for id, name, inputs, attempt, max_attempts, left, _ in rows[:-1]]
-        return claimed, None if due is None else max(0.0, float(due))
-
-    async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
-                            rate_period: float) -> None:
-        """Record a queue's limits (the bucket starts full), or forget them when there are none."""
-        async with self.pool.connection() as conn:
-            if concurrency is None and rate_limit is None:
-                await conn.execute(self._sql("DELETE FROM {s}.queues WHERE name = %s"), (name,))
-                return
-            await conn.execute(self._sql(
-                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens)"
-                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0))"
-                " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
-                "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
-                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0))"
-            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period})
 
     # -- the worker registry ---------------------------------------------------------------------------
 
@@ -358,19 +255,10 @@ class Store(StreamStatements):
         )
         return row is not None and bool(row[0])
 
-    async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(template), params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
-            return row
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
     return None if value is None else Jsonb(value, dumps=lambda v: msgspec.json.encode(v).decode())
-
-
-def quote_identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 # Server states that pass: it is shutting down or starting (a restart, a failover), it ended the

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
-from psycopg_pool import AsyncConnectionPool
+
+from .statements import Statements
 
 
 class _Chunk(msgspec.Struct, array_like=False):
@@ -26,13 +25,8 @@ class _Ask(msgspec.Struct, array_like=False):
 _ROWS = _ASKS = msgspec.json.Encoder()
 
 
-class StreamStatements:
+class StreamStatements(Statements):
     """The stream statements of ``Store`` (which provides the pool and the schema)."""
-
-    pool: AsyncConnectionPool[Any]
-
-    def _sql(self, template: str) -> str:
-        raise NotImplementedError
 
     async def stream_ends(self, workflow_id: str) -> dict[str, int]:
         """The next free position of each of a workflow's streams: read once per execution, so

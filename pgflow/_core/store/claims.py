@@ -1,0 +1,138 @@
+"""The SQL of claiming: taking due and orphaned workflows under a lease, within each queue's limits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from .statements import Statements
+
+# Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
+# merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
+# round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
+CLAIM = (
+    "WITH queued AS (SELECT c.id, c.priority, c.due_at FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
+    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
+    "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
+    " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
+    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+    "   AND name = ANY(%(names)s)"
+    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+    # A claim lost in a server crash harms nothing (the row is claimable again), so its
+    # commit does not wait for the disk: only starts and finishes must.
+    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+    "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
+    "  started_at = coalesce(w.started_at, now()),"
+    "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
+    "  FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
+    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
+    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
+    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL,"
+    "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
+    "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A workflow this worker now holds a lease on."""
+
+    id: str
+    name: str
+    inputs: bytes
+    attempt: int
+    max_attempts: int | None
+    seconds_left: float | None  # until the workflow's timeout; None without one
+
+
+class ClaimStatements(Statements):
+    """The claim statements of ``Store`` (which provides the pool and the schema)."""
+
+
+    async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
+                    lease: float) -> tuple[list[Claimed], float | None]:
+        """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first.
+
+        Only workflows named in ``names`` are taken: a worker never claims one it cannot run. Also
+        returns in how many seconds the next delayed one falls due (None when none waits).
+        """
+        async with self.pool.connection() as conn:
+            return await self._claim(conn, owner, queues, names, limit, lease)
+
+    async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
+                            lease: float) -> tuple[list[Claimed], float | None, float | None]:
+        """Claim from a queue with limits, holding its row lock so the limits hold across workers:
+        at most ``concurrency`` live leases at once, and starts paced by a token bucket.
+
+        Returns the claimed workflows, the seconds until the next delayed one falls due (see
+        ``claim``), and, when the bucket ran dry, the seconds until its next token.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            # Lock first, count after: the count's snapshot must include the claims of whoever held
+            # the lock before us (a count taken in the locking statement would predate them).
+            cur = await conn.execute(self._sql(
+                "SELECT concurrency, rate_limit, rate_period,"
+                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period)"
+                " FROM {s}.queues WHERE name = %s FOR UPDATE"
+            ), (queue,))
+            row = await cur.fetchone()
+            if row is None:
+                return (*await self._claim(conn, owner, [queue], names, limit, lease), None)
+            concurrency, rate_limit, period, tokens = row
+            if concurrency is not None:
+                cur = await conn.execute(self._sql(
+                    "SELECT count(*) FROM {s}.workflows"
+                    " WHERE queue = %s AND status = 'running' AND lease_expires_at >= now()"
+                ), (queue,))
+                running = await cur.fetchone()
+                limit = min(limit, concurrency - int(running[0] if running else 0))
+            if rate_limit is not None:
+                limit = min(limit, int(tokens))
+            claimed, due = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else ([], None)
+            if rate_limit is None:
+                return claimed, due, None
+            left = float(tokens) - len(claimed)
+            await conn.execute(self._sql(
+                "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
+            ), (left, queue))
+            return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
+
+    async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
+                     names: Sequence[str], limit: int, lease: float) -> tuple[list[Claimed], float | None]:
+        """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
+        workflow of these queues falls due (None when none waits), in the same round trip.
+
+        Each queue is read by its own scan of the queued index, in priority and due order, and the
+        scans are merged: a worker serving many queues reads no more rows than one serving one."""
+        cur = await conn.execute(self._sql(CLAIM
+        ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
+            "lease": lease})
+        rows = await cur.fetchall()
+        due = rows[-1][6]
+        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left))
+                   for id, name, inputs, attempt, max_attempts, left, _ in rows[:-1]]
+        return claimed, None if due is None else max(0.0, float(due))
+
+    async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
+                            rate_period: float) -> None:
+        """Record a queue's limits (the bucket starts full), or forget them when there are none."""
+        async with self.pool.connection() as conn:
+            if concurrency is None and rate_limit is None:
+                await conn.execute(self._sql("DELETE FROM {s}.queues WHERE name = %s"), (name,))
+                return
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens)"
+                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0))"
+                " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
+                "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
+                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0))"
+            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period})

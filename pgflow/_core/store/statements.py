@@ -1,0 +1,27 @@
+"""What every group of statements stands on: a pool of autocommit connections and one schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+
+def quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class Statements:
+    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+        self.pool = pool
+        self.schema = schema
+        self._s = quote_identifier(schema)
+
+    def _sql(self, template: str) -> str:
+        return template.replace("{s}", self._s)
+
+    async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(template), params)
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row
