@@ -6,11 +6,12 @@ import importlib.util
 import inspect
 import os
 import re
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
+
+import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
@@ -76,7 +77,6 @@ class App:
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
-        self._lock = threading.Lock()
         self._runtimes = Runtimes(self._config, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
@@ -220,7 +220,9 @@ class App:
         """Close this App's connections and background tasks on the calling loop (flushing pending
         pings), then those on every other loop; idempotent."""
         await self._runtimes.aclose_current()
-        self._close_elsewhere()
+        if self._sync.started or self._runtimes.elsewhere():
+            # Closing them waits on other threads: not on this loop.
+            await anyio.to_thread.run_sync(self._close_elsewhere)
 
     def close(self) -> None:
         """Flush pending pings and close every connection and background task; idempotent."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -160,6 +161,26 @@ class Waiters:
                 self.remove(key, waiter)
 
 
+class Outage:
+    """How long a waiter has been unable to reach the database. A wait rides out an outage (a
+    restart, a failover) as "nothing yet"; only one that lasts ``OUTAGE_LIMIT`` seconds, or an error
+    that is no outage, fails it."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def over(self) -> None:
+        self._since = None
+
+    def bear(self, exc: psycopg.OperationalError) -> None:
+        """Note a failed look at the table; raise ``exc`` when it is not to be borne."""
+        now = time.monotonic()
+        self._since = self._since or now
+        if not unreachable(exc) or now - self._since > OUTAGE_LIMIT:
+            raise exc
+        log.warning("cannot reach the database (%s); retrying", exc)
+
+
 async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeout: float | None,
                 poll: float) -> T | None:
     """Re-run ``check`` whenever ``waiter`` is woken, and on the poll (every ``poll`` seconds), until
@@ -170,20 +191,14 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
     """
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    failing_since: float | None = None
+    outage = Outage()
     while True:
         waiter.arm()
         try:
             found = await check()
-            failing_since = None
+            outage.over()
         except psycopg.OperationalError as exc:
-            if not unreachable(exc):
-                raise
-            now = loop.time()
-            failing_since = failing_since or now
-            if now - failing_since > OUTAGE_LIMIT:
-                raise
-            log.warning("cannot reach the database (%s); retrying", exc)
+            outage.bear(exc)
             found = None
         if found is not None:
             return found

@@ -354,6 +354,14 @@ class Runtimes:
         if runtime is not None:
             await runtime.aclose()
 
+    def elsewhere(self) -> bool:
+        """Whether runtimes live on loops other than the running one."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        return any(loop is not running and not loop.is_closed() for loop in list(self._by_loop))
+
     def close(self, timeout: float = 10.0) -> None:
         """Close the runtimes of loops that still run; those of closed loops closed with them."""
         with self._lock:

@@ -33,6 +33,10 @@ class LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:

@@ -18,8 +18,8 @@ import psycopg
 
 from ... import codec
 from ...errors import UnknownWorkflow
-from ..notify import OUTAGE_LIMIT, Waiter
-from ..store import Store, unreachable
+from ..notify import Outage, Waiter
+from ..store import Store
 
 log = logging.getLogger("pgflow.streams")
 
@@ -112,21 +112,14 @@ async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, 
     batch costs one shared query, not a second one that finds nothing yet. A fetch that cannot reach
     the database counts as "nothing yet" until the outage lasts ``OUTAGE_LIMIT`` seconds.
     """
-    loop = asyncio.get_running_loop()
-    failing_since: float | None = None
+    outage = Outage()
     while True:
         waiter.arm()
         try:
             status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
-            failing_since = None
+            outage.over()
         except psycopg.OperationalError as exc:
-            if not unreachable(exc):
-                raise
-            now = loop.time()
-            failing_since = failing_since or now
-            if now - failing_since > OUTAGE_LIMIT:
-                raise
-            log.warning("cannot reach the database (%s); retrying", exc)
+            outage.bear(exc)
             await waiter.wait()
             continue
         if status is None:
