@@ -4,6 +4,7 @@ from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
 from .errors import (
+    CannotResume,
     ConfigurationError,
     NonDeterministicWorkflow,
     PgflowError,
@@ -14,7 +15,8 @@ from .errors import (
     WorkflowConflict,
     WorkflowFailed,
 )
-from .handle import StepInfo, WorkflowHandle
+from .handle import WorkflowHandle
+from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 from .retry import RetryPolicy
 from .streams import (
     close_stream,
@@ -28,6 +30,7 @@ from .workflow import Starter, Step, Workflow
 
 __all__ = [
     "App",
+    "CannotResume",
     "ConfigurationError",
     "NonDeterministicWorkflow",
     "PgflowError",
@@ -38,6 +41,7 @@ __all__ = [
     "Step",
     "StepFailed",
     "StepInfo",
+    "StreamInfo",
     "UnknownWorkflow",
     "Worker",
     "Workflow",
@@ -45,6 +49,8 @@ __all__ = [
     "WorkflowConflict",
     "WorkflowFailed",
     "WorkflowHandle",
+    "WorkflowInfo",
+    "WorkflowRecord",
     "close_stream",
     "close_stream_async",
     "stream_offset",

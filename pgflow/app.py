@@ -7,6 +7,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -23,12 +24,14 @@ from ._core.worker import Worker
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
+from .records import WorkflowRecord
 from .retry import RetryOn, RetryPolicy
 from .workflow import Step, Workflow, qualified_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 
 
@@ -188,6 +191,35 @@ class App:
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle on an existing workflow, started by this process or any other."""
         return WorkflowHandle(self._client, check_id(workflow_id))
+
+    async def list_workflows_async(
+        self, status: str | None = None, name: str | None = None, queue: str | None = None,
+        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
+        order: str = "desc",
+    ) -> list[WorkflowRecord]:
+        """Light records of the workflows that match every filter given, newest first (``order="asc"``:
+        oldest first), at most ``limit`` of them."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status is one of {', '.join(STATUSES)}, got {status!r}")
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order is 'asc' or 'desc', got {order!r}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit is between 1 and 10000, got {limit!r}")
+        for when in (created_after, created_before):
+            if when is not None and (not isinstance(when, datetime) or when.tzinfo is None):
+                raise ValueError(f"created_after and created_before are timezone-aware datetimes, got {when!r}")
+        rows = await self._client.runtime().db(lambda store: store.list_workflows(
+            status, name, check_queue(queue) if queue is not None else None, created_after, created_before,
+            limit, order == "desc"))
+        return [WorkflowRecord.of(row) for row in rows]
+
+    def list_workflows(
+        self, status: str | None = None, name: str | None = None, queue: str | None = None,
+        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
+        order: str = "desc",
+    ) -> list[WorkflowRecord]:
+        return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
+                                 limit, order)
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
                lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:

@@ -35,6 +35,10 @@ class NonDeterministicWorkflow(PgflowError):
     """
 
 
+class CannotResume(PgflowError, ValueError):
+    """Only a failed or cancelled workflow can be resumed."""
+
+
 class WorkflowFailed(PgflowError):
     """The workflow ended with an exception; its type, message and traceback are as recorded."""
 

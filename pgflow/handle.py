@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from ._core.checks import check_reader
 from ._core.client import Client
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, take
-from .errors import UnknownWorkflow, WorkflowCancelled, WorkflowFailed
+from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
+from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """A recorded step call: its position in the workflow, its name, and how it ended."""
-
-    position: int
-    name: str
-    error_type: str | None
-    attempts: int
-    finished_at: datetime
 
 
 class WorkflowHandle(Generic[R]):
@@ -77,10 +66,55 @@ class WorkflowHandle(Generic[R]):
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""
-        return [StepInfo(*row) for row in await self._client.runtime().db(lambda store: store.steps(self.id))]
+        return (await self.info_async()).steps
 
     def steps(self) -> list[StepInfo]:
         return self._client.call(self.steps_async)
+
+    async def info_async(self) -> WorkflowInfo:
+        """The workflow's record, its steps (timings, attempts) and its streams with their lengths."""
+        found = await self._client.runtime().db(lambda store: store.info(self.id))
+        if found is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        record, steps, streams = found
+        return WorkflowInfo(WorkflowRecord.of(record), [StepInfo(*row) for row in steps],
+                            [StreamInfo(*row) for row in streams])
+
+    def info(self) -> WorkflowInfo:
+        return self._client.call(self.info_async)
+
+    async def resume_async(self) -> None:
+        """Run a failed or cancelled (or timed-out) workflow again: the steps recorded with an output
+        are replayed, not re-run; the step whose record is its final error runs again, and so does
+        everything after it; the attempt budget starts afresh. A workflow still queued or running, or
+        one that succeeded, is refused with CannotResume."""
+        runtime = self._client.runtime()
+        was = await runtime.db(lambda store: store.resume(self.id))
+        if was is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        if was not in ("failed", "cancelled"):
+            raise CannotResume(f"workflow {self.id!r} is {was}: only a failed or cancelled workflow resumes")
+        record = (await self.info_async()).record
+        runtime.ping([f"q:{record.queue}"])
+
+    def resume(self) -> None:
+        self._client.call(self.resume_async)
+
+    async def fork_async(self, from_step: int) -> WorkflowHandle[R]:
+        """A new workflow with the same arguments whose first ``from_step`` recorded steps are copied
+        (replayed, not run), the rest run anew; its handle. The original is left as it is."""
+        if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
+            raise ValueError(f"from_step is a step position >= 0, got {from_step!r}")
+        runtime = self._client.runtime()
+        new_id = str(uuid.uuid4())
+        queue = await runtime.db(lambda store: store.fork(self.id, new_id, from_step))
+        if queue is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        runtime.ping([f"q:{queue}"])
+        return WorkflowHandle(self._client, new_id)
+
+    def fork(self, from_step: int) -> WorkflowHandle[R]:
+        return self._client.call(self.fork_async, from_step)
 
     async def stream_items_async(self, key: str, offset: int = 0, *,
                                  type: Any = Any) -> AsyncIterator[tuple[int, Any]]:

@@ -13,6 +13,7 @@ import contextvars
 import inspect
 import logging
 import pickle
+import time
 import traceback
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
@@ -43,6 +44,7 @@ from .store import Claimed, StepRecord, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
+runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
 # journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
@@ -297,6 +299,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
                                                      "pgflow.attempt": claimed.attempt},
         ):
+            began = time.monotonic()
+            runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
             outcome = _refused(claimed)
             if outcome is None:
                 with anyio.CancelScope() as scope:
@@ -310,7 +314,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
         if outcome is not None:
-            await _finish(runtime, store, execution, *outcome, freed=freed)
+            if await _finish(runtime, store, execution, *outcome, freed=freed):
+                _log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
@@ -389,12 +394,24 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
 
 
 async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
-                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> None:
-    """Record the end; ``freed`` are pings for workers waiting on a limited queue's free slot."""
+                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
+    """Record the end (True when it was this execution's to record); ``freed`` are pings for
+    workers waiting on a limited queue's free slot."""
     keys = {f"wf:{execution.workflow_id}", *freed}
     pings = runtime.pings_to_carry(keys)
     if await store.finish(execution.workflow_id, execution.attempt, status, output, error, pings):
         runtime.announced(keys, pings)
+        return True
+    log.warning("workflow %r attempt %d lost its lease before it could record %s",
+                execution.workflow_id, execution.attempt, status)
+    return False
+
+
+def _log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:
+    """One line per workflow end at INFO; a failure at WARNING, with its traceback."""
+    status, _, error = outcome
+    if status == "failed" and error is not None:
+        runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
+                     claimed.attempt, error.get("type"), error.get("message"), error.get("traceback", ""))
     else:
-        log.warning("workflow %r attempt %d lost its lease before it could record %s",
-                    execution.workflow_id, execution.attempt, status)
+        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.attempt)

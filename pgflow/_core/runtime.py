@@ -30,6 +30,7 @@ import anyio.to_thread
 import psycopg.conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from .connecting import check_connectable
 from .listener import Listener
 from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
 from .registry import Config
@@ -96,7 +97,11 @@ class Runtime:
         return self._store
 
     async def _open(self) -> Store:
-        config = self.config = await self.hub.config_async()
+        config = await self.hub.config_async()
+        if not self.hub.reached:
+            await check_connectable(config.dsn)  # a wrong DSN fails now, and says why
+            self.hub.reached = True
+        self.config = config
         self.waiters.ticks.every = config.poll_interval
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
@@ -301,6 +306,7 @@ class Runtimes:
         self._lock = threading.Lock()
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         self._migrated = False
+        self.reached = False  # the server answered once: later failures are outages, waited out
         self.token = new_token()
 
     def config(self) -> Config:

@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from .checks import check_queue
+from .connecting import where
 from .execution import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
@@ -98,8 +99,9 @@ class Worker:
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         await self._group.start(self._main)
-        log.info("worker %s started: queues %s, concurrency %d", self.id, ",".join(self.queues),
-                 self.concurrency)
+        log.info("worker %s started: server %s, schema %s, queues %s, concurrency %d", self.id,
+                 where((await self.runtimes.config_async()).dsn), self._store.schema,
+                 ",".join(self.queues), self.concurrency)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -295,3 +297,4 @@ class Worker:
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
+

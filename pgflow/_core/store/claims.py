@@ -32,7 +32,7 @@ CLAIM = (
     "  started_at = coalesce(w.started_at, now()),"
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
     "  FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
-    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
+    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
     " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
     " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL,"

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from . import migrations
 from .claims import ClaimStatements
+from .management import ManagementStatements
 from .streams import StreamStatements
 
 log = logging.getLogger("pgflow.store")
@@ -52,7 +53,7 @@ class WorkflowRow:
     error: dict[str, Any] | None
 
 
-class Store(ClaimStatements, StreamStatements):
+class Store(ClaimStatements, StreamStatements, ManagementStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -204,15 +205,6 @@ class Store(ClaimStatements, StreamStatements):
                 " WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
-
-    async def steps(self, workflow_id: str) -> list[tuple[int, str, str | None, int, Any]]:
-        """(position, name, error type or None, attempts, finished_at) of each recorded step, in order."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT position, name, error->>'type', attempts, finished_at FROM {s}.steps"
-                " WHERE workflow_id = %s ORDER BY position"
-            ), (workflow_id,))
-            return [tuple(row) for row in await cur.fetchall()]
 
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,

@@ -1,0 +1,103 @@
+"""The SQL of operations: listing workflows, looking into one, resuming and forking."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from .statements import Statements
+
+RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
+          " error->>'type'")
+
+
+class ManagementStatements(Statements):
+    async def list_workflows(self, status: str | None, name: str | None, queue: str | None,
+                             created_after: datetime | None, created_before: datetime | None, limit: int,
+                             newest_first: bool) -> list[tuple[Any, ...]]:
+        """Light records of the workflows that match every filter given, by creation time."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                f"SELECT {RECORD} FROM {{s}}.workflows"
+                " WHERE (%(status)s::text IS NULL OR status = %(status)s)"
+                " AND (%(name)s::text IS NULL OR name = %(name)s)"
+                " AND (%(queue)s::text IS NULL OR queue = %(queue)s)"
+                " AND (%(after)s::timestamptz IS NULL OR created_at > %(after)s)"
+                " AND (%(before)s::timestamptz IS NULL OR created_at < %(before)s)"
+                f" ORDER BY created_at {'DESC' if newest_first else 'ASC'}, id LIMIT %(limit)s"
+            ), {"status": status, "name": name, "queue": queue, "after": created_after,
+                "before": created_before, "limit": limit})
+            return list(await cur.fetchall())
+
+    async def info(self, workflow_id: str) -> tuple[tuple[Any, ...], list[tuple[Any, ...]],
+                                                    list[tuple[str, int, bool]]] | None:
+        """The record, the step records and the streams (key, chunks, closed) of one workflow, from
+        one snapshot; None when there is no such workflow."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur = await conn.execute(self._sql(f"SELECT {RECORD} FROM {{s}}.workflows WHERE id = %s"),
+                                     (workflow_id,))
+            record = await cur.fetchone()
+            if record is None:
+                return None
+            cur = await conn.execute(self._sql(
+                "SELECT position, name, error->>'type', attempts, finished_at FROM {s}.steps"
+                " WHERE workflow_id = %s ORDER BY position"), (workflow_id,))
+            steps = list(await cur.fetchall())
+            cur = await conn.execute(self._sql(
+                "SELECT key, count(*) FILTER (WHERE value IS NOT NULL), bool_or(value IS NULL) FROM {s}.streams"
+                " WHERE workflow_id = %s GROUP BY key ORDER BY key"), (workflow_id,))
+            streams = [(str(k), int(n), bool(c)) for k, n, c in await cur.fetchall()]
+            return tuple(record), steps, streams
+
+    async def resume(self, workflow_id: str) -> str | None:
+        """Queue a failed or cancelled workflow again from its first step without an output: that
+        step's record and every later one go, the others stay; its attempt budget starts afresh.
+        Returns the status it had (None: no such workflow); only "failed" and "cancelled" resume."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql(
+                "SELECT status FROM {s}.workflows WHERE id = %s FOR UPDATE"), (workflow_id,))
+            row = await cur.fetchone()
+            if row is None or row[0] not in ("failed", "cancelled"):
+                return None if row is None else str(row[0])
+            await conn.execute(self._sql(
+                "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
+                " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
+                " 2147483647)"), {"id": workflow_id})
+            await conn.execute(self._sql(
+                "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = now(),"
+                " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
+                " deadline_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s"),
+                (workflow_id,))
+            return str(row[0])
+
+    async def fork(self, workflow_id: str, new_id: str, from_step: int) -> str | None:
+        """A new queued workflow with the same name, queue and arguments, whose journal holds copies of
+        the first ``from_step`` step records, and its streams the chunks those steps had seen written;
+        the queue of the new one (None: no such workflow)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            # Born with attempt 1 (and counted from there): an execution of attempt 1 skips reading
+            # a journal, since a new workflow has none; a fork has one.
+            cur = await conn.execute(self._sql(
+                "INSERT INTO {s}.workflows (id, name, queue, priority, inputs, max_attempts, timeout,"
+                "  attempt, attempt_base)"
+                " SELECT %s, name, queue, priority, inputs, max_attempts, timeout, 1, 1 FROM {s}.workflows"
+                " WHERE id = %s RETURNING queue"), (new_id, workflow_id))
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.steps (workflow_id, position, name, output, error, exception, attempts,"
+                "  attempt, stream_ends)"
+                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends FROM {s}.steps"
+                " WHERE workflow_id = %s AND position < %s"), (new_id, workflow_id, from_step))
+            # The chunks written before the last copied step ended: a replay of the copied steps
+            # skips exactly those positions, so the fork's streams have no gap.
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                " SELECT %(new)s, c.key, c.position, c.value FROM {s}.streams c"
+                " JOIN LATERAL (SELECT stream_ends FROM {s}.steps WHERE workflow_id = %(old)s"
+                "  AND position < %(n)s ORDER BY position DESC LIMIT 1) last ON true"
+                " WHERE c.workflow_id = %(old)s AND c.position < (last.stream_ends ->> c.key)::int"),
+                {"new": new_id, "old": workflow_id, "n": from_step})
+            return str(row[0])

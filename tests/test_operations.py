@@ -1,0 +1,201 @@
+"""Day two: listing, looking into, resuming and forking workflows; the worker's log lines; errors
+that waiting cannot fix, reported at once."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+import pgflow
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 60.0
+
+
+async def test_list_workflows_filters_orders_and_limits(app: pgflow.App) -> None:
+    @app.workflow
+    async def fine(x: int) -> int:
+        return x
+
+    @app.workflow(queue="other")
+    async def broken() -> None:
+        raise RuntimeError("no")
+
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    oks = [await fine.start_async(i) for i in range(3)]
+    bad = await broken.start_async()
+    async with app.worker(concurrency=4, queues=["default", "other"]):
+        with anyio.fail_after(WAIT):
+            for h in [*oks, bad]:
+                with pytest.raises(Exception) if h is bad else _nothing():
+                    await h.result_async()
+    listed = await app.list_workflows_async()
+    assert [r.id for r in listed] == [bad.id, *[h.id for h in reversed(oks)]]  # newest first
+    failed = app.list_workflows(status="failed")  # the sync twin
+    assert [(r.id, r.name, r.queue, r.status, r.error_type, r.attempt) for r in failed] == [
+        (bad.id, broken.name, "other", "failed", "RuntimeError", 1)]
+    assert failed[0].started_at is not None and failed[0].finished_at is not None
+    assert [r.id for r in await app.list_workflows_async(name=fine.name, order="asc", limit=2)] == [
+        oks[0].id, oks[1].id]
+    assert len(await app.list_workflows_async(queue="default", created_after=before)) == 3
+    assert await app.list_workflows_async(created_before=before) == []
+    with pytest.raises(ValueError, match="status is one of"):
+        await app.list_workflows_async(status="done")
+    with pytest.raises(ValueError, match="limit is between"):
+        await app.list_workflows_async(limit=0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await app.list_workflows_async(created_after=datetime.now())  # noqa: DTZ005
+
+
+class _nothing:
+    def __enter__(self) -> None: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+async def test_resume_reruns_from_the_failed_third_step_and_not_the_first_two(app: pgflow.App) -> None:
+    ran: list[str] = []
+    broken = {"third": True}
+
+    @app.step
+    async def step_one() -> int:
+        ran.append("one")
+        return 1
+
+    @app.step
+    def step_two() -> int:
+        ran.append("two")
+        return 2
+
+    @app.step
+    async def step_three() -> int:
+        ran.append("three")
+        if broken["third"]:
+            raise ValueError("not yet")
+        return 3
+
+    @app.workflow(max_attempts=1)
+    async def three_steps() -> int:
+        await pgflow.write_stream_async("progress", "start")
+        total = await step_one() + await step_two() + await step_three()
+        await pgflow.close_stream_async("progress")
+        return total
+
+    async with app.worker(concurrency=2):
+        handle = await three_steps.start_async()
+        with anyio.fail_after(WAIT), pytest.raises(pgflow.WorkflowFailed, match="not yet"):
+            await handle.result_async()
+        waiting = await three_steps.with_options(delay=3600).start_async()
+        with pytest.raises(pgflow.CannotResume, match="is queued"):
+            await waiting.resume_async()  # queued (or running): refused
+        info = await handle.info_async()
+        assert [(s.position, s.error_type) for s in info.steps] == [(0, None), (1, None), (2, "ValueError")]
+        broken["third"] = False
+        await handle.resume_async()
+        with anyio.fail_after(WAIT):
+            assert await handle.result_async() == 6
+        with pytest.raises(pgflow.CannotResume, match="succeeded"):
+            handle.resume()  # the sync twin; a succeeded workflow does not resume
+    assert ran == ["one", "two", "three", "three"]  # steps one and two were not run again
+    info = await handle.info_async()
+    assert info.record.status == "succeeded" and info.record.attempt == 1  # a fresh attempt count
+    assert [(s.name, s.attempts) for s in info.steps] == [(step_one.name, 1), (step_two.name, 1),
+                                                          (step_three.name, 1)]
+    assert [(s.key, s.length, s.closed) for s in info.streams] == [("progress", 1, True)]
+    with pytest.raises(pgflow.UnknownWorkflow):
+        await app.handle("nobody").resume_async()
+    with pytest.raises(pgflow.UnknownWorkflow):
+        app.handle("nobody").steps()
+
+
+async def test_fork_copies_the_first_steps_and_runs_the_rest_anew(app: pgflow.App) -> None:
+    ran: list[tuple[str, int]] = []
+
+    @app.step
+    async def numbered(i: int) -> int:
+        ran.append(("step", i))
+        await pgflow.write_stream_async("s", f"in step {i}")
+        return i
+
+    @app.workflow
+    async def four(tag: str) -> list[int]:
+        out = []
+        for i in range(4):
+            out.append(await numbered(i))
+        await pgflow.close_stream_async("s")
+        return out
+
+    async with app.worker(concurrency=2):
+        original = await four.start_async("x")
+        with anyio.fail_after(WAIT):
+            assert await original.result_async() == [0, 1, 2, 3]
+        ran.clear()
+        forked = await original.fork_async(from_step=2)
+        assert forked.id != original.id
+        with anyio.fail_after(WAIT):
+            assert await forked.result_async() == [0, 1, 2, 3]
+            assert [v async for v in forked.stream_async("s")] == [f"in step {i}" for i in range(4)]
+    assert ran == [("step", 2), ("step", 3)]  # steps 0 and 1 were copied, not run
+    with pytest.raises(ValueError, match="from_step"):
+        await original.fork_async(from_step=-1)
+    with pytest.raises(pgflow.UnknownWorkflow):
+        app.handle("nobody").fork(1)
+
+
+async def test_the_worker_logs_each_start_and_end_and_a_failure_with_its_traceback(
+    app: pgflow.App, caplog: pytest.LogCaptureFixture,
+) -> None:
+    @app.workflow
+    async def fails() -> None:
+        raise KeyError("the missing key")
+
+    @app.workflow
+    async def works() -> int:
+        return 1
+
+    with caplog.at_level(logging.INFO, logger="pgflow"):
+        async with app.worker(concurrency=2):
+            bad, good = await fails.start_async(), await works.start_async()
+            with anyio.fail_after(WAIT):
+                assert await good.result_async() == 1
+                with pytest.raises(pgflow.WorkflowFailed):
+                    await bad.result_async()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "pgflow.workflows"]
+    assert ("INFO", f"workflow {works.name} {good.id} started (attempt 1)") in lines
+    assert any(level == "INFO" and m.startswith(f"workflow {works.name} {good.id} succeeded in ")
+               for level, m in lines), lines
+    [failure] = [m for level, m in lines if level == "WARNING"]
+    assert f"workflow {fails.name} {bad.id} failed in " in failure and "KeyError" in failure
+    assert "Traceback (most recent call last)" in failure and "the missing key" in failure
+    started = [m for r in caplog.records if (m := r.getMessage()).startswith("worker ") and " started:" in m]
+    assert started and f"schema {app.schema}" in started[0] and "password" not in started[0]
+
+
+@pytest.mark.parametrize(("dsn_of", "words"), [
+    (lambda dsn: dsn.rsplit("/", 1)[0] + "/no_such_database_xyz", "does not exist"),
+    (lambda dsn: dsn.replace("postgres@", "no_such_role_xyz@"), "does not exist"),
+    (lambda dsn: "postgresql://127.0.0.1:1/test", "nothing accepts connections"),
+    (lambda dsn: "postgresql://[not a host", "malformed"),
+])
+def test_errors_waiting_cannot_fix_raise_configuration_error_within_3_seconds(
+    schema: str, dsn_of: Any, words: str,
+) -> None:
+    dsn = dsn_of("postgresql://postgres@127.0.0.1:5432/test")
+    t0 = time.monotonic()
+    with pytest.raises(pgflow.ConfigurationError, match=words) as raised:
+        with pgflow.App(dsn, schema=schema) as app:
+            app.migrate()
+    assert time.monotonic() - t0 < 3.0
+    assert "\n" not in str(raised.value) and "secret" not in str(raised.value)
+    try:
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", connect_timeout=2):
+            pass
+    except psycopg.OperationalError:
+        pytest.skip("no PostgreSQL 15 at 127.0.0.1:5432 to compare with")
