@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from .runtime_app import tokens
+
+# As in an interactive Python, whatever started this process: a shell without job control starts
+# background commands (CI, nohup ... &) with SIGINT ignored, and Python then never raises
+# KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 handle = tokens.start(5)
 print("blocking", flush=True)
