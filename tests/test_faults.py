@@ -224,3 +224,41 @@ def test_errors_that_waiting_cannot_mend_are_not_retried() -> None:
     assert not unreachable(psycopg.errors.ProgramLimitExceeded())
     assert not unreachable(psycopg.errors.UntranslatableCharacter())
     assert not unreachable(ValueError())
+
+
+async def test_a_chunk_the_server_refuses_fails_its_own_workflow_and_no_other_in_its_batch(
+    app: pgflow.App, dsn: str,
+) -> None:
+    # A trigger makes the server refuse one stream's chunks (whatever a real server may refuse that
+    # the checks let through): the batch is split until the refused chunk is alone.
+    await app.migrate_async()
+    s = f'"{app.schema}"'
+    await query(dsn, f"CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS"
+                     " $$BEGIN RAISE EXCEPTION 'refused by the server'; END$$")
+    await query(dsn, f"CREATE TRIGGER refuse BEFORE INSERT ON {s}.streams FOR EACH ROW"
+                     f" WHEN (NEW.key = 'poison') EXECUTE FUNCTION {s}.refuse()")
+    go = anyio.Event()
+
+    @app.workflow
+    async def writer(key: str, n: int) -> int:
+        await go.wait()  # every writer's first chunk rides in the same batch
+        for i in range(n):
+            await pgflow.write_stream_async(key, i)
+        await pgflow.close_stream_async(key)
+        return n
+
+    async with app.worker(concurrency=16):
+        poison = await writer.start_async("poison", 5)
+        innocents = [await writer.start_async("fine", 20) for _ in range(7)]
+        with anyio.fail_after(WAIT):
+            while app.stats().runtimes == 0 or len(await app.list_workflows_async(status="running")) < 8:
+                await anyio.sleep(0.02)
+            go.set()
+            assert [await h.result_async() for h in innocents] == [20] * 7
+            with pytest.raises(pgflow.WorkflowFailed, match="refused by the server") as failed:
+                await poison.result_async()
+    assert failed.value.error_type.endswith("ChunkRefused")
+    assert await query_attempts(app, poison.id) == 1  # failed once, not run again and again
+    for h in innocents:
+        assert await query_attempts(app, h.id) == 1
+        assert [v async for v in h.stream_async("fine")] == list(range(20))
