@@ -14,13 +14,15 @@ from collections.abc import Sequence
 import anyio
 
 from .app import App
-from .errors import ConfigurationError
+from .commands import add_commands, explain, run
+from .errors import ConfigurationError, PgflowError
 from .supervisor import supervise
 
 log = logging.getLogger("pgflow.cli")
 
 # Exit codes a supervisor can act on.
 EXIT_OK = 0             # stopped by a signal with every running workflow finished
+EXIT_FAILED = 1         # a management command that could not do what it was asked
 EXIT_USAGE = 2          # bad command line or app: restarting will not help
 EXIT_RELEASED = 3       # stopped by a signal after the grace period; unfinished workflows were given back
 EXIT_FORCED = 130       # a second signal cut the drain short; unfinished workflows were given back
@@ -112,6 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     migrate = commands.add_parser("migrate", help="create or upgrade the schema")
     migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
 
+    def with_app(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--app", dest="app_target", metavar="MODULE:APP",
+                         help="the App (default: PGFLOW_DSN / PGFLOW_SCHEMA, else the embedded server)")
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    add_commands(commands, with_app)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -131,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 app.close()
             _exit_despite_abandoned_threads(code)
             return code
+        if args.command != "migrate":
+            with load_app(args.app_target) if args.app_target else App() as app:
+                return run(app, args)
         app = load_app(args.app) if args.app else App()
         with app:
             version = app.migrate()
@@ -139,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"pgflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (PgflowError, ValueError) as exc:  # an unknown id, a workflow that cannot resume, ...
+        print(explain(exc), file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FORCED
 

@@ -1,0 +1,124 @@
+"""``pgflow workflows ls|show|cancel|resume|fork`` and ``pgflow tail``: the management API on the
+command line. Plain-text tables for people, ``--json`` for scripts (one JSON document on stdout)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from .app import STATUSES, App
+from .errors import PgflowError
+
+
+def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The management subcommands; ``with_app`` adds the options that choose the App."""
+    workflows = commands.add_parser("workflows", help="list, inspect, cancel, resume and fork workflows")
+    actions = workflows.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("ls", help="list workflows, newest first")
+    ls.add_argument("--status", choices=STATUSES, help="only workflows in this status")
+    ls.add_argument("--name", help="only workflows of this name")
+    ls.add_argument("--queue", help="only workflows of this queue")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default: %(default)s)")
+    with_app(ls)
+    for action, text in (("show", "one workflow: its record, steps and streams"),
+                         ("cancel", "cancel a workflow"), ("resume", "run a failed or cancelled workflow again"),
+                         ("fork", "start a copy that replays the first N steps")):
+        sub = actions.add_parser(action, help=text)
+        sub.add_argument("id", help="the workflow id")
+        if action == "fork":
+            sub.add_argument("--from-step", type=int, required=True, help="steps copied (replayed, not run)")
+        with_app(sub)
+    tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
+    tail.add_argument("id", help="the workflow id")
+    tail.add_argument("key", help="the stream key")
+    tail.add_argument("--offset", type=int, default=0, help="the first position (default: %(default)s)")
+    with_app(tail)
+
+
+def run(app: App, args: argparse.Namespace) -> int:
+    """Carry out one management command; returns the exit code."""
+    if args.command == "tail":
+        for position, value in app.handle(args.id).stream_items(args.key, args.offset):
+            print(msgspec.json.encode({"position": position, "value": value}).decode() if args.json
+                  else f"{position}\t{value}", flush=True)
+        return 0
+    if args.action == "ls":
+        records = app.list_workflows(status=args.status, name=args.name, queue=args.queue, limit=args.limit)
+        _show(args, records, ["id", "name", "queue", "status", "attempt", "created_at", "finished_at",
+                              "error_type"])
+        return 0
+    handle = app.handle(args.id)
+    if args.action == "show":
+        info = handle.info()
+        if args.json:
+            _print_json(info)
+            return 0
+        for field, value in asdict(info.record).items():
+            print(f"{field + ':':13} {_text(value)}")
+        print("steps:")
+        _table([asdict(step) for step in info.steps], ["position", "name", "error_type", "attempts", "finished_at"])
+        print("streams:")
+        _table([asdict(stream) for stream in info.streams], ["key", "length", "closed"])
+        return 0
+    if args.action == "cancel":
+        handle.cancel()
+        _done(args, {"id": args.id, "cancel": "requested"})
+    elif args.action == "resume":
+        handle.resume()
+        _done(args, {"id": args.id, "status": "queued"})
+    else:
+        forked = handle.fork(from_step=args.from_step)
+        _done(args, {"id": forked.id, "forked_from": args.id, "from_step": args.from_step})
+    return 0
+
+
+def explain(exc: PgflowError | ValueError) -> str:
+    return f"pgflow: error: {exc}"
+
+
+def _done(args: argparse.Namespace, what: dict[str, Any]) -> None:
+    if args.json:
+        _print_json(what)
+    else:
+        print(" ".join(f"{k}={v}" for k, v in what.items()))
+
+
+def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> None:
+    if args.json:
+        _print_json(records)
+    else:
+        _table([asdict(r) for r in records], columns)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.encode(value, enc_hook=_encode).decode() + "\n")
+
+
+def _encode(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise NotImplementedError(type(value))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="milliseconds")
+    return str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    cells = [[_text(row[c]) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    if not rows:
+        print("(none)")
