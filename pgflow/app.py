@@ -24,7 +24,7 @@ from ._core.worker import Worker
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
-from .records import WorkflowRecord
+from .records import Health, QueueInfo, WorkerInfo, WorkflowRecord
 from .retry import RetryOn, RetryPolicy
 from .workflow import Step, Workflow, qualified_name
 
@@ -220,6 +220,35 @@ class App:
     ) -> list[WorkflowRecord]:
         return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
                                  limit, order)
+
+    async def queues_info_async(self) -> list[QueueInfo]:
+        """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
+        rows = await self._client.runtime().db(lambda store: store.queues_overview())
+        return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
+                          r[5], r[6], r[7]) for r in rows]
+
+    def queues_info(self) -> list[QueueInfo]:
+        return self._client.call(self.queues_info_async)
+
+    async def workers_info_async(self) -> list[WorkerInfo]:
+        """The registered workers: where they run, what they serve, their heartbeat's age, how many
+        workflows each holds."""
+        rows = await self._client.runtime().db(lambda store: store.workers_overview())
+        return [WorkerInfo(str(r[0]), str(r[1]), int(r[2]), list(r[3]), str(r[4]), float(r[5]), int(r[6]),
+                           list(r[7])) for r in rows]
+
+    def workers_info(self) -> list[WorkerInfo]:
+        return self._client.call(self.workers_info_async)
+
+    async def health_async(self, stuck_after: float = 60.0) -> Health:
+        """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
+        live while its heartbeat is younger than 30 s."""
+        usage, unserved, stuck = await self._client.runtime().db(lambda store: store.health(30.0, stuck_after))
+        workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
+        return Health(len(workers), usage, dict(unserved), stuck)
+
+    def health(self, stuck_after: float = 60.0) -> Health:
+        return self._client.call(self.health_async, stuck_after)
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
                lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:

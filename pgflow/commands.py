@@ -1,5 +1,6 @@
-"""``pgflow workflows ls|show|cancel|resume|fork`` and ``pgflow tail``: the management API on the
-command line. Plain-text tables for people, ``--json`` for scripts (one JSON document on stdout)."""
+"""``pgflow workflows ls|show|cancel|resume|fork``, ``tail``, ``queues``, ``workers`` and ``status``:
+the management API on the command line. Plain-text tables for people, ``--json`` for scripts (one JSON
+document on stdout)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
         if action == "fork":
             sub.add_argument("--from-step", type=int, required=True, help="steps copied (replayed, not run)")
         with_app(sub)
+    with_app(commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows and limits"))
+    with_app(commands.add_parser("workers", help="live workers, their heartbeat's age and what each runs"))
+    status = commands.add_parser("status", help="health probe: exits 1 when unhealthy")
+    status.add_argument("--stuck-after", type=float, default=60.0,
+                        help="seconds idle in a transaction that make a session count as stuck (default: %(default)s)")
+    with_app(status)
     tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
     tail.add_argument("id", help="the workflow id")
     tail.add_argument("key", help="the stream key")
@@ -43,6 +50,26 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
 
 def run(app: App, args: argparse.Namespace) -> int:
     """Carry out one management command; returns the exit code."""
+    if args.command == "queues":
+        _show(args, app.queues_info(), ["name", "queued", "due", "oldest_due_waited_s", "running", "concurrency",
+                                        "rate_limit", "rate_period_s"])
+        return 0
+    if args.command == "workers":
+        _show(args, app.workers_info(), ["id", "host", "pid", "queues", "version", "heartbeat_age_s", "running"])
+        return 0
+    if args.command == "status":
+        health = app.health(stuck_after=args.stuck_after)
+        if args.json:
+            _print_json({**asdict(health), "ok": health.ok})
+        else:
+            print(f"{'healthy' if health.ok else 'UNHEALTHY'}: {health.live_workers} live workers, NOTIFY queue "
+                  f"{health.notification_queue_usage:.1%} full")
+            for name, count in health.unserved.items():
+                print(f"  {count} queued workflows named {name!r}: no live worker runs that name")
+            for pid, seconds in health.stuck_sessions:
+                print(f"  session {pid} idle in a transaction for {seconds:.0f} s: a LISTEN connection in a "
+                      "transaction stalls every NOTIFY of the cluster")
+        return 0 if health.ok else 1
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):
             print(msgspec.json.encode({"position": position, "value": value}).decode() if args.json
@@ -109,6 +136,10 @@ def _encode(value: Any) -> Any:
 def _text(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
     if isinstance(value, datetime):
         return value.isoformat(sep=" ", timespec="milliseconds")
     return str(value)

@@ -53,3 +53,47 @@ class WorkflowInfo:
     record: WorkflowRecord
     steps: list[StepInfo]
     streams: list[StreamInfo]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue with work or limits: how much waits, how long the oldest due one has waited, how much
+    runs, and its fleet-wide limits."""
+
+    name: str
+    queued: int
+    due: int
+    oldest_due_waited_s: float | None
+    running: int
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period_s: float | None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    version: str
+    heartbeat_age_s: float
+    running: int
+    names: list[str]
+
+
+@dataclass(frozen=True)
+class Health:
+    """What ``pgflow status`` reports. Unhealthy: no live worker, queued workflows whose name no live
+    worker runs (they would wait forever), the NOTIFY queue over half full, or sessions idle in a
+    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster)."""
+
+    live_workers: int
+    notification_queue_usage: float
+    unserved: dict[str, int]  # queued workflows per name no live worker runs
+    stuck_sessions: list[tuple[int, float]]  # (pid, seconds idle in a transaction)
+
+    @property
+    def ok(self) -> bool:
+        return (self.live_workers > 0 and not self.unserved and not self.stuck_sessions
+                and self.notification_queue_usage <= 0.5)

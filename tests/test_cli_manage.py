@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import psycopg
 import pytest
 
 import pgflow
@@ -72,3 +73,40 @@ async def test_the_management_commands(app: pgflow.App, worker_env: dict[str, st
 
         unknown = await run(cli, worker_env, "workflows", "show", "nobody")
         assert unknown.returncode == 1 and "no workflow with id 'nobody'" in unknown.stderr
+
+
+async def test_queues_workers_and_status(app: pgflow.App, dsn: str, worker_env: dict[str, str]) -> None:
+    counts, _ = ops_app.build(app)
+    run = anyio.to_thread.run_sync
+    await counts.with_options(queue="later", delay=3600).start_async(1)
+    app.queue("limited", concurrency=2)
+    # No worker yet: unhealthy.
+    down = await run(cli, worker_env, "status", "--json")
+    assert down.returncode == 1 and msgspec.json.decode(down.stdout)["live_workers"] == 0
+    async with app.worker(concurrency=3, queues=["default", "limited"]):
+        with anyio.fail_after(WAIT):
+            while not app.workers_info():
+                await anyio.sleep(0.05)
+        queues = {q["name"]: q for q in as_json(await run(cli, worker_env, "queues", "--json"))}
+        assert (queues["later"]["queued"], queues["later"]["due"]) == (1, 0)
+        assert queues["limited"]["concurrency"] == 2
+        [worker] = as_json(await run(cli, worker_env, "workers", "--json"))
+        assert worker["queues"] == ["default", "limited"] and "ops.counts" in worker["names"]
+        assert (await run(cli, worker_env, "status")).returncode == 0
+
+        # A queued workflow that no live worker can run: reported, exit code 1.
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(f'INSERT INTO "{app.schema}".workflows (id, name, queue, inputs)'
+                               " VALUES ('orphan', 'nobody.runs.this', 'default', '\\x80')")
+        unserved = await run(cli, worker_env, "status")
+        assert unserved.returncode == 1 and "'nobody.runs.this': no live worker runs that name" in unserved.stdout
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(f'DELETE FROM "{app.schema}".workflows WHERE id = %s', ("orphan",))
+
+        # A listener stuck in an open transaction: reported, exit code 1.
+        async with await psycopg.AsyncConnection.connect(dsn) as stuck:
+            await stuck.execute(f'LISTEN "pgflow_{app.schema}"')  # opens the transaction it stays in
+            with anyio.fail_after(WAIT):
+                while (report := await run(cli, worker_env, "status", "--stuck-after", "0.5")).returncode == 0:
+                    await anyio.sleep(0.2)
+            assert f"session {stuck.info.backend_pid} idle in a transaction" in report.stdout

@@ -87,7 +87,8 @@ class Worker:
             limits = self.registry.queues.get(queue)
             if limits is not None:
                 await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
-        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__)
+        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
+                                          sorted(self.registry.workflows))
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
@@ -283,7 +284,7 @@ class Worker:
             try:
                 with anyio.CancelScope(shield=True):
                     leases = await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
-                                                         self.queues, __version__)
+                                                         self.queues, __version__, sorted(self.registry.workflows))
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue

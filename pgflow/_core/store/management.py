@@ -101,3 +101,50 @@ class ManagementStatements(Statements):
                 " WHERE c.workflow_id = %(old)s AND c.position < (last.stream_ends ->> c.key)::int"),
                 {"new": new_id, "old": workflow_id, "n": from_step})
             return str(row[0])
+
+    async def queues_overview(self) -> list[tuple[Any, ...]]:
+        """Per queue with work or limits: (queue, queued, due now, seconds the oldest due one has
+        waited, running, concurrency limit, rate limit, rate period)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH live AS (SELECT queue, count(*) FILTER (WHERE status = 'queued') AS queued,"
+                "   count(*) FILTER (WHERE status = 'queued' AND due_at <= now()) AS due,"
+                "   extract(epoch FROM now() - min(due_at) FILTER (WHERE status = 'queued' AND due_at <= now()))"
+                "    AS waited,"
+                "   count(*) FILTER (WHERE status = 'running') AS running"
+                "  FROM {s}.workflows WHERE status IN ('queued', 'running') GROUP BY queue)"
+                " SELECT coalesce(l.queue, q.name), coalesce(l.queued, 0), coalesce(l.due, 0), l.waited,"
+                "  coalesce(l.running, 0), q.concurrency, q.rate_limit, q.rate_period"
+                " FROM live l FULL JOIN {s}.queues q ON q.name = l.queue ORDER BY 1"))
+            return list(await cur.fetchall())
+
+    async def workers_overview(self) -> list[tuple[Any, ...]]:
+        """Per registered worker: (id, host, pid, queues, version, seconds since its heartbeat,
+        workflows it holds, names it runs)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT w.id, w.host, w.pid, w.queues, w.version, extract(epoch FROM now() - w.heartbeat_at),"
+                " (SELECT count(*) FROM {s}.workflows f WHERE f.lease_owner = w.id AND f.status = 'running'),"
+                " w.names FROM {s}.workers w ORDER BY w.started_at"))
+            return list(await cur.fetchall())
+
+    async def health(self, silent_after: float, stuck_after: float,
+                     ) -> tuple[float, list[tuple[str, int]], list[tuple[int, float]]]:
+        """(NOTIFY queue usage, queued workflow names no live worker runs with their counts, sessions of
+        this database idle in a transaction for over ``stuck_after`` seconds: (pid, seconds))."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT pg_notification_queue_usage()")
+            row = await cur.fetchone()
+            usage = float(row[0]) if row else 0.0
+            cur = await conn.execute(self._sql(
+                "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(coalesce("
+                " (SELECT array_agg(DISTINCT n) FROM {s}.workers, unnest(names) AS n"
+                "  WHERE heartbeat_at > now() - make_interval(secs => %s)), '{}'))"
+                " GROUP BY name ORDER BY name"), (silent_after,))
+            orphans = [(str(n), int(c)) for n, c in await cur.fetchall()]
+            cur = await conn.execute(
+                "SELECT pid, extract(epoch FROM now() - state_change) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
+                " AND state_change < now() - make_interval(secs => %s) ORDER BY pid", (stuck_after,))
+            stuck = [(int(p), float(s)) for p, s in await cur.fetchall()]
+            return usage, orphans, stuck

@@ -148,26 +148,26 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
-                              version: str) -> None:
+                              version: str, names: Sequence[str]) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "INSERT INTO {s}.workers (id, host, pid, queues, version) VALUES (%s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version))
+                "INSERT INTO {s}.workers (id, host, pid, queues, version, names) VALUES (%s, %s, %s, %s, %s, %s)"
+            ), (id, host, pid, list(queues), version, list(names)))
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
     async def heartbeat(self, owner: str, lease: float, host: str, pid: int, queues: Sequence[str],
-                        version: str) -> list[tuple[str, int, bool]]:
+                        version: str, names: Sequence[str]) -> list[tuple[str, int, bool]]:
         """Say this worker lives and extend every lease ``owner`` holds, in one statement; return
         (id, attempt, cancel requested) per lease. A heartbeat lost in a crash harms nothing (the
         leases simply run out), so it does not wait for the disk."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
-                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version)"
-                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s)"
+                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names)"
+                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
@@ -176,7 +176,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
                 "  AND status = 'running' ORDER BY id FOR UPDATE) AND EXISTS (SELECT FROM lazy)"
                 " RETURNING id, attempt, cancel_requested"
             ), {"owner": owner, "lease": lease, "host": host, "pid": pid,
-                "queues": list(queues), "version": version})
+                "queues": list(queues), "version": version, "names": list(names)})
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
 
     async def forget_workers(self, silent_for: float) -> int:
