@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import pickle
 import time
-import traceback
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -33,11 +31,11 @@ from ..errors import (
     MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     SerializationError,
-    StepFailed,
     StoreUnavailable,
     WorkflowTimeout,
 )
 from ..telemetry import tracer
+from .outcomes import describe, pickled, replay
 from .registry import StepSpec, WorkflowSpec
 from .runtime import Runtime
 from .store import Claimed, StepRecord, Store, retrying
@@ -59,46 +57,6 @@ def journaling() -> Execution | None:
     if execution is None or inside_step.get():
         return None
     return execution
-
-
-def _storable(text: str) -> str:
-    """Text PostgreSQL can hold in jsonb: NUL and lone surrogates (which a user's exception message
-    may carry) are spelled out instead of failing the write that records the failure."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-
-
-def describe(exc: BaseException) -> dict[str, Any]:
-    """The recorded form of an exception: what a reader in another process needs to understand it."""
-    kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return {
-        "type": _storable(name),
-        "message": _storable(str(exc)),
-        "traceback": _storable("".join(traceback.format_exception(exc))),
-    }
-
-
-def _pickled(exc: BaseException) -> bytes | None:
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:  # noqa: BLE001 - many exceptions do not survive pickling; fall back to StepFailed
-        return None
-    return data
-
-
-def replay(record: StepRecord, step: StepSpec) -> Any:
-    """The recorded outcome of a step: its output, or its exception raised again."""
-    if record.error is None:
-        return codec.decode(record.output or b"\xc0", step.return_type)
-    if record.exception is not None:
-        try:
-            exc = pickle.loads(record.exception)
-        except Exception:  # noqa: BLE001 - the class may be gone from this code base
-            exc = None
-        if isinstance(exc, BaseException):
-            raise exc
-    raise StepFailed(record.error["type"], record.error["message"])
 
 
 @dataclass(eq=False)
@@ -189,12 +147,12 @@ class Execution:
                     await anyio.sleep(delay)
                     self.check_interrupt()
                     continue
-                await self._record(position, step.name, None, describe(exc), _pickled(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), pickled(exc), attempt)
                 raise
             try:
                 data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}")
             except SerializationError as exc:
-                await self._record(position, step.name, None, describe(exc), _pickled(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), pickled(exc), attempt)
                 raise
             await self._record(position, step.name, data, None, None, attempt)
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
