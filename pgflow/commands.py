@@ -41,6 +41,10 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     status.add_argument("--stuck-after", type=float, default=60.0,
                         help="seconds idle in a transaction that make a session count as stuck (default: %(default)s)")
     with_app(status)
+    prune = commands.add_parser("prune", help="delete finished workflows, their steps and chunks, now")
+    prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
+                       help="finished longer ago than this: 7d, 12h, 30m, 45s or seconds")
+    with_app(prune)
     tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
     tail.add_argument("id", help="the workflow id")
     tail.add_argument("key", help="the stream key")
@@ -70,6 +74,16 @@ def run(app: App, args: argparse.Namespace) -> int:
                 print(f"  session {pid} idle in a transaction for {seconds:.0f} s: a LISTEN connection in a "
                       "transaction stalls every NOTIFY of the cluster")
         return 0 if health.ok else 1
+    if args.command == "prune":
+        def progress(deleted: int) -> None:
+            if not args.json:
+                print(f"\rdeleted {deleted} workflows", end="", file=sys.stderr, flush=True)
+
+        deleted = app.prune(args.older_than, progress=progress)
+        if not args.json:
+            print(file=sys.stderr)
+        _done(args, {"deleted": deleted})
+        return 0
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):
             print(msgspec.json.encode({"position": position, "value": value}).decode() if args.json
@@ -103,6 +117,18 @@ def run(app: App, args: argparse.Namespace) -> int:
         forked = handle.fork(from_step=args.from_step)
         _done(args, {"id": forked.id, "forked_from": args.id, "from_step": args.from_step})
     return 0
+
+
+def duration(text: str) -> float:
+    """'7d', '12h', '30m', '45s' or plain seconds."""
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 7d, 12h, 30m, 45s or seconds)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a duration is >= 0, got {text!r}")
+    return value
 
 
 def explain(exc: PgflowError | ValueError) -> str:

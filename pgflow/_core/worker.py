@@ -181,6 +181,12 @@ class Worker:
         store, forget_after = self._store, max(60.0, 10 * self.lease)
         services = {"reaper": every(self.heartbeat, lambda: store.forget_workers(forget_after),
                                     "forgetting dead workers")}
+        assert self._runtime is not None and self._runtime.config is not None
+        retention = self._runtime.config.retention
+        if retention is not None:
+            services["retention"] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
+                                          lambda: prune(store, retention),
+                                          "deleting old finished workflows")
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
@@ -299,3 +305,14 @@ class Worker:
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
+
+async def prune(store: Store, older_than: float, batch: int = 500) -> int:
+    """The retention service's pass: small batches, with a pause between them so the pruning never
+    crowds out the work it runs beside."""
+    deleted = 0
+    while (gone := await store.prune(older_than, batch)) == batch:
+        deleted += gone
+        await anyio.sleep(0.05)
+    if deleted + gone:
+        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted + gone, older_than)
+    return deleted + gone

@@ -148,3 +148,18 @@ class ManagementStatements(Statements):
                 " AND state_change < now() - make_interval(secs => %s) ORDER BY pid", (stuck_after,))
             stuck = [(int(p), float(s)) for p, s in await cur.fetchall()]
             return usage, orphans, stuck
+
+    async def prune(self, older_than: float, batch: int) -> int:
+        """Delete up to ``batch`` workflows that finished more than ``older_than`` seconds ago, with
+        their steps and stream chunks, in one short statement; how many went."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH doomed AS (SELECT id FROM {s}.workflows"
+                "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
+                "   AND finished_at < now() - make_interval(secs => %s)"
+                "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
+                " chunks AS (DELETE FROM {s}.streams WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+                " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
+                " SELECT count(*) FROM gone"), (older_than, batch))
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0

@@ -1,0 +1,99 @@
+"""Retention: finished workflows go, with their steps and stream chunks, in small batches; by
+``app.prune`` / ``pgflow prune`` on demand, and by the elected retention service of the workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import msgspec
+import psycopg
+import pytest
+
+import pgflow
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 60.0
+
+
+async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def counts(app: pgflow.App) -> tuple[int, int, int]:
+    s = f'"{app.schema}"'
+    [(w, st, ch)] = await query(app.dsn, f"SELECT (SELECT count(*) FROM {s}.workflows),"
+                                         f" (SELECT count(*) FROM {s}.steps), (SELECT count(*) FROM {s}.streams)")
+    return int(w), int(st), int(ch)
+
+
+async def age(app: pgflow.App, ids: list[str], by: timedelta) -> None:
+    await query(app.dsn, f'UPDATE "{app.schema}".workflows SET finished_at = finished_at - %s WHERE id = ANY(%s)',
+                by, ids)
+
+
+def build(app: pgflow.App) -> pgflow.Workflow[[int], int]:
+    @app.step
+    async def twice(x: int) -> int:
+        return 2 * x
+
+    @app.workflow
+    async def streamer(n: int) -> int:
+        for i in range(n):
+            await pgflow.write_stream_async("s", i)
+        await pgflow.close_stream_async("s")
+        return await twice(n)
+
+    return streamer
+
+
+async def test_prune_deletes_old_finished_workflows_with_their_steps_and_chunks(
+    app: pgflow.App, worker_env: dict[str, str],
+) -> None:
+    streamer = build(app)
+    async with app.worker(concurrency=8):
+        handles = [await streamer.start_async(10) for _ in range(8)]
+        with anyio.fail_after(WAIT):
+            assert [await h.result_async() for h in handles] == [20] * 8
+    waiting = await streamer.with_options(delay=3600).start_async(1)
+    old, recent = [h.id for h in handles[:5]], [h.id for h in handles[5:]]
+    await age(app, old, timedelta(days=2))
+    assert await counts(app) == (9, 8, 88)
+    seen: list[int] = []
+    assert await app.prune_async(timedelta(days=1), batch=2, progress=seen.append) == 5
+    assert seen == [2, 4, 5]
+    assert await counts(app) == (4, 3, 33)
+    assert {r.id for r in await app.list_workflows_async()} == {*recent, waiting.id}
+
+    # The command line: the other three, aged too.
+    await age(app, recent, timedelta(hours=2))
+    done = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "pgflow", "prune", "--older-than", "1h", "--json"], env=worker_env,
+        capture_output=True, text=True, timeout=WAIT))
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout) == {"deleted": 3}
+    assert await counts(app) == (1, 0, 0)  # only the queued one is left
+    with pytest.raises(ValueError, match="older_than"):
+        await app.prune_async(-1)
+
+
+async def test_the_retention_service_of_a_worker_deletes_what_is_past_retention(dsn: str, schema: str) -> None:
+    async with pgflow.App(dsn, schema=schema, retention=timedelta(hours=1)) as app:
+        streamer = build(app)
+        async with app.worker(concurrency=4, lease=0.5) as worker:
+            old, kept = await streamer.start_async(3), await streamer.start_async(3)
+            with anyio.fail_after(WAIT):
+                assert await old.result_async() == 6 and await kept.result_async() == 6
+                await age(app, [old.id], timedelta(hours=2))
+                while await counts(app) != (1, 1, 4):
+                    await anyio.sleep(0.1)
+                assert "retention" in worker.leading
+        assert [r.id for r in await app.list_workflows_async()] == [kept.id]
+    with pytest.raises(pgflow.ConfigurationError, match="retention"):
+        pgflow.App(dsn, schema=schema, retention=0)
