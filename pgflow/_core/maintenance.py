@@ -77,13 +77,15 @@ async def _keep_running(name: str, service: Service) -> None:
             await anyio.sleep(1.0)
 
 
-def every(seconds: float, chore: Callable[[], Awaitable[object]], what: str) -> Service:
-    """A service that does ``chore`` every ``seconds``, logging (not stopping on) database errors."""
+def every(seconds: float, chore: Callable[[], Awaitable[object]], what: str, *, shielded: bool = True) -> Service:
+    """A service that does ``chore`` every ``seconds``, logging (not stopping on) database errors.
+    A ``shielded`` chore (one statement) is not cut short when the worker stops; a long one (many
+    statements, each complete in itself) is."""
 
     async def service() -> None:
         while True:
             try:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=shielded):
                     await chore()
             except (psycopg.Error, OSError) as exc:
                 log.warning("%s failed: %s", what, exc)

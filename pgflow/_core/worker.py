@@ -175,8 +175,8 @@ class Worker:
                 group.start_soon(self._maintenance.run)
 
     def _services(self) -> dict[str, Service]:
-        """The fleet-wide chores this worker can take on: forgetting dead workers, and the schedules
-        of the workflows it serves."""
+        """The fleet-wide chores this worker can take on: forgetting dead workers, deleting finished
+        workflows past the retention, and the schedules of the workflows it serves."""
         assert self._store is not None
         store, forget_after = self._store, max(60.0, 10 * self.lease)
         services = {"reaper": every(self.heartbeat, lambda: store.forget_workers(forget_after),
@@ -186,7 +186,7 @@ class Worker:
         if retention is not None:
             services["retention"] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
                                           lambda: prune(store, retention),
-                                          "deleting old finished workflows")
+                                          "deleting old finished workflows", shielded=False)
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
