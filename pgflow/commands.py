@@ -5,6 +5,8 @@ document on stdout)."""
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
@@ -45,6 +47,10 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
                        help="finished longer ago than this: 7d, 12h, 30m, 45s or seconds")
     with_app(prune)
+    psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
+                                            "search path (or print the DSN)")
+    psql.add_argument("--print", action="store_true", dest="print_dsn", help="only print the DSN")
+    with_app(psql)
     tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
     tail.add_argument("id", help="the workflow id")
     tail.add_argument("key", help="the stream key")
@@ -74,6 +80,16 @@ def run(app: App, args: argparse.Namespace) -> int:
                 print(f"  session {pid} idle in a transaction for {seconds:.0f} s: a LISTEN connection in a "
                       "transaction stalls every NOTIFY of the cluster")
         return 0 if health.ok else 1
+    if args.command == "psql":
+        dsn = app.dsn  # for the embedded default, starts or joins the project's server
+        client = shutil.which("psql")
+        if args.print_dsn or client is None:
+            if client is None and not args.print_dsn:
+                print("pgflow: psql is not installed; the DSN:", file=sys.stderr)
+            print(dsn)
+            return 0
+        os.environ["PGOPTIONS"] = f"{os.environ.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
+        os.execv(client, [client, dsn])
     if args.command == "prune":
         def progress(deleted: int) -> None:
             if not args.json:

@@ -7,6 +7,8 @@ directory, and once against the PostgreSQL 15 at 127.0.0.1:5432 when one answers
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,13 +38,17 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+def embedded_server() -> Iterator[EmbeddedServer]:
+    # Not under pytest's temporary directory: another pytest session on the machine resets that
+    # directory to mode 0700, and the server (run as another user under root) would lose its way in.
+    base = Path(tempfile.mkdtemp(prefix="pgflow-tests-pg18-"))
     server = EmbeddedServer()
-    server.start(tmp_path_factory.mktemp("pg18"))
     try:
+        server.start(base)
         yield server
     finally:
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", params=["pg18", "pg15"])

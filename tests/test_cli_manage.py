@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -73,6 +74,14 @@ async def test_the_management_commands(app: pgflow.App, worker_env: dict[str, st
 
         unknown = await run(cli, worker_env, "workflows", "show", "nobody")
         assert unknown.returncode == 1 and "no workflow with id 'nobody'" in unknown.stderr
+
+        printed = await run(cli, worker_env, "psql", "--print")
+        assert printed.stdout.strip() == worker_env["PGFLOW_DSN"]
+        if shutil.which("psql"):  # psql on the App's database, pgflow's schema first
+            shown = await run(lambda: subprocess.run(
+                [sys.executable, "-m", "pgflow", "psql"], env=worker_env, input="SHOW search_path;\n",
+                capture_output=True, text=True, timeout=WAIT))
+            assert f"{app.schema},public" in shown.stdout, shown.stderr
 
 
 async def test_queues_workers_and_status(app: pgflow.App, dsn: str, worker_env: dict[str, str]) -> None:
