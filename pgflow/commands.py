@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -166,13 +166,7 @@ def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> N
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value, enc_hook=_encode).decode() + "\n")
-
-
-def _encode(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    raise NotImplementedError(type(value))
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
 
 
 def _text(value: Any) -> str:

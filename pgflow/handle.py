@@ -89,13 +89,13 @@ class WorkflowHandle(Generic[R]):
         everything after it; the attempt budget starts afresh. A workflow still queued or running, or
         one that succeeded, is refused with CannotResume."""
         runtime = self._client.runtime()
-        was = await runtime.db(lambda store: store.resume(self.id))
-        if was is None:
+        found = await runtime.db(lambda store: store.resume(self.id))
+        if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        was, queue = found
         if was not in ("failed", "cancelled"):
             raise CannotResume(f"workflow {self.id!r} is {was}: only a failed or cancelled workflow resumes")
-        record = (await self.info_async()).record
-        runtime.ping([f"q:{record.queue}"])
+        runtime.ping([f"q:{queue}"])
 
     def resume(self) -> None:
         self._client.call(self.resume_async)

@@ -15,15 +15,11 @@ import pytest
 import pgflow
 from pgflow._core.store import unreachable
 
+from .test_journal import query
+
 pytestmark = pytest.mark.anyio
 
 WAIT = 60.0
-
-
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
 
 
 # -- A. dead idle pooled connections ---------------------------------------------------------------------

@@ -6,24 +6,18 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import timedelta
-from typing import Any
 
 import anyio
 import msgspec
-import psycopg
 import pytest
 
 import pgflow
 
+from .test_journal import query
+
 pytestmark = pytest.mark.anyio
 
 WAIT = 60.0
-
-
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
 
 
 async def counts(app: pgflow.App) -> tuple[int, int, int]:

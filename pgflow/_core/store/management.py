@@ -50,16 +50,19 @@ class ManagementStatements(Statements):
             streams = [(str(k), int(n), bool(c)) for k, n, c in await cur.fetchall()]
             return tuple(record), steps, streams
 
-    async def resume(self, workflow_id: str) -> str | None:
+    async def resume(self, workflow_id: str) -> tuple[str, str] | None:
         """Queue a failed or cancelled workflow again from its first step without an output: that
         step's record and every later one go, the others stay; its attempt budget starts afresh.
-        Returns the status it had (None: no such workflow); only "failed" and "cancelled" resume."""
+        Returns the status it had and its queue (None: no such workflow); only "failed" and
+        "cancelled" resume."""
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(self._sql(
-                "SELECT status FROM {s}.workflows WHERE id = %s FOR UPDATE"), (workflow_id,))
+                "SELECT status, queue FROM {s}.workflows WHERE id = %s FOR UPDATE"), (workflow_id,))
             row = await cur.fetchone()
-            if row is None or row[0] not in ("failed", "cancelled"):
-                return None if row is None else str(row[0])
+            if row is None:
+                return None
+            if row[0] not in ("failed", "cancelled"):
+                return str(row[0]), str(row[1])
             await conn.execute(self._sql(
                 "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
                 " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
@@ -69,7 +72,7 @@ class ManagementStatements(Statements):
                 " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
                 " deadline_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s"),
                 (workflow_id,))
-            return str(row[0])
+            return str(row[0]), str(row[1])
 
     async def fork(self, workflow_id: str, new_id: str, from_step: int) -> str | None:
         """A new queued workflow with the same name, queue and arguments, whose journal holds copies of
