@@ -50,6 +50,8 @@ def default_data_dir() -> Path:
         if any((directory / marker).exists() for marker in PROJECT_MARKERS):
             return directory / ".pgflow"
     return here / ".pgflow"
+
+
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 
 
@@ -60,6 +62,11 @@ class App:
     lives under ``.pgflow/`` in the project's root (see ``default_data_dir``), started on first use,
     or joined when another process of the project already runs it. Nothing connects until the first
     call that needs the database.
+
+    ``query_timeout`` (seconds) bounds every statement pgflow sends: a connection that has not
+    answered by then is taken for dead (a frozen network path, a stopped proxy) and the work goes on
+    over a new one; the server likewise ends a transaction of pgflow's left idle that long, so a
+    paused worker cannot hold its rows. Keep it at or below the workers' lease.
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class App:
         notify_interval: float = 0.005,
         poll_interval: float = 1.0,
         listen_idle: float = 30.0,
+        query_timeout: float = 10.0,
         retention: float | timedelta | None = timedelta(days=7),
         data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -83,8 +91,9 @@ class App:
             )
         if notify not in ("buffered", "off"):
             raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
-        if notify_interval <= 0 or poll_interval <= 0 or listen_idle <= 0 or pool_size < 1:
-            raise ConfigurationError("notify_interval, poll_interval and listen_idle must be > 0, pool_size >= 1")
+        if min(notify_interval, poll_interval, listen_idle, query_timeout) <= 0 or pool_size < 1:
+            raise ConfigurationError(
+                "notify_interval, poll_interval, listen_idle and query_timeout must be > 0, pool_size >= 1")
         if isinstance(retention, timedelta):
             retention = retention.total_seconds()
         if retention is not None and (isinstance(retention, bool) or not retention > 0):
@@ -101,7 +110,7 @@ class App:
             )
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
-                              listen_idle=listen_idle, retention=retention)
+                              listen_idle=listen_idle, query_timeout=query_timeout, retention=retention)
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}

@@ -4,8 +4,11 @@ and ends in "pool initialization incomplete"."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import psycopg.conninfo
+import psycopg.pq
 
 from ..errors import ConfigurationError
 
@@ -46,6 +49,41 @@ async def check_connectable(dsn: str) -> None:
         advice = next((hint for words, hint in _EXPLANATIONS if words in reason.lower()), "check the DSN")
         raise ConfigurationError(f"cannot connect to PostgreSQL at {where(dsn)}: {reason}; {advice}") from None
     await conn.close()
+
+
+def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
+    """The connection parameters of every connection pgflow opens: they bound how long a dead link
+    goes unnoticed, on both ends. Here: a connect timeout, TCP keepalives and a TCP user timeout
+    (a peer that stops acknowledging is given up within about ``query_timeout``). On the server,
+    through ``options``: the same for the server's end, and a transaction of pgflow's left idle
+    longer than ``query_timeout`` ends, so that a paused or cut-off worker cannot keep its row locks
+    (and the workflows under them) past its lease. A parameter the DSN sets itself is left alone.
+
+    The server-side settings also keep pgflow's statements cheap: they are short, index-driven and
+    the same on every call (ids, arrays and limits as parameters), so one generic plan suits them,
+    while the default re-plans a prepared statement whenever the generic plan's estimate looks worse
+    (seen: 0.6 ms of planning for a 0.3 ms claim); and no JIT, which on a big batch spends more on
+    compiling than on running (seen: 14 ms for a 2 ms read). Set at connect time, they cost no round
+    trip."""
+    own = psycopg.conninfo.conninfo_to_dict(dsn)
+    seconds = max(2, round(query_timeout))
+    settings: dict[str, Any] = {"connect_timeout": seconds, "keepalives": 1,
+                                "keepalives_idle": max(1, seconds // 2), "keepalives_interval": 1,
+                                "keepalives_count": 3}
+    if psycopg.pq.version() >= 120000:  # libpq knows tcp_user_timeout from version 12
+        settings["tcp_user_timeout"] = seconds * 1000
+    settings = {name: value for name, value in settings.items() if name not in own}
+    server = (f"-c plan_cache_mode=force_generic_plan -c jit=off"
+              f" -c idle_in_transaction_session_timeout={round(query_timeout * 1000)}"
+              f" -c tcp_keepalives_idle={max(1, seconds // 2)} -c tcp_keepalives_interval=1"
+              f" -c tcp_keepalives_count=3 -c tcp_user_timeout={seconds * 1000}")
+    settings["options"] = f"{own.get('options') or ''} {server}".strip()
+    return settings
+
+
+def linked(dsn: str, query_timeout: float) -> str:
+    """``dsn`` with ``link_settings``, for connections opened outside the pool."""
+    return psycopg.conninfo.make_conninfo(dsn, **link_settings(dsn, query_timeout))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ import anyio
 import psycopg
 
 from .notify import Waiters, unpack
+from .pool import answered_within
 
 log = logging.getLogger("pgflow.notify")
 
@@ -27,13 +28,14 @@ class Listener:
     """Dispatches the pings of other processes to the waiters of one loop."""
 
     def __init__(self, conninfo: Callable[[], str], channel: str, waiters: Waiters, token: str,
-                 idle: float, health_every: float = 30.0) -> None:
+                 idle: float, health_every: float = 30.0, query_timeout: float = 10.0) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._waiters = waiters
         self._token = token
         self._idle = idle
         self._health_every = health_every
+        self._query_timeout = query_timeout
         self.connected = False
         self.reconnects = 0
         self.backend_pid: int | None = None
@@ -62,7 +64,8 @@ class Listener:
         conn = await psycopg.AsyncConnection.connect(self._conninfo(), autocommit=True,
                                                      application_name=f"pgflow-listener-{os.getpid()}")
         async with conn:
-            await conn.execute(f'LISTEN "{self._channel}"')
+            with answered_within(conn, self._query_timeout):
+                await conn.execute(f'LISTEN "{self._channel}"')
             self.backend_pid = conn.info.backend_pid
             self.connected = True
             self._waiters.wake_all()
@@ -87,8 +90,9 @@ class Listener:
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Prove the connection is alive, and say so when the notification queue is filling up."""
-        cur = await conn.execute("SELECT pg_notification_queue_usage()")
-        row = await cur.fetchone()
+        with answered_within(conn, self._query_timeout):  # a frozen link would never say so
+            cur = await conn.execute("SELECT pg_notification_queue_usage()")
+            row = await cur.fetchone()
         self.queue_usage = float(row[0]) if row else 0.0
         if self.queue_usage > 0.5:
             log.warning("the NOTIFY queue is %.0f%% full: a listener somewhere is stuck in a transaction",

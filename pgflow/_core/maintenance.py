@@ -19,6 +19,7 @@ import anyio
 import psycopg
 
 from ..cron import Cron
+from .pool import answered_within
 
 log = logging.getLogger("pgflow.maintenance")
 
@@ -28,8 +29,10 @@ Service = Callable[[], Awaitable[None]]
 class Maintenance:
     """Elects this worker for the services it offers and runs those it wins."""
 
-    def __init__(self, conninfo: str, schema: str, services: dict[str, Service], interval: float) -> None:
+    def __init__(self, conninfo: str, schema: str, services: dict[str, Service], interval: float,
+                 query_timeout: float) -> None:
         self._conninfo = conninfo
+        self._query_timeout = query_timeout
         self._schema = schema
         self._services = services
         self._interval = interval
@@ -55,15 +58,17 @@ class Maintenance:
                 for name, service in self._services.items():
                     if name in self.leading:
                         continue
-                    cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                             (f"pgflow.{self._schema}.{name}",))
-                    row = await cur.fetchone()
+                    with answered_within(conn, self._query_timeout):
+                        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                                                 (f"pgflow.{self._schema}.{name}",))
+                        row = await cur.fetchone()
                     if row and row[0]:
                         log.info("this worker now runs the %s service", name)
                         self.leading.add(name)
                         services.start_soon(_keep_running, name, service)
                 if len(self.leading) == len(self._services):
-                    await conn.execute("SELECT 1")  # a dead session must end the services it holds
+                    with answered_within(conn, self._query_timeout):  # a dead or frozen session must
+                        await conn.execute("SELECT 1")  # end the services it holds
                 await anyio.sleep(self._interval)
 
 

@@ -29,6 +29,7 @@ class Config:
     notify_interval: float = 0.005
     poll_interval: float = 1.0
     listen_idle: float = 30.0  # seconds without a waiter before the LISTEN connection is closed
+    query_timeout: float = 10.0  # seconds without an answer before a connection is taken for dead
     retention: float | None = 7 * 24 * 3600.0  # seconds finished workflows are kept; None: for ever
 
     @property

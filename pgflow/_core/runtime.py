@@ -17,22 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
-import time
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
-import psycopg.conninfo
-from psycopg_pool import AsyncConnectionPool
 
-from .connecting import check_connectable
+from .connecting import check_connectable, linked
 from .listener import Listener
 from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
+from .pool import Pool
 from .registry import Config
 from .store import NO_PINGS, Pings, Store, retrying
 from .streams.reader import ChunkFetcher, Chunks, read_batches, stream_keys
@@ -41,7 +37,6 @@ from .streams.writer import StreamWriter
 log = logging.getLogger("pgflow")
 
 T = TypeVar("T")
-IDLE_CHECK_AFTER = 2.0  # seconds a pooled connection may sit unused before it is checked on checkout
 
 
 @dataclass
@@ -80,7 +75,6 @@ class Runtime:
         self.retired_writes = (0, 0)  # batches and chunks of the writers of workers that have stopped
         self._store: Store | None = None
         self._opening = anyio.Lock()
-        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         self._root: asyncio.Task[None] | None = None
         self._listen_wanted = anyio.Event()
         self._listening = False
@@ -103,12 +97,7 @@ class Runtime:
             self.hub.reached = True
         self.config = config
         self.waiters.ticks.every = config.poll_interval
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            config.dsn, min_size=1, max_size=config.pool_size, open=False,
-            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}",
-                    "options": _session_options(config.dsn)},
-            name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
-        )
+        pool = Pool(config)
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
         try:
@@ -117,33 +106,14 @@ class Runtime:
             await pool.close()
             raise
         self.notifier = Notifier(self._pool, config.channel, config.notify_interval, self.hub.token)
-        self.listener = Listener(lambda: config.dsn, config.channel, self.waiters, self.hub.token,
-                                 config.listen_idle)
+        self.listener = Listener(lambda: linked(config.dsn, config.query_timeout), config.channel, self.waiters,
+                                 self.hub.token, config.listen_idle, query_timeout=config.query_timeout)
         # The root task owns the pool from now on: when the loop shuts down it closes it.
         self._serve_in_background()
         return store
 
-    async def _pool(self) -> AsyncConnectionPool[Any]:
+    async def _pool(self) -> Pool:
         return (await self.store()).pool
-
-    async def _note_return(self, conn: Any) -> None:
-        self._returned[conn] = time.monotonic()
-
-    async def _check_if_idle(self, conn: Any) -> None:
-        """Check a connection on checkout only when it sat idle a while (a restart may have killed
-        it): a check on every checkout costs a round trip per query. A connection that died in the
-        last moments fails its query instead, which the idempotent operations retry."""
-        if time.monotonic() - self._returned.get(conn, 0.0) > IDLE_CHECK_AFTER:
-            try:
-                await AsyncConnectionPool.check_connection(conn)
-            except Exception:
-                # What killed this idle connection (a restart, a failover, a NAT reset, a DBA's
-                # pg_terminate_backend) likely killed the others too. Check them all now: the pool
-                # then finds a live connection at once, instead of trying one dead connection after
-                # another with a growing pause between tries (1, 2, 4, 8 s ...).
-                if self._store is not None:
-                    await self._store.pool.check()
-                raise
 
     async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
         """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""
@@ -282,18 +252,6 @@ class Runtime:
         self.writers.discard(writer)
         self.retired_writes = (self.retired_writes[0] + writer.batches, self.retired_writes[1] + writer.chunks)
 
-
-
-def _session_options(dsn: str) -> str:
-    """The ``options`` of pgflow's pooled connections: the DSN's own, plus settings for pgflow's
-    statements. They are short, index-driven and the same on every call (ids, arrays and limits as
-    parameters), so one generic plan suits them, while the default re-plans a prepared statement on
-    every call whenever the generic plan's estimate looks worse (seen: 0.6 ms of planning for a 0.3 ms
-    claim). And no JIT: an estimate over jit_above_cost (a big batch, a long stream) spends more on
-    compiling than on running (seen: 14 ms of JIT for a 2 ms read). Set at connect time, so they cost
-    no round trip."""
-    own = str(psycopg.conninfo.conninfo_to_dict(dsn).get("options") or "")
-    return f"{own} -c plan_cache_mode=force_generic_plan -c jit=off".strip()
 
 
 class Runtimes:

@@ -26,7 +26,7 @@ from anyio.abc import TaskGroup
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from .checks import check_queue
-from .connecting import where
+from .connecting import linked, where
 from .execution import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
@@ -92,8 +92,9 @@ class Worker:
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
-        self._maintenance = Maintenance((await self.runtimes.config_async()).dsn, self._store.schema,
-                                        self._services(), interval=self.lease)
+        config = runtime.config
+        self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
+                                        self._services(), interval=self.lease, query_timeout=config.query_timeout)
         self._wake = Waiter()
         for queue in self.queues:
             runtime.waiters.add(f"q:{queue}", self._wake)
@@ -285,12 +286,16 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
+        # A renewal answered after the lease ran out is worth nothing: past half the lease, the link
+        # is taken for dead and the next renewal goes over a fresh one.
+        within = min(max(self.lease / 2, 1.0), self._store.pool.query_timeout)
         while True:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
                     leases = await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
-                                                         self.queues, __version__, sorted(self.registry.workflows))
+                                                         self.queues, __version__, sorted(self.registry.workflows),
+                                                         within=within)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+from ..pool import Pool
 
 
 def quote_identifier(name: str) -> str:
@@ -12,7 +12,7 @@ def quote_identifier(name: str) -> str:
 
 
 class Statements:
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+    def __init__(self, pool: Pool, schema: str) -> None:
         self.pool = pool
         self.schema = schema
         self._s = quote_identifier(schema)

@@ -9,6 +9,7 @@ lease cannot overwrite the work of the worker that took over.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -57,7 +58,8 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
-        async with self.pool.connection() as conn:
+        # Unbounded: a migration may build an index on a big table, or wait for another process's.
+        async with self.pool.connection(within=math.inf) as conn:
             return await migrations.migrate(conn, self._s)
 
     async def schema_version(self) -> int:
@@ -159,11 +161,13 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
     async def heartbeat(self, owner: str, lease: float, host: str, pid: int, queues: Sequence[str],
-                        version: str, names: Sequence[str]) -> list[tuple[str, int, bool]]:
+                        version: str, names: Sequence[str], within: float) -> list[tuple[str, int, bool]]:
         """Say this worker lives and extend every lease ``owner`` holds, in one statement; return
         (id, attempt, cancel requested) per lease. A heartbeat lost in a crash harms nothing (the
-        leases simply run out), so it does not wait for the disk."""
-        async with self.pool.connection() as conn:
+        leases simply run out), so it does not wait for the disk. One not answered ``within``
+        seconds is abandoned with its connection: the next one, on a fresh link, may still come in
+        time."""
+        async with self.pool.connection(within=within) as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
                 "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names)"
@@ -254,18 +258,21 @@ def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
 
 
 # Server states that pass: it is shutting down or starting (a restart, a failover), it ended the
-# session, or it has no connection slot free right now.
-_PASSING_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# session (for one, because it sat idle in a transaction past query_timeout: the loop was stalled),
+# or it has no connection slot free right now.
+_PASSING_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25P03"})
 
 
 def unreachable(exc: BaseException) -> bool:
     """True when the server could not be reached or went away, which waiting may mend. Every other
     error (a value the server refuses, a statement over one of its limits) comes back the same however
     often the statement is tried."""
-    if not isinstance(exc, psycopg.OperationalError):
+    if not isinstance(exc, psycopg.Error):
         return False
     state = exc.sqlstate
-    return state is None or state.startswith("08") or state in _PASSING_STATES
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)  # the link failed: no server answer at all
+    return state.startswith("08") or state in _PASSING_STATES
 
 
 async def retrying(operation: Callable[[], Awaitable[T]], what: str, patience: float = 10.0) -> T:
@@ -277,7 +284,7 @@ async def retrying(operation: Callable[[], Awaitable[T]], what: str, patience: f
     while True:
         try:
             return await operation()
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             if not unreachable(exc) or anyio.current_time() + delay > deadline:
                 raise
             log.warning("%s failed (%s); trying again in %.2fs", what, exc, delay)

@@ -1,0 +1,117 @@
+"""pgflow's connection pool: psycopg's, with a bound on how long any answer may take.
+
+A link can die without a word: a proxy or a NAT box that stops forwarding, a network partition, a
+server host that vanishes. The kernel notices late or never (a user-space proxy keeps acknowledging),
+so a query on such a link waits for ever, and with it a worker's heartbeat and claims. Every checkout
+of this pool therefore carries a timer: when the server has not answered within ``query_timeout``,
+the connection's socket is shut down. The waiting query then fails at once as a lost connection, which
+pgflow's idempotent operations already retry on a fresh one, and the pool drops the dead connection.
+(Cancelling the waiting task instead would make psycopg send the server a cancel request and wait up
+to ten more seconds for an answer that cannot come through the same dead link.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from .connecting import link_settings
+from .registry import Config
+
+log = logging.getLogger("pgflow")
+
+IDLE_CHECK_AFTER = 2.0  # seconds a pooled connection may sit unused before it is checked on checkout
+CHECK_WITHIN = 2.0  # seconds an empty query may take on a healthy link, however loaded
+
+
+class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """The pool of one runtime: autocommit connections whose every use is bounded in time."""
+
+    def __init__(self, config: Config) -> None:
+        self.query_timeout = config.query_timeout
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        super().__init__(
+            config.dsn, min_size=1, max_size=config.pool_size, open=False,
+            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}",
+                    **link_settings(config.dsn, config.query_timeout)},
+            name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
+        )
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None, *,
+                         within: float | None = None) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection whose use must be over within ``within`` seconds (``query_timeout`` by
+        default; ``math.inf`` for work that may rightly take long, such as a migration), or its link
+        is taken for dead and closed."""
+        async with super().connection(timeout) as conn:
+            with answered_within(conn, self.query_timeout if within is None else within):
+                yield conn
+
+    @staticmethod
+    async def check_connection(conn: AsyncConnection[Any]) -> None:
+        """psycopg's check (used by ``check()`` on every idle connection), bounded in time: a frozen
+        link would otherwise stall the whole sweep."""
+        with answered_within(conn, CHECK_WITHIN):
+            await AsyncConnectionPool.check_connection(conn)
+
+    async def _note_return(self, conn: AsyncConnection[Any]) -> None:
+        self._returned[conn] = time.monotonic()
+
+    async def _check_if_idle(self, conn: AsyncConnection[Any]) -> None:
+        """Check a connection on checkout only when it sat idle a while (a restart may have killed
+        it): a check on every checkout costs a round trip per query. A connection that died in the
+        last moments fails its query instead, which the idempotent operations retry."""
+        if time.monotonic() - self._returned.get(conn, 0.0) > IDLE_CHECK_AFTER:
+            try:
+                await self.check_connection(conn)
+            except Exception:
+                # What killed this idle connection (a restart, a failover, a NAT reset, a DBA's
+                # pg_terminate_backend) likely killed the others too. Check them all now: the pool
+                # then finds a live connection at once, instead of trying one dead connection after
+                # another with a growing pause between tries (1, 2, 4, 8 s ...).
+                await self.check()
+                raise
+
+
+@contextlib.contextmanager
+def answered_within(conn: AsyncConnection[Any], seconds: float) -> Iterator[None]:
+    """Close ``conn``'s link if what runs inside has not finished within ``seconds``."""
+    if seconds == math.inf:
+        yield
+        return
+    timer = asyncio.get_running_loop().call_later(seconds, _sever, conn, seconds)
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _sever(conn: AsyncConnection[Any], seconds: float) -> None:
+    """Shut the socket down under libpq: the read it waits on ends at once, as on a closed link.
+    (Closing the descriptor itself would leave the event loop watching a number that is no longer
+    the socket.)"""
+    if conn.closed:
+        return
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:
+        return
+    log.warning("PostgreSQL has not answered on a connection for %.1f s: taking the link for dead and "
+                "closing it (a frozen network path, a stopped proxy, a vanished host)", seconds)
+    try:
+        with socket.socket(fileno=os.dup(fd)) as link:
+            link.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
