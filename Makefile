@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test demo lint bench clean
+.PHONY: help venv .venv test soak demo lint bench clean
 
 help:
 	@echo "pgflow development targets:"
 	@echo "  make test    run the test suite (pass more pytest arguments with PYTEST_ARGS='-k foo -x')"
+	@echo "  make soak    the fault suite for SOAK_MINUTES (default 5) on a PostgreSQL 18 of its own; FAULTS=kill,stop,..."
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (DBOS) and run benchmarks/streams.py"
@@ -38,6 +39,11 @@ venv .venv: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+SOAK_MINUTES ?= 5
+FAULTS ?= kill,stop,terminate,cancel,restart,freeze,reset,refuse
+soak: $(STAMP)
+	$(PY) -m tests.chaos --minutes $(SOAK_MINUTES) --faults $(FAULTS)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

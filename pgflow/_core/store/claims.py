@@ -24,14 +24,15 @@ CLAIM = (
     "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
     " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
     "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-    # A claim lost in a server crash harms nothing (the row is claimable again), so its
-    # commit does not wait for the disk: only starts and finishes must.
-    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    # The claim's commit waits for the disk like any other. (It once did not, on the grounds that a
+    # claim lost in a crash leaves the row claimable again; but the claimed execution runs on, and
+    # its attempt number, the fencing token, is then handed out a second time: two executions of
+    # one attempt, both able to write. The fault suite found it.)
     " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
     "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
     "  started_at = coalesce(w.started_at, now()),"
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-    "  FROM chosen WHERE w.id = chosen.id AND EXISTS (SELECT FROM lazy)"
+    "  FROM chosen WHERE w.id = chosen.id"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
     " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
