@@ -84,8 +84,10 @@ class Report:
     violations: list[str] = field(default_factory=list)
     recovery: float = 0.0  # seconds from the end of the last fault until every workflow had ended
     start_errors: list[str] = field(default_factory=list)  # starts that raised (each looked up at the end)
+    statements_cancelled: int = 0
     live_reads: int = 0
-    longest_stall: float = 0.0  # seconds, the longest wait of a live reader between two chunks
+    # seconds, the longest wait of a live reader between two chunks, by the fault that came last before
+    longest_stall: dict[str, float] = field(default_factory=dict)
     chunks_checked: int = 0
     step_runs_checked: int = 0
     worker_rss_mb: dict[int, tuple[float, float]] = field(default_factory=dict)
@@ -96,12 +98,14 @@ class Report:
             f" {self.settings.workers} workers x {self.settings.concurrency}, lease {self.settings.lease}s",
             "injected: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(self.injected.items())),
             "workflows: " + ", ".join(f"{status} {n}" for status, n in sorted(self.statuses.items())),
-            f"starts that raised (then looked up): {len(self.start_errors)}",
+            f"starts that raised (then looked up): {len(self.start_errors)};"
+            f" running statements cancelled: {self.statements_cancelled}",
             f"checked: {self.step_runs_checked} step runs, {self.chunks_checked} chunks,"
             f" {self.live_reads} live readers",
             f"every workflow ended {self.recovery:.1f}s after the last fault"
-            f" (bound {self.settings.recovery_bound:.0f}s); the longest wait of a live reader between two"
-            f" chunks: {self.longest_stall:.1f}s",
+            f" (bound {self.settings.recovery_bound:.0f}s)",
+            "the longest wait of a live reader between two chunks, after: " + ", ".join(
+                f"{kind} {seconds:.1f}s" for kind, seconds in sorted(self.longest_stall.items())),
         ]
         if self.worker_rss_mb:
             lines.append("worker memory (MB, a third in -> end): " + ", ".join(
@@ -125,6 +129,9 @@ class Chaos:
         self.started: list[str] = []
         self.live: dict[str, list[Any]] = {}
         self.fault_ended = 0.0
+        self.fault_times: list[tuple[float, str]] = []
+        self._reading: set[str] = set()
+        self._all_read = anyio.Event()  # set whenever no live reader is left (only awaited at the end)
         self.rss_mid: dict[int, float] = {}
         self._serial = 0
 
@@ -160,6 +167,13 @@ class Chaos:
                     tg.start_soon(self._faults)
                     tg.start_soon(self._sample_memory)
                 await self._await_the_end(app)
+                # The readers of ended workflows finish at once; any other is a finding, not a hang.
+                with anyio.move_on_after(30):
+                    if self._reading:
+                        await self._all_read.wait()
+                if self._reading:
+                    self.report.violations.append(f"live readers still waiting: {sorted(self._reading)}")
+                    readers.cancel_scope.cancel()
             await self._check(app)
         finally:
             await app.close_async()
@@ -202,17 +216,24 @@ class Chaos:
 
         values: list[Any] = []
         last = time.monotonic()
+        self._reading.add(handle.id)
         try:
             async for value in handle.stream_async(STREAM):
                 values.append(value)
                 now = time.monotonic()
-                self.report.longest_stall = max(self.report.longest_stall, now - last)
+                # A wait is put down to the last fault injected before it ended ("none" before any).
+                kind = next((k for began, k in reversed(self.fault_times) if began <= now), "none")
+                self.report.longest_stall[kind] = max(self.report.longest_stall.get(kind, 0.0), now - last)
                 last = now
         except pgflow.UnknownWorkflow:
             return  # its start failed before anything was written
         except Exception as exc:  # noqa: BLE001 - every failure of a reader is a finding
             self.report.violations.append(f"live reader of {handle.id} failed: {type(exc).__name__}: {exc}")
             return
+        finally:
+            self._reading.discard(handle.id)
+            if not self._reading:
+                self._all_read.set()
         self.live[handle.id] = values
 
     async def _cancel_later(self, handle: pgflow.WorkflowHandle[Any]) -> None:
@@ -237,17 +258,23 @@ class Chaos:
             await anyio.sleep(s.every)
             kind = order[turn % len(order)]
             turn += 1
+            self.fault_times.append((time.monotonic(), kind))
             await getattr(self, f"_inject_{kind}")()
             self.report.injected[kind] += 1
             self.fault_ended = time.monotonic()
 
+    def _victim(self) -> Proc:
+        """A live worker other than the first, which lives through the run so its memory can be
+        compared from a third of the way in to the end."""
+        return self.rng.choice([p for p in self.workers[1:] if p.alive()])
+
     async def _inject_kill(self) -> None:
-        victim = self.rng.choice([p for p in self.workers if p.alive()])
+        victim = self._victim()
         await anyio.to_thread.run_sync(victim.stop)
         self._start_worker()
 
     async def _inject_stop(self) -> None:
-        victim = self.rng.choice([p for p in self.workers if p.alive()])
+        victim = self._victim()
         victim.signal(signal.SIGSTOP)
         await anyio.sleep(2.5 * self.settings.lease)
         victim.signal(signal.SIGCONT)
@@ -257,11 +284,16 @@ class Chaos:
                                " WHERE application_name LIKE 'pgflow-%%' AND pid <> pg_backend_pid()")
 
     async def _inject_cancel(self) -> None:
-        for _ in range(20):  # pgflow's statements are short: aim several times to hit some
-            await _query(self.dsn, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity"
-                                   " WHERE application_name LIKE 'pgflow-%%' AND state = 'active'"
-                                   " AND pid <> pg_backend_pid()")
-            await anyio.sleep(0.05)
+        """For a second, cancel every statement of pgflow's that is running (pgflow's statements are
+        short: aim again and again to hit some)."""
+        end = time.monotonic() + 1.0
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            while time.monotonic() < end:
+                cur = await conn.execute("SELECT count(*) FILTER (WHERE pg_cancel_backend(pid))"
+                                         " FROM pg_stat_activity WHERE application_name LIKE 'pgflow-%%'"
+                                         " AND state = 'active' AND pid <> pg_backend_pid()")
+                row = await cur.fetchone()
+                self.report.statements_cancelled += int(row[0]) if row else 0
 
     async def _inject_restart(self) -> None:
         assert self.server is not None
@@ -337,7 +369,10 @@ class Chaos:
         self._check_steps(await _query(self.dsn, f'SELECT workflow_id, position, attempt FROM "{self.schema}".steps'
                                                  " WHERE workflow_id = ANY(%s)", self.started))
         for id, st in status.items():
-            replay = [v async for v in app.handle(id).stream_async(chaos.STREAM)]
+            if st in ("queued", "running"):
+                continue  # reported above; its stream is not over
+            with anyio.fail_after(60):
+                replay = [v async for v in app.handle(id).stream_async(chaos.STREAM)]
             self.report.chunks_checked += len(replay)
             total = s.steps * s.chunks_per_step
             if replay != list(range(len(replay))) or (st == "succeeded" and len(replay) != total):

@@ -4,8 +4,10 @@ pg_terminate_backend, bad values go through the public API."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 from typing import Any
 
 import anyio
@@ -258,3 +260,59 @@ async def test_a_chunk_the_server_refuses_fails_its_own_workflow_and_no_other_in
     for h in innocents:
         assert await query_attempts(app, h.id) == 1
         assert [v async for v in h.stream_async("fine")] == list(range(20))
+
+
+# -- H. the listener's reconnect backoff --------------------------------------------------------------------
+
+
+async def test_the_listeners_reconnect_backoff_starts_afresh_after_each_good_connection(
+        app: pgflow.App, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the backoff doubled on every reconnect for the life of the process (0.05, 0.1, 0.2, ...
+    s), so each later outage lost pings for longer."""
+    @app.workflow
+    async def never_run() -> None: ...
+
+    handle = await never_run.start_async()  # no worker: its result is waited on for ever
+    caplog.set_level(logging.WARNING, logger="pgflow")
+    runtime = app._client.runtime()
+
+    async def connected_other_than(pid: int | None) -> int:
+        while (listener := runtime.listener) is None or not listener.connected or listener.backend_pid in (None, pid):
+            await anyio.sleep(0.01)
+        assert listener.backend_pid is not None
+        return listener.backend_pid
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handle.result_async)  # something waits: the listener connects
+        with anyio.fail_after(WAIT):
+            pid = await connected_other_than(None)
+            for _ in range(5):
+                await query(dsn, "SELECT pg_terminate_backend(%s)", pid)
+                pid = await connected_other_than(pid)
+        tg.cancel_scope.cancel()
+    delays = re.findall(r"listener connection lost .*?; reconnecting in ([\d.]+)s", caplog.text, re.S)
+    assert len(delays) >= 5
+    assert set(delays) == {"0.05"}, delays
+
+
+# -- a lease its worker gave up --------------------------------------------------------------------------------
+
+
+async def test_a_lease_its_worker_no_longer_runs_lapses_and_the_workflow_runs_again(
+        app: pgflow.App, dsn: str, schema: str) -> None:
+    """A worker that gave a workflow up but could not release it (the server dropped both its
+    finish and its release: the fault suite cancelled them) still held the lease. Before: every
+    heartbeat renewed every lease of the worker, so the workflow stayed running, run by nobody, for
+    as long as the worker lived."""
+    @app.workflow
+    async def seven() -> int:
+        return 7
+
+    handle = await seven.with_options(delay=3600).start_async()
+    async with app.worker(concurrency=2, lease=1.0) as worker:
+        # What the failed release left behind: a lease of this worker's on a workflow it does not run.
+        await query(dsn, f'UPDATE "{schema}".workflows SET status = \'running\', attempt = 1, due_at = now(),'
+                         " lease_owner = %s, lease_expires_at = now() + interval '1 second' WHERE id = %s",
+                    worker.id, handle.id)
+        with anyio.fail_after(WAIT):
+            assert await handle.result_async() == 7

@@ -277,7 +277,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
-                if await store.release(claimed.id, claimed.attempt):
+                if await retrying(lambda: store.release(claimed.id, claimed.attempt),
+                                  f"giving {claimed.id} back to the queue"):
                     runtime.ping([f"q:{workflow.queue}"])
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
@@ -357,7 +358,11 @@ async def _finish(runtime: Runtime, store: Store, execution: Execution, status: 
     workers waiting on a limited queue's free slot."""
     keys = {f"wf:{execution.workflow_id}", *freed}
     pings = runtime.pings_to_carry(keys)
-    if await store.finish(execution.workflow_id, execution.attempt, status, output, error, pings):
+    # Tried again while the server is away or drops the statement: an end not recorded would leave the
+    # workflow to its lease. (A first try that committed unseen makes the second find the workflow
+    # ended, which reads as a lost lease: nothing is recorded twice.)
+    if await retrying(lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
+                      f"recording the end of {execution.workflow_id}"):
         runtime.announced(keys, pings)
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",

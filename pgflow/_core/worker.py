@@ -295,7 +295,7 @@ class Worker:
                 with anyio.CancelScope(shield=True):
                     leases = await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
                                                          self.queues, __version__, sorted(self.registry.workflows),
-                                                         within=within)
+                                                         sorted(self.running), within=within)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue

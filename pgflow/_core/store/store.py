@@ -161,12 +161,15 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
     async def heartbeat(self, owner: str, lease: float, host: str, pid: int, queues: Sequence[str],
-                        version: str, names: Sequence[str], within: float) -> list[tuple[str, int, bool]]:
-        """Say this worker lives and extend every lease ``owner`` holds, in one statement; return
-        (id, attempt, cancel requested) per lease. A heartbeat lost in a crash harms nothing (the
-        leases simply run out), so it does not wait for the disk. One not answered ``within``
-        seconds is abandoned with its connection: the next one, on a fresh link, may still come in
-        time."""
+                        version: str, names: Sequence[str], running: Sequence[str],
+                        within: float) -> list[tuple[str, int, bool]]:
+        """Say this worker lives and extend the leases ``owner`` holds on the workflows it is still
+        ``running``, in one statement; return (id, attempt, cancel requested) per lease. (Not every
+        lease it holds: one on a workflow it gave up, whose release failed, must run out.)
+
+        A heartbeat lost in a crash harms nothing (the leases simply run out), so it does not wait
+        for the disk. One not answered ``within`` seconds is abandoned with its connection: the next
+        one, on a fresh link, may still come in time."""
         async with self.pool.connection(within=within) as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
@@ -176,11 +179,12 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
                 " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
-                " WHERE id IN (SELECT id FROM {s}.workflows WHERE lease_owner = %(owner)s"
-                "  AND status = 'running' ORDER BY id FOR UPDATE) AND EXISTS (SELECT FROM lazy)"
+                " WHERE id IN (SELECT id FROM {s}.workflows WHERE id = ANY(%(running)s)"
+                "  AND lease_owner = %(owner)s AND status = 'running' ORDER BY id FOR UPDATE)"
+                " AND EXISTS (SELECT FROM lazy)"
                 " RETURNING id, attempt, cancel_requested"
             ), {"owner": owner, "lease": lease, "host": host, "pid": pid,
-                "queues": list(queues), "version": version, "names": list(names)})
+                "queues": list(queues), "version": version, "names": list(names), "running": list(running)})
             return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
 
     async def forget_workers(self, silent_for: float) -> int:
@@ -259,14 +263,15 @@ def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
 
 # Server states that pass: it is shutting down or starting (a restart, a failover), it ended the
 # session (for one, because it sat idle in a transaction past query_timeout: the loop was stalled),
-# or it has no connection slot free right now.
-_PASSING_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25P03"})
+# it has no connection slot free right now, it cancelled the statement (a statement_timeout, a DBA's
+# pg_cancel_backend), or it picked the statement as a deadlock's or a serialization conflict's victim.
+_PASSING_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25P03", "57014", "40P01", "40001"})
 
 
 def unreachable(exc: BaseException) -> bool:
-    """True when the server could not be reached or went away, which waiting may mend. Every other
-    error (a value the server refuses, a statement over one of its limits) comes back the same however
-    often the statement is tried."""
+    """True when the server could not be reached, went away or gave up on the statement for reasons
+    of the moment, which trying again mends. Every other error (a value the server refuses, a
+    statement over one of its limits) comes back the same however often the statement is tried."""
     if not isinstance(exc, psycopg.Error):
         return False
     state = exc.sqlstate
