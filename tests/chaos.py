@@ -131,6 +131,7 @@ class Chaos:
         self.fault_ended = 0.0
         self.fault_times: list[tuple[float, str]] = []
         self._reading: set[str] = set()
+        self._read_so_far: dict[str, int] = {}
         self._all_read = anyio.Event()  # set whenever no live reader is left (only awaited at the end)
         self.rss_mid: dict[int, float] = {}
         self._serial = 0
@@ -168,11 +169,13 @@ class Chaos:
                     tg.start_soon(self._sample_memory)
                 await self._await_the_end(app)
                 # The readers of ended workflows finish at once; any other is a finding, not a hang.
+                self._all_read = anyio.Event()  # (a fresh one: the last was set whenever no reader was left)
                 with anyio.move_on_after(30):
                     if self._reading:
                         await self._all_read.wait()
                 if self._reading:
-                    self.report.violations.append(f"live readers still waiting: {sorted(self._reading)}")
+                    self.report.violations.append("live readers still waiting: " + ", ".join(
+                        f"{id} (after {self._read_so_far.get(id, 0)} chunks)" for id in sorted(self._reading)))
                     readers.cancel_scope.cancel()
             await self._check(app)
         finally:
@@ -220,6 +223,7 @@ class Chaos:
         try:
             async for value in handle.stream_async(STREAM):
                 values.append(value)
+                self._read_so_far[handle.id] = len(values)
                 now = time.monotonic()
                 # A wait is put down to the last fault injected before it ended ("none" before any).
                 kind = next((k for began, k in reversed(self.fault_times) if began <= now), "none")
@@ -409,11 +413,18 @@ class Chaos:
                          f"{[t.name for t in threading.enumerate()]}")
         if len(asyncio.all_tasks()) > tasks:
             found.append(f"tasks: {tasks} before, {len(asyncio.all_tasks())} after: {asyncio.all_tasks()}")
+        # A backend ends a moment after its client hung up (and one behind the proxy only once the
+        # proxy let go): wait for the server to notice, within a bound.
+        deadline = time.monotonic() + 15.0
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
-                                (f"pgflow-%{os.getpid()}",)).fetchone()
+            while True:
+                left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                                    (f"pgflow-%{os.getpid()}",)).fetchone()
+                if not (left and left[0]) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         if left and left[0]:
-            found.append(f"{left[0]} connections of this process still open after close")
+            found.append(f"{left[0]} connections of this process still open 15 s after close")
 
 
 async def _query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -38,7 +38,7 @@ from ..telemetry import tracer
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec, WorkflowSpec
 from .runtime import Runtime
-from .store import Claimed, StepRecord, Store, retrying
+from .store import Claimed, StepRecord, Store, retrying, unreachable
 from .streams.writer import ChunkRefused, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -180,7 +180,9 @@ class Execution:
             owner, cancel = await retrying(lambda: self.store.record_step(
                 self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends,
             ), f"recording step {name!r}")
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            if not unreachable(exc):
+                raise
             # Not the workflow's failure: stop this run; the workflow is resumed once the
             # database is back (the insert is fenced and idempotent, so a retry cannot double it).
             self.interrupt = StoreUnavailable(f"cannot record step {name!r}: {exc}")

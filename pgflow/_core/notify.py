@@ -172,7 +172,7 @@ class Outage:
     def over(self) -> None:
         self._since = None
 
-    def bear(self, exc: psycopg.OperationalError) -> None:
+    def bear(self, exc: psycopg.Error) -> None:
         """Note a failed look at the table; raise ``exc`` when it is not to be borne."""
         now = time.monotonic()
         self._since = self._since or now
@@ -197,7 +197,7 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
         try:
             found = await check()
             outage.over()
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             outage.bear(exc)
             found = None
         if found is not None:

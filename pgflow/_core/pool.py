@@ -42,6 +42,7 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
     def __init__(self, config: Config) -> None:
         self.query_timeout = config.query_timeout
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._sweep: asyncio.Task[None] | None = None
         super().__init__(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
             kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}",
@@ -78,11 +79,21 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
                 await self.check_connection(conn)
             except Exception:
                 # What killed this idle connection (a restart, a failover, a NAT reset, a DBA's
-                # pg_terminate_backend) likely killed the others too. Check them all now: the pool
-                # then finds a live connection at once, instead of trying one dead connection after
-                # another with a growing pause between tries (1, 2, 4, 8 s ...).
-                await self.check()
+                # pg_terminate_backend) likely killed the others too. Check them all now, in the
+                # background: check() takes the idle connections out of the pool at once, so this
+                # checkout goes on with a new connection instead of trying one dead connection after
+                # another with a growing pause between tries (1, 2, 4, 8 s ...), and nobody waits
+                # for the checks (up to CHECK_WITHIN each on a frozen link).
+                if self._sweep is None or self._sweep.done():
+                    self._sweep = asyncio.get_running_loop().create_task(self.check())
+                    await asyncio.sleep(0)  # let it take the idle connections before we look again
                 raise
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            await asyncio.wait([self._sweep])
+        await super().close(timeout)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import psycopg
 from ... import codec
 from ...errors import UnknownWorkflow
 from ..notify import Outage, Waiter
-from ..store import Store
+from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
@@ -91,12 +91,13 @@ class ChunkFetcher:
                 READ_BATCH)
             self.queries += 1
         except Exception as exc:  # noqa: BLE001 - given to the reads that caused it
-            if len(batch) > 1:
+            if len(batch) > 1 and not unreachable(exc):  # an outage is nobody's fault: no bisection
                 middle = len(batch) // 2
                 await self._answer(batch[:middle])
                 await self._answer(batch[middle:])
                 return
-            batch[0].reply(error=exc)
+            for read in batch:
+                read.reply(error=exc)
             return
         for r, result in zip(batch, results, strict=True):
             r.reply(result)
@@ -118,7 +119,7 @@ async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, 
         try:
             status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
             outage.over()
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             outage.bear(exc)
             await waiter.wait()
             continue
