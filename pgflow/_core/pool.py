@@ -86,6 +86,7 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
                 # for the checks (up to CHECK_WITHIN each on a frozen link).
                 if self._sweep is None or self._sweep.done():
                     self._sweep = asyncio.get_running_loop().create_task(self.check())
+                    self._sweep.add_done_callback(_consume)  # its failure is the failed checks' own
                     await asyncio.sleep(0)  # let it take the idle connections before we look again
                 raise
 
@@ -94,6 +95,11 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
             self._sweep.cancel()
             await asyncio.wait([self._sweep])
         await super().close(timeout)
+
+
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a background check of the pool failed: %r", task.exception())
 
 
 @contextlib.contextmanager
@@ -121,8 +127,11 @@ def _sever(conn: AsyncConnection[Any], seconds: float) -> None:
         return
     log.warning("PostgreSQL has not answered on a connection for %.1f s: taking the link for dead and "
                 "closing it (a frozen network path, a stopped proxy, a vanished host)", seconds)
+    duplicate = os.dup(fd)  # a socket object of our own, whose closing leaves libpq's descriptor be
     try:
-        with socket.socket(fileno=os.dup(fd)) as link:
-            link.shutdown(socket.SHUT_RDWR)
+        link = socket.socket(fileno=duplicate)
     except OSError:
-        pass
+        os.close(duplicate)
+        return
+    with link, contextlib.suppress(OSError):  # not connected any more: nothing to shut down
+        link.shutdown(socket.SHUT_RDWR)
