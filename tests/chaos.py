@@ -156,6 +156,7 @@ class Chaos:
         await anyio.to_thread.run_sync(lambda: None)  # this harness's own worker thread, in the baseline
         threads = threading.active_count()
         tasks = len(asyncio.all_tasks())
+        connections = await self._connections_of_this_process()
         app = pgflow.App(self.link, schema=self.schema, poll_interval=0.5,
                          query_timeout=self.settings.query_timeout)
         mixed = chaos.build(app)
@@ -191,7 +192,7 @@ class Chaos:
             if self.proxy is not None:
                 self.proxy.close()
         await anyio.sleep(0)  # let the closed runtime's tasks finish unwinding
-        self._check_leaks(threads, tasks)
+        await self._check_leaks(threads, tasks, connections)
         return self.report
 
     async def _load(self, app: pgflow.App, mixed: Any, readers: anyio.abc.TaskGroup) -> None:
@@ -406,7 +407,12 @@ class Chaos:
                 self.report.violations.append(
                     f"step {position} of {workflow_id} ran under attempt {attempt}, after attempt {when} recorded it")
 
-    def _check_leaks(self, threads: int, tasks: int) -> None:
+    async def _connections_of_this_process(self) -> int:
+        rows = await _query(self.dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                            f"pgflow-%{os.getpid()}")
+        return int(rows[0][0])
+
+    async def _check_leaks(self, threads: int, tasks: int, connections: int) -> None:
         found = self.report.violations
         if threading.active_count() > threads:
             found.append(f"threads: {threads} before, {threading.active_count()} after: "
@@ -414,17 +420,12 @@ class Chaos:
         if len(asyncio.all_tasks()) > tasks:
             found.append(f"tasks: {tasks} before, {len(asyncio.all_tasks())} after: {asyncio.all_tasks()}")
         # A backend ends a moment after its client hung up (and one behind the proxy only once the
-        # proxy let go): wait for the server to notice, within a bound.
-        deadline = time.monotonic() + 15.0
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while True:
-                left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
-                                    (f"pgflow-%{os.getpid()}",)).fetchone()
-                if not (left and left[0]) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-        if left and left[0]:
-            found.append(f"{left[0]} connections of this process still open 15 s after close")
+        # proxy let go): give the server a bounded while to notice.
+        with anyio.move_on_after(15):
+            while (left := await self._connections_of_this_process()) > connections:
+                await anyio.sleep(0.1)
+        if left > connections:
+            found.append(f"connections of this process: {connections} before, {left} 15 s after close")
 
 
 async def _query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:

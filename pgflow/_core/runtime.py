@@ -343,3 +343,5 @@ class Runtimes:
                 future = asyncio.run_coroutine_threadsafe(runtime.aclose(), loop)
                 with contextlib.suppress(Exception):
                     future.result(timeout)
+            else:  # a loop paused between runs (a test runner's): closed as soon as it runs again
+                loop.call_soon_threadsafe(loop.create_task, runtime.aclose())
