@@ -771,7 +771,7 @@ class Orchestrator:
             pyspy = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
             child.profiler = await asyncio.create_subprocess_exec(
                 pyspy, "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
-                "--nonblocking", "--idle", "-o", str(out), stdout=asyncio.subprocess.DEVNULL,
+                "--nonblocking", "-o", str(out), stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL)
         return child
 

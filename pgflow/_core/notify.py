@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -40,6 +40,12 @@ OUTAGE_LIMIT = 60.0  # seconds a waiter tolerates a database it cannot reach
 FLUSH_TIMEOUT = 2.0  # seconds a flush waits for a connection before dropping its pings
 
 
+class Wakeable(Protocol):
+    """What a ping or a poll tick wakes: a ``Waiter``, or a stream reader's place in its stream."""
+
+    def wake(self) -> None: ...
+
+
 def new_token() -> str:
     """Names one process's pings, so its own listeners can skip what it already delivered locally."""
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -53,10 +59,10 @@ class PollTicks:
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self._loop = asyncio.get_running_loop()
-        self._due: set[Waiter] = set()
+        self._due: set[Wakeable] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, waiter: Waiter) -> None:
+    def add(self, waiter: Wakeable) -> None:
         self._due.add(waiter)
         if self._timer is None:
             self._timer = self._loop.call_later(self.every, self._tick)
@@ -116,18 +122,18 @@ class Waiters:
     runtime can open its LISTEN connection only while somebody waits."""
 
     def __init__(self, on_wait: Callable[[], None] = lambda: None) -> None:
-        self._by_key: dict[str, set[Waiter]] = {}
+        self._by_key: dict[str, set[Wakeable]] = {}
         self._on_wait = on_wait
         self.ticks = PollTicks()
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def add(self, key: str, waiter: Waiter) -> None:
+    def add(self, key: str, waiter: Wakeable) -> None:
         self._by_key.setdefault(key, set()).add(waiter)
         self._on_wait()
 
-    def remove(self, key: str, waiter: Waiter) -> None:
+    def remove(self, key: str, waiter: Wakeable) -> None:
         waiting = self._by_key.get(key)
         if waiting is not None:
             waiting.discard(waiter)

@@ -31,7 +31,7 @@ from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
 from .pool import Pool
 from .registry import Config
 from .store import NO_PINGS, Pings, Store, retrying
-from .streams.reader import ChunkFetcher, Chunks, read_batches, stream_keys
+from .streams.reader import ChunkFetcher, Chunks, read_batches
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow")
@@ -67,7 +67,7 @@ class Runtime:
         self.hub = hub
         self.loop = asyncio.get_running_loop()
         self.waiters = Waiters(on_wait=self._want_listener)
-        self.fetcher = ChunkFetcher(self.store)
+        self.fetcher = ChunkFetcher(self.store, self.waiters.ticks)
         self.config: Config | None = None
         self.notifier: Notifier | None = None
         self.listener: Listener | None = None
@@ -171,19 +171,11 @@ class Runtime:
         assert self.config is not None
         return await until(waiter, check, timeout, self.config.poll_interval)
 
-    async def read_stream(self, workflow_id: str, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
+    def read_stream(self, workflow_id: str, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
         """Batches of chunks of a stream from ``offset`` on, waiting for each, until the stream can
-        grow no more. One waiter serves the whole read."""
-        if self.config is None:
-            await self.store()
-        assert self.config is not None
-        with self.waiters.watching(stream_keys(workflow_id, key)) as waiter:
-            batches = read_batches(self.fetcher, waiter, workflow_id, key, offset)
-            try:
-                async for chunks in batches:
-                    yield chunks
-            finally:
-                await batches.aclose()
+        grow no more. (The first fetch opens the store, which sets the poll interval before any
+        reader waits for a tick.)"""
+        return read_batches(self.fetcher, self.waiters, workflow_id, key, offset)
 
     def _want_listener(self) -> None:
         if not self._listening:

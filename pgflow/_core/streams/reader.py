@@ -1,9 +1,13 @@
 """Reading streams: every reader of one event loop shares its fetches.
 
-The reads asked for while a query runs are answered together by the next one; the first reader to
-ask runs the queries for everyone waiting, so no background task is needed. A reader waits on its own
-loop, woken by the listener or the writer of that loop: a chunk goes from the database to the reader
-with no hop between threads.
+A reader does not run a query of its own. A ping of its stream (or the slow poll) marks the stream as
+asked, one query fetches the new chunks of every stream asked meanwhile, and each reader is woken once,
+with its chunks in hand: under load that is one query and one wake per reader for every batch the
+writers commit. The query is run by the reader whose stream was asked first while none ran, so no
+background task is needed; a chunk goes from the database to its reader with no hop between threads.
+
+A reader is only asked again once it has taken what it was given, so a slow reader holds one batch,
+not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import psycopg
 
 from ... import codec
 from ...errors import UnknownWorkflow
-from ..notify import Outage, Waiter
+from ..notify import Outage, PollTicks, Waiters
 from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
@@ -34,56 +38,122 @@ def stream_keys(workflow_id: str, key: str) -> list[str]:
     return [f"s:{workflow_id}:{key}", f"wf:{workflow_id}"]
 
 
-class _Read:
-    """One reader's question, answered by the next shared query."""
+class StreamRead:
+    """One reader's place in a stream: where it is, and what the last fetch brought it.
 
-    __slots__ = ("workflow_id", "key", "offset", "answer")
+    Pings and poll ticks call ``wake``, which only marks the stream as asked; the reader's task wakes
+    when its answer is in (or when it is the one to run the query)."""
 
-    def __init__(self, workflow_id: str, key: str, offset: int) -> None:
+    __slots__ = ("workflow_id", "key", "offset", "_fetcher", "_signal", "asked", "in_flight", "again",
+                 "runs_fetch", "chunks", "ended", "error", "closed", "outage")
+
+    def __init__(self, fetcher: ChunkFetcher, workflow_id: str, key: str, offset: int) -> None:
         self.workflow_id = workflow_id
         self.key = key
         self.offset = offset
-        self.answer: asyncio.Future[Found] = asyncio.get_running_loop().create_future()
+        self._fetcher = fetcher
+        self._signal: asyncio.Future[None] | None = None
+        self.asked = False  # waiting for the next query
+        self.in_flight = False  # in the query under way
+        self.again = False  # pinged since its query began: ask again once the answer is taken
+        self.runs_fetch = False  # this reader's task is to run the query for everyone asked
+        self.chunks: Chunks | None = None  # fetched, not yet taken by the reader
+        self.ended = False
+        self.error: BaseException | None = None
+        self.closed = False
+        self.outage = Outage()
 
-    def reply(self, result: Found | None = None, error: BaseException | None = None) -> None:
-        if self.answer.done():  # its reader was cancelled meanwhile
-            return
-        if error is not None:
-            self.answer.set_exception(error)
-        else:
-            assert result is not None
-            self.answer.set_result(result)
+    def wake(self) -> None:
+        self._fetcher.ask(self)
+
+    def signal(self) -> None:
+        if self._signal is not None and not self._signal.done():
+            self._signal.set_result(None)
+
+    async def answer(self) -> None:
+        """Until this reader has chunks, an end or an error (running the query when it is its turn)."""
+        while True:
+            if self.runs_fetch:
+                self.runs_fetch = False
+                await self._fetcher.run()
+            if self.chunks is not None or self.ended or self.error is not None:
+                return
+            self._signal = asyncio.get_running_loop().create_future()
+            await self._signal
 
 
 class ChunkFetcher:
     """Shares reads among the readers of one loop."""
 
-    def __init__(self, store: Callable[[], Awaitable[Store]]) -> None:
+    def __init__(self, store: Callable[[], Awaitable[Store]], ticks: PollTicks) -> None:
         self._store = store
-        self._queue: list[_Read] = []
-        self._busy = False
+        self._ticks = ticks
+        self._asked: list[StreamRead] = []
+        self._busy = False  # a query is under way, or a reader has been told to run one
         self.queries = 0
 
-    async def fetch(self, workflow_id: str, key: str, offset: int) -> Found:
-        read = _Read(workflow_id, key, offset)
-        self._queue.append(read)
+    def ask(self, read: StreamRead) -> None:
+        """Have ``read`` fetched by the next query (or again after the one it is in)."""
+        if read.closed or read.asked or read.ended or read.error is not None:
+            return
+        if read.in_flight or read.chunks is not None:
+            read.again = True
+            return
+        read.asked = True
+        self._asked.append(read)
         if not self._busy:
             self._busy = True
-            try:
-                with anyio.CancelScope(shield=True):
-                    # Readers woken by the same ping run right after this one: let them ask first,
-                    # so one query answers them all.
-                    await asyncio.sleep(0)
-                    while self._queue:
-                        batch, self._queue = self._queue[:READ_BATCH], self._queue[READ_BATCH:]
-                        await self._answer(batch)
-            finally:
-                self._busy = False
-        return await read.answer
+            read.runs_fetch = True
+            read.signal()
 
-    async def _answer(self, batch: list[_Read]) -> None:
+    def idle(self, read: StreamRead) -> None:
+        """``read`` has taken its chunks: fetch again at once if it was pinged meanwhile, else wait
+        for the next ping or poll tick."""
+        if read.again:
+            read.again = False
+            self.ask(read)
+        else:
+            self._ticks.add(read)
+
+    def drop(self, read: StreamRead) -> None:
+        """``read``'s reader has stopped; if it was to run the next query, another asked reader does."""
+        read.closed = True
+        if read.asked:
+            read.asked = False
+            self._asked.remove(read)
+        if read.runs_fetch:
+            read.runs_fetch = False
+            if self._asked:
+                self._asked[0].runs_fetch = True
+                self._asked[0].signal()
+            else:
+                self._busy = False
+
+    async def run(self) -> None:
+        """Answer every asked reader, in queries of up to ``READ_BATCH`` streams."""
+        try:
+            with anyio.CancelScope(shield=True):
+                # Readers pinged by the same notification are asked right after this one: let them
+                # be, so one query answers them all.
+                await asyncio.sleep(0)
+                while self._asked:
+                    batch, self._asked = self._asked[:READ_BATCH], self._asked[READ_BATCH:]
+                    for read in batch:
+                        read.asked = False
+                        read.in_flight = True
+                    try:
+                        await self._answer(batch)
+                    finally:
+                        for read in batch:
+                            read.in_flight = False
+        finally:
+            self._busy = False
+
+    async def _answer(self, batch: list[StreamRead]) -> None:
         """Answer a batch in one query. When it fails, the halves are tried apart, so a read that
-        breaks the query (whatever slipped past the checks) fails alone and the others are answered."""
+        breaks the query (whatever slipped past the checks) fails alone and the others are answered.
+        A query that fails because the server is away is nobody's fault: every reader of it waits
+        for the next ping or poll, until the outage has lasted too long."""
         try:
             store = await self._store()
             results = await store.read_streams(
@@ -91,48 +161,74 @@ class ChunkFetcher:
                 READ_BATCH)
             self.queries += 1
         except Exception as exc:  # noqa: BLE001 - given to the reads that caused it
-            if len(batch) > 1 and not unreachable(exc):  # an outage is nobody's fault: no bisection
+            if isinstance(exc, psycopg.Error) and unreachable(exc):
+                for read in batch:
+                    self._bear(read, exc)
+                return
+            if len(batch) > 1:
                 middle = len(batch) // 2
                 await self._answer(batch[:middle])
                 await self._answer(batch[middle:])
                 return
-            for read in batch:
-                read.reply(error=exc)
+            batch[0].error = exc
+            batch[0].signal()
             return
-        for r, result in zip(batch, results, strict=True):
-            r.reply(result)
+        for read, (status, closed, chunks) in zip(batch, results, strict=True):
+            if read.closed:
+                continue
+            read.outage.over()
+            if status is None:
+                read.error = UnknownWorkflow(f"no workflow with id {read.workflow_id!r}")
+            elif chunks:
+                read.offset = chunks[-1][0] + 1
+                read.chunks = chunks
+                if len(chunks) >= READ_BATCH:
+                    read.again = True  # more are waiting: no need for a ping
+            elif closed or status in ENDED:
+                read.ended = True
+            else:
+                read.in_flight = False
+                self.idle(read)  # nothing new yet
+                continue
+            read.signal()
+
+    def _bear(self, read: StreamRead, exc: psycopg.Error) -> None:
+        if read.closed:
+            return
+        try:
+            read.outage.bear(exc)
+        except psycopg.Error as fatal:  # noqa: BLE001 - the outage lasted too long: the reader gets it
+            read.error = fatal
+            read.signal()
+            return
+        read.in_flight = False
+        self.idle(read)
 
 
-async def read_batches(fetcher: ChunkFetcher, waiter: Waiter, workflow_id: str, key: str,
+async def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str, key: str,
                        offset: int) -> AsyncGenerator[Chunks, None]:
     """Batches of a stream's chunks from ``offset`` on, until it can grow no more (closed, or its
-    workflow ended and every chunk it wrote has been read).
-
-    ``waiter`` is armed before each fetch, so a ping that comes while the reader fetches or handles a
-    batch makes it fetch again at once; otherwise it waits for the next ping or the poll. So each
-    batch costs one shared query, not a second one that finds nothing yet. A fetch that cannot reach
-    the database counts as "nothing yet" until the outage lasts ``OUTAGE_LIMIT`` seconds.
-    """
-    outage = Outage()
-    while True:
-        waiter.arm()
-        try:
-            status, closed, chunks = await fetcher.fetch(workflow_id, key, offset)
-            outage.over()
-        except psycopg.Error as exc:
-            outage.bear(exc)
-            await waiter.wait()
-            continue
-        if status is None:
-            raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        if chunks:
-            yield chunks
-            offset = chunks[-1][0] + 1
-            if len(chunks) >= READ_BATCH:
-                continue  # more are waiting: no need for a ping
-        elif closed or status in ENDED:
-            return
-        await waiter.wait()
+    workflow ended and every chunk it wrote has been read)."""
+    read = StreamRead(fetcher, workflow_id, key, offset)
+    keys = stream_keys(workflow_id, key)
+    for k in keys:
+        waiters.add(k, read)
+    try:
+        fetcher.ask(read)
+        while True:
+            await read.answer()
+            if read.error is not None:
+                raise read.error
+            chunks, read.chunks = read.chunks, None
+            if chunks:
+                yield chunks
+                fetcher.idle(read)
+            elif read.ended:
+                return
+    finally:
+        for k in keys:
+            waiters.remove(k, read)
+        fetcher.drop(read)
 
 
 def take(chunks: Chunks, decode_as: Any) -> tuple[list[tuple[int, Any]], bool]:

@@ -29,9 +29,6 @@ from ..store import Store, retrying, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
-SPLIT_ABOVE = 32  # chunks per half below which a queue goes out as one batch
-
-
 class StreamWriteFailed(ExecutionInterrupted):
     """A batch of chunks could not be written; the execution stops and another run resumes it."""
 
@@ -118,10 +115,6 @@ class StreamWriter:
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
         limit = self._max_batch
-        if self._in_flight == 0 and self._max_in_flight > 1 and len(self._queue) >= 2 * SPLIT_ABOVE:
-            # Nothing in flight and a big queue (writers that all waited on the last batch): send it
-            # as two halves, so one half's writers carry on while the other half commits.
-            limit = min(limit, (len(self._queue) + 1) // 2)
         for p in self._queue:
             if p.owner.interrupt is not None:
                 p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
