@@ -154,8 +154,17 @@ class WorkflowHandle(Generic[R]):
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
         the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
         ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
-        async for _, value in self.stream_items_async(key, offset, type=type):
-            yield value
+        check_reader(key, offset)
+        batches = self._client.runtime().read_stream(self.id, key, offset)
+        try:
+            async for chunks in batches:
+                items, closed = take(chunks, type)
+                for _, value in items:
+                    yield value
+                if closed:
+                    return
+        finally:
+            await batches.aclose()
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
         for _, value in self.stream_items(key, offset, type=type):
