@@ -359,12 +359,14 @@ async def _finish(runtime: Runtime, store: Store, execution: Execution, status: 
     """Record the end (True when it was this execution's to record); ``freed`` are pings for
     workers waiting on a limited queue's free slot."""
     keys = {f"wf:{execution.workflow_id}", *freed}
-    pings = runtime.pings_to_carry(keys)
     # Tried again while the server is away or drops the statement: an end not recorded would leave the
     # workflow to its lease. (A first try that committed unseen makes the second find the workflow
     # ended, which reads as a lost lease: nothing is recorded twice.)
-    if await retrying(lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
-                      f"recording the end of {execution.workflow_id}"):
+    with runtime.carrying(keys) as pings:
+        recorded = await retrying(
+            lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
+            f"recording the end of {execution.workflow_id}")
+    if recorded:
         runtime.announced(keys, pings)
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",

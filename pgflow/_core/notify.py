@@ -273,20 +273,33 @@ class Notifier:
         self._due = anyio.Event()
         self._last_flush = -1e9
         self._flushing = False
+        self._carrying = 0  # statements sending pings with their own commit right now
         self.flushes = 0
         self.failed_flushes = 0
 
     def carry(self, keys: set[str]) -> list[str]:
-        """The payloads a statement about to commit should send itself, when nothing was flushed for
-        an interval and nothing waits for the next flush (then the statement's own commit is the
+        """The payloads a statement about to commit should send itself, when nothing waits for the
+        next flush and no other statement of this process is carrying pings (its commit is then the
         quickest way out, with no second transaction); otherwise none, and the keys go to ``add``
-        after the commit, to be coalesced with the others. So under load NOTIFY still goes out at
-        most once per interval per process, and a lone ping waits for no round trip."""
+        after the commit, to be coalesced with the others. Call ``carried`` once the statement is
+        done, however it ended.
+
+        A commit that sends a NOTIFY holds the cluster's notify lock through its flush, so a second
+        such commit from this process would only queue behind the first: under load the pings
+        coalesce in the notifier, while a caller that starts one workflow after another (each
+        statement done before the next) sends each ping with its own commit and waits for no
+        interval. A carry still open after an interval (its statement hangs or was abandoned)
+        no longer holds the others back."""
         now = anyio.current_time()
-        if self._pending or self._flushing or now - self._last_flush < self._interval:
+        if self._pending or self._flushing or (self._carrying and now - self._last_flush < self._interval):
             return []
+        self._carrying += 1
         self._last_flush = now
         return payloads_for(self.token, keys)
+
+    def carried(self) -> None:
+        """A statement that was given pings to carry is done."""
+        self._carrying = max(0, self._carrying - 1)
 
     def add(self, keys: Iterable[str]) -> None:
         """Send these keys with the next flush."""

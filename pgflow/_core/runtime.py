@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -130,13 +130,20 @@ class Runtime:
             self._serve_in_background()
             self.notifier.add(keys)
 
-    def pings_to_carry(self, keys: set[str]) -> Pings:
-        """Pings for a statement to send with its own commit, when the notifier is quiet (see
-        ``Notifier.carry``); pass the result to ``announced`` after the commit."""
+    @contextlib.contextmanager
+    def carrying(self, keys: set[str]) -> Iterator[Pings]:
+        """Pings for a statement run in the block to send with its own commit, when the notifier is
+        quiet (see ``Notifier.carry``); pass them to ``announced`` after the commit."""
         if self.notifier is None or self.config is None or self.config.notify == "off":
-            return NO_PINGS
-        payloads = self.notifier.carry(keys)
-        return (self.config.channel, payloads) if payloads else NO_PINGS
+            yield NO_PINGS
+            return
+        notifier = self.notifier
+        payloads = notifier.carry(keys)
+        try:
+            yield (self.config.channel, payloads) if payloads else NO_PINGS
+        finally:
+            if payloads:
+                notifier.carried()
 
     def announced(self, keys: set[str], carried: Pings) -> None:
         """After the commit of a statement that carried ``carried``: wake this process's waiters, and

@@ -15,10 +15,10 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
     priority = workflow.priority if priority is None else priority
     await runtime.store()
     keys = {f"q:{queue}"}
-    pings = runtime.pings_to_carry(keys)
-    created, name = await runtime.db(lambda store: store.enqueue(
-        id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-    ))
+    with runtime.carrying(keys) as pings:
+        created, name = await runtime.db(lambda store: store.enqueue(
+            id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        ))
     if name != workflow.name:
         raise WorkflowConflict(
             f"workflow id {id!r} already belongs to a workflow {name!r}, not {workflow.name!r}; choose another id"
@@ -37,10 +37,10 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     priority = workflow.priority if priority is None else priority
     await runtime.store()
     keys = {f"q:{queue}"}
-    pings = runtime.pings_to_carry(keys)
-    found = await runtime.db(lambda store: store.enqueue_many(
-        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-    ))
+    with runtime.carrying(keys) as pings:
+        found = await runtime.db(lambda store: store.enqueue_many(
+            ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        ))
     if any(created for created, _ in found):
         runtime.announced(keys, pings)
     taken = [(id, name) for id, (_, name) in zip(ids, found, strict=True) if name != workflow.name]
