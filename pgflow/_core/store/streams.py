@@ -54,28 +54,29 @@ class StreamStatements(Statements):
         """
         document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, attempts, keys, positions, values,
                                                               strict=True)])
+        owners = sorted(set(zip(workflow_ids, attempts, strict=True)))
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 # One JSON document for the whole batch: msgspec encodes it far faster than psycopg
-                # dumps five arrays element by element.
-                "WITH batch AS (SELECT b.w AS workflow_id, b.a AS attempt, b.k AS key, b.p AS position,"
-                "   decode(b.v, 'base64') AS value"
-                "   FROM json_to_recordset(%b::json) AS b(w text, a int, k text, p int, v text)),"
-                " owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
-                "   WHERE w.id = ANY(ARRAY(SELECT DISTINCT workflow_id FROM batch)) AND w.status = 'running'"
-                "   ORDER BY w.id FOR SHARE),"
+                # dumps five arrays element by element. The owners come apart, in id order (the order
+                # rows are locked in everywhere), so the workflows are found by their primary key,
+                # not by a scan of every running workflow.
+                "WITH owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
+                "   WHERE w.id = ANY(%b::text[]) AND w.status = 'running' ORDER BY w.id FOR SHARE),"
                 " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
-                "   SELECT b.workflow_id, b.key, b.position, b.value FROM batch b"
-                "   JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+                "   SELECT b.w, b.k, b.p, decode(b.v, 'base64')"
+                "   FROM json_to_recordset(%b::json) AS b(w text, a int, k text, p int, v text)"
+                "   JOIN owners o ON o.id = b.w AND o.attempt = b.a"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT b.workflow_id, b.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
-                " FROM (SELECT DISTINCT workflow_id, attempt FROM batch) b"
-                " LEFT JOIN owners o ON o.id = b.workflow_id AND o.attempt = b.attempt"
+                " SELECT a.id, a.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
+                " FROM unnest(%b::text[], %b::int[]) AS a(id, attempt)"
+                " LEFT JOIN owners o ON o.id = a.id AND o.attempt = a.attempt"
                 " WHERE o.id IS NULL OR o.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), (document.decode(), channel, pings))
+            ), ([w for w, _ in owners], document.decode(), [w for w, _ in owners], [a for _, a in owners],
+                channel, pings))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
