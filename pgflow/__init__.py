@@ -3,6 +3,7 @@
 from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
+from .context import attempt, step_attempt, workflow_id
 from .errors import (
     CannotResume,
     ConfigurationError,
@@ -10,6 +11,7 @@ from .errors import (
     PgflowError,
     SerializationError,
     StepFailed,
+    StepTimeout,
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowConflict,
@@ -41,6 +43,7 @@ __all__ = [
     "Step",
     "StepFailed",
     "StepInfo",
+    "StepTimeout",
     "StreamInfo",
     "UnknownWorkflow",
     "Worker",
@@ -51,9 +54,12 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowRecord",
+    "attempt",
     "close_stream",
     "close_stream_async",
+    "step_attempt",
     "stream_offset",
+    "workflow_id",
     "write_stream",
     "write_stream_async",
 ]

@@ -183,23 +183,28 @@ class App:
     def step(
         self, /, *, name: str | None = None, max_attempts: int = 1, backoff: float = 0.5,
         backoff_rate: float = 2.0, max_backoff: float = 60.0, retry_on: RetryOn = (Exception,),
+        timeout: float | None = None,
     ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
 
     def step(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, max_attempts: int = 1,
         backoff: float = 0.5, backoff_rate: float = 2.0, max_backoff: float = 60.0,
-        retry_on: RetryOn = (Exception,),
+        retry_on: RetryOn = (Exception,), timeout: float | None = None,
     ) -> Any:
         """Make a function a step: inside a workflow its outcome is recorded once and replayed after.
 
         A failing step runs up to ``max_attempts`` times, waiting with exponential backoff and jitter
         between runs, when its exception matches ``retry_on`` (exception types, or a predicate).
+        ``timeout`` (seconds) bounds each attempt: at the deadline the attempt is cancelled and fails
+        with ``pgflow.StepTimeout``, retried like any failure. A ``def`` step's thread cannot be
+        stopped: it is abandoned (it runs on to its end, its result is dropped and its stream writes
+        are refused).
         """
         retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
 
         def register(fn: Callable[..., Any]) -> Step[Any, Any]:
             _check_registrable(fn, "step")
-            spec = StepSpec.of(fn, name or qualified_name(fn), retry)
+            spec = StepSpec.of(fn, name or qualified_name(fn), retry, timeout)
             self.registry.steps[spec.name] = spec
             step: Step[Any, Any] = Step(spec)
             self.steps[spec.name] = step

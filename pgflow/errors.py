@@ -71,6 +71,11 @@ class WorkflowTimeout(PgflowError, TimeoutError):
     """Recorded as a workflow's error when it ran past its ``timeout``."""
 
 
+class StepTimeout(PgflowError, TimeoutError):
+    """A step attempt ran past the step's ``timeout``: it was cancelled (a sync step's thread, which
+    cannot be stopped, is abandoned) and the attempt counts as failed, retried under the step's policy."""
+
+
 class MaxAttemptsExceeded(PgflowError):
     """Recorded as a workflow's error when it was claimed ``max_attempts`` times without finishing
     (its worker died or was stopped each time): a poison workflow stops being retried."""

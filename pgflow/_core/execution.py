@@ -31,6 +31,7 @@ from ..errors import (
     MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     SerializationError,
+    StepTimeout,
     StoreUnavailable,
     WorkflowTimeout,
 )
@@ -48,7 +49,18 @@ runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and 
 # journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
 # started from a workflow derive their ids from it.
 current_execution: ContextVar[Execution | None] = ContextVar("pgflow_execution", default=None)
-inside_step: ContextVar[bool] = ContextVar("pgflow_inside_step", default=False)
+
+
+@dataclass(eq=False)
+class StepRun:
+    """One attempt of one step call: its number (``pgflow.step_attempt()``), and whether its
+    execution gave up on it (it ran past its timeout in a thread that cannot be stopped)."""
+
+    attempt: int
+    abandoned: bool = False
+
+
+inside_step: ContextVar[StepRun | None] = ContextVar("pgflow_inside_step", default=None)
 
 
 def journaling() -> Execution | None:
@@ -59,6 +71,14 @@ def journaling() -> Execution | None:
     return execution
 
 
+def running(what: str) -> Execution:
+    """The execution that the calling code runs in, for a function that only makes sense there."""
+    execution = current_execution.get()
+    if execution is None:
+        raise RuntimeError(f"pgflow.{what} can only be called inside a workflow or step run by a worker")
+    return execution
+
+
 @dataclass(eq=False)
 class Execution:
     """One run of one workflow by one worker, identified by its attempt (the fencing token)."""
@@ -66,7 +86,7 @@ class Execution:
     runtime: Runtime
     store: Store
     workflow_id: str
-    attempt: int
+    attempt: int  # the fencing token: every claim of the workflow takes a new one
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
@@ -80,6 +100,7 @@ class Execution:
     # Step calls made in an async workflow and not yet started; one still unstarted when the body
     # returns was called without ``await``.
     unstarted: list[tuple[str, Coroutine[Any, Any, Any]]] = field(default_factory=list)
+    run: int = 1  # the attempt counted against the workflow's budget (``pgflow.attempt()``)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -137,7 +158,7 @@ class Execution:
                                                      "pgflow.step.position": position,
                                                      "pgflow.step.attempt": attempt},
                 ):
-                    output = await self._run_body(step, args, kwargs)
+                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
@@ -158,16 +179,22 @@ class Execution:
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
-    async def _run_body(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
-        token = inside_step.set(True)
+    async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
+        """One attempt of the step, cut short at its timeout (which fails the attempt)."""
+        token = inside_step.set(run)
         try:
-            if step.is_async:
-                return await step.fn(*args, **kwargs)
-            context = contextvars.copy_context()
-            # A thread cannot be interrupted: on cancellation it is abandoned, and fencing refuses
-            # anything it tries to write after its workflow was given back.
-            return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs),
-                                                  abandon_on_cancel=True)
+            with anyio.move_on_after(step.timeout):
+                if step.is_async:
+                    return await step.fn(*args, **kwargs)
+                context = contextvars.copy_context()
+                # A thread cannot be interrupted: on cancellation it is abandoned, and fencing refuses
+                # anything it tries to write after its workflow was given back (and a timed-out
+                # attempt's stream writes are refused by ``write_chunk``).
+                return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs),
+                                                      abandon_on_cancel=True)
+            run.abandoned = True
+            raise StepTimeout(f"step {step.name!r} of workflow {self.workflow_id!r} did not finish within its "
+                              f"timeout of {step.timeout}s (attempt {run.attempt})")
         finally:
             inside_step.reset(token)
 
@@ -204,6 +231,9 @@ class Execution:
         replayed after a crash skips the writes that were already committed instead of repeating them.
         """
         self.check_interrupt()
+        run = inside_step.get()
+        if run is not None and run.abandoned:
+            raise StepTimeout(f"stream {key!r}: the step attempt writing it ran past its timeout and was abandoned")
         if key in self.closed_streams:
             raise ValueError(f"stream {key!r} of workflow {self.workflow_id!r} is closed")
         if value is None:
@@ -253,7 +283,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal={} if first else await store.journal(claimed.id),
             token=anyio.lowlevel.current_token(), writer=writer,
-            stream_ends={} if first else await store.stream_ends(claimed.id),
+            stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
         )
         with tracer.start_as_current_span(
             f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,

@@ -53,11 +53,14 @@ class StepSpec:
     retry: RetryPolicy
     is_async: bool
     return_type: Any
+    timeout: float | None = None  # seconds an attempt may run before it is cancelled and failed
 
     @classmethod
-    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy) -> StepSpec:
+    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy, timeout: float | None = None) -> StepSpec:
+        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+            raise ConfigurationError(f"a step's timeout is a positive number of seconds, got {timeout!r}")
         return cls(fn, name, retry, inspect.iscoroutinefunction(fn),
-                   FunctionCodec(fn, f"step {name!r}").return_type)
+                   FunctionCodec(fn, f"step {name!r}").return_type, timeout)
 
 
 @dataclass(frozen=True, eq=False)
