@@ -27,7 +27,7 @@ from .errors import ConfigurationError
 from .handle import WorkflowHandle
 from .records import Health, QueueInfo, WorkerInfo, WorkflowRecord
 from .retry import RetryOn, RetryPolicy
-from .workflow import Step, Workflow, qualified_name
+from .workflow import Step, Workflow, qualified_name, start_by_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -227,6 +227,28 @@ class App:
         self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per)
 
     # -- entry points -----------------------------------------------------------------------------------
+
+    async def start_by_name_async(
+        self, name: str, *args: Any, queue: str | None = None, id: str | None = None, priority: int | None = None,
+        delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Start the workflow registered as ``name`` without importing its code (a service that only
+        knows its name). The arguments (``*args``, and ``kwargs`` by name) are stored unchecked: the
+        worker that runs it checks them against the function's hints, and if they do not fit the
+        workflow fails with a ``SerializationError`` recorded as its error. The same id twice starts
+        one workflow."""
+        return await start_by_name(self._client, name, args, kwargs, queue=queue, id=id, priority=priority,
+                                   delay=delay, max_attempts=max_attempts, timeout=timeout)()
+
+    def start_by_name(
+        self, name: str, *args: Any, queue: str | None = None, id: str | None = None, priority: int | None = None,
+        delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> WorkflowHandle[Any]:
+        return self._client.call(start_by_name(self._client, name, args, kwargs, queue=queue, id=id,
+                                               priority=priority, delay=delay, max_attempts=max_attempts,
+                                               timeout=timeout))
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle on an existing workflow, started by this process or any other."""
