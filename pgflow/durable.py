@@ -1,0 +1,28 @@
+"""Durable waits of a workflow body: ``sleep``.
+
+Called from the body of a workflow that a worker runs (not from inside a step, which may run more
+than once). Each is journaled at the body's next position like a step call, so a replay after a crash
+neither repeats nor forgets it. Sync twins carry the plain names, for ``def`` workflows.
+"""
+
+from __future__ import annotations
+
+from ._core import waits
+from ._core.execution import from_thread, running
+
+__all__ = ["sleep", "sleep_async"]
+
+
+async def sleep_async(seconds: float) -> None:
+    """Sleep ``seconds``, durably: the wake-up time is journaled on the first run (on the server's
+    clock), so a replay sleeps only what is left. A sleep longer than the App's ``suspend_after``
+    (5 s by default) gives the worker slot back: the workflow is queued again, due at the wake-up
+    time, and any worker of its queue takes it up then."""
+    seconds = waits.check_seconds(seconds, "a sleep")
+    await waits.sleep(running("sleep_async"), seconds)
+
+
+def sleep(seconds: float) -> None:
+    """Sync twin of ``sleep_async``, for ``def`` workflows."""
+    seconds = waits.check_seconds(seconds, "a sleep")
+    from_thread("sleep", waits.sleep, seconds)
