@@ -1,4 +1,4 @@
-"""Durable waits of a workflow body: ``sleep``.
+"""Durable waits and publications of a workflow body: ``sleep``, ``set_event``.
 
 Called from the body of a workflow that a worker runs (not from inside a step, which may run more
 than once). Each is journaled at the body's next position like a step call, so a replay after a crash
@@ -7,10 +7,12 @@ neither repeats nor forgets it. Sync twins carry the plain names, for ``def`` wo
 
 from __future__ import annotations
 
+from . import codec
 from ._core import waits
+from ._core.checks import check_text
 from ._core.execution import from_thread, running
 
-__all__ = ["sleep", "sleep_async"]
+__all__ = ["set_event", "set_event_async", "sleep", "sleep_async"]
 
 
 async def sleep_async(seconds: float) -> None:
@@ -26,3 +28,22 @@ def sleep(seconds: float) -> None:
     """Sync twin of ``sleep_async``, for ``def`` workflows."""
     seconds = waits.check_seconds(seconds, "a sleep")
     from_thread("sleep", waits.sleep, seconds)
+
+
+def _event(key: str, value: object) -> bytes:
+    check_text(key, "an event key", 256)
+    return codec.encode(value, f"the value of event {key!r}")
+
+
+async def set_event_async(key: str, value: object) -> None:
+    """Publish ``value`` under ``key`` for this workflow: a durable row keyed (workflow id, key),
+    the last value set winning, read by ``handle.get_event(key)`` from any process. Journaled: a
+    replay of the workflow does not publish it again."""
+    data = _event(key, value)
+    await waits.set_event(running("set_event_async"), key, data)
+
+
+def set_event(key: str, value: object) -> None:
+    """Sync twin of ``set_event_async``, for ``def`` workflows."""
+    data = _event(key, value)
+    from_thread("set_event", waits.set_event, key, data)

@@ -1,4 +1,4 @@
-"""What a workflow body waits on, journaled: durable sleep.
+"""What a workflow body waits on or publishes, journaled: durable sleep and events.
 
 A wait's end is written to the journal (on the server's clock) the first time the body reaches it, at
 the body's next position, so a run that replays the body after a crash or a suspension waits only what
@@ -20,6 +20,7 @@ from .checks import MAX_DELAY
 from .execution import Execution
 
 SLEEP = "pgflow.sleep"
+SET_EVENT = "pgflow.set_event:"  # + the key
 
 
 def check_seconds(seconds: object, what: str) -> float:
@@ -57,3 +58,20 @@ async def hold(execution: Execution, left: float, until: datetime, reason: str) 
     # A wake-up journaled by the server may be a little later than this loop's clock says.
     await anyio.sleep(max(0.0, deadline - time.monotonic()))
     execution.check_interrupt()
+
+
+async def set_event(execution: Execution, key: str, value: bytes) -> None:
+    """Publish ``value`` under ``key``, journaled with it in one statement: a replay, finding the
+    entry, publishes nothing again."""
+    name = SET_EVENT + key
+    position, record = execution.entry(name, "set_event")
+    if record is not None:
+        return
+    store = execution.store
+
+    async def publish() -> tuple[bool, bool, None]:
+        owner, cancel = await store.set_event(execution.workflow_id, execution.attempt, position, name, key, value)
+        return owner, cancel, None
+
+    await execution.fenced(publish, f"publish event {key!r}")
+    execution.runtime.ping({f"e:{execution.workflow_id}"})

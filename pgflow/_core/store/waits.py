@@ -45,3 +45,33 @@ class WaitStatements(Statements):
             (until, workflow_id, attempt),
         )
         return None if row is None else (str(row[0]), str(row[1]))
+
+    async def set_event(self, workflow_id: str, attempt: int, position: int, name: str, key: str,
+                        value: bytes) -> tuple[bool, bool]:
+        """Publish ``value`` under ``key`` for the execution holding ``attempt``, and journal it at
+        ``position`` in the same statement (a position already journaled publishes nothing).
+        Returns (still owner, cancel requested)."""
+        row = await self._fetchone(
+            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
+            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            " written AS (INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt)"
+            "  SELECT %(id)s, %(position)s, %(name)s, %(value)s, 1, %(attempt)s FROM owner"
+            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
+            " published AS (INSERT INTO {s}.events (workflow_id, key, value)"
+            "  SELECT %(id)s, %(key)s, %(value)s FROM written"
+            "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = now() RETURNING 1)"
+            " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)",
+            {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "key": key,
+             "value": value},
+        )
+        assert row is not None
+        return row[0] is not None, bool(row[0])
+
+    async def get_event(self, workflow_id: str, key: str) -> tuple[bytes | None, str] | None:
+        """(the value under ``key`` or None, the workflow's status); None: no such workflow."""
+        row = await self._fetchone(
+            "SELECT e.value, w.status FROM {s}.workflows w"
+            " LEFT JOIN {s}.events e ON e.workflow_id = w.id AND e.key = %s WHERE w.id = %s",
+            (key, workflow_id),
+        )
+        return None if row is None else (row[0], str(row[1]))
