@@ -47,6 +47,7 @@ class StepRecord:
     stream_ends: dict[str, int] | None
     wake_at: datetime | None = None  # a sleep's wake-up time
     remaining: float | None = None  # seconds until wake_at when the journal was read
+    waiting: bool = False  # a receive that has no message yet (wake_at is its deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT position, name, output, error, exception, stream_ends, wake_at,"
-                " extract(epoch FROM wake_at - now())::float8 FROM {s}.steps WHERE workflow_id = %s"
+                " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
