@@ -221,12 +221,14 @@ class WorkflowHandle(Generic[R]):
             yield value
 
     async def cancel_async(self) -> None:
-        """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
+        """Cancel the workflow: a queued (or sleeping, or waiting) one never runs again, a running
+        one stops where it stands. The workflows its body started are cancelled with it, and theirs
+        (a child that has ended keeps its outcome)."""
         runtime = self._client.runtime()
-        status = await runtime.db(lambda store: store.request_cancel(self.id))
-        if status is None:
+        found = await runtime.db(lambda store: store.request_cancel(self.id))
+        if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        runtime.ping([f"wf:{self.id}"])
+        runtime.ping([f"wf:{id}" for id in (self.id, *found[1])])
 
     def cancel(self) -> None:
         self._client.call(self.cancel_async)
