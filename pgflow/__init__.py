@@ -3,6 +3,8 @@
 from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
+from .context import attempt, step_attempt, workflow_id
+from .durable import recv, recv_async, set_event, set_event_async, sleep, sleep_async
 from .errors import (
     CannotResume,
     ConfigurationError,
@@ -10,6 +12,7 @@ from .errors import (
     PgflowError,
     SerializationError,
     StepFailed,
+    StepTimeout,
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowConflict,
@@ -41,6 +44,7 @@ __all__ = [
     "Step",
     "StepFailed",
     "StepInfo",
+    "StepTimeout",
     "StreamInfo",
     "UnknownWorkflow",
     "Worker",
@@ -51,9 +55,18 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowRecord",
+    "attempt",
     "close_stream",
     "close_stream_async",
+    "recv",
+    "recv_async",
+    "set_event",
+    "set_event_async",
+    "sleep",
+    "sleep_async",
+    "step_attempt",
     "stream_offset",
+    "workflow_id",
     "write_stream",
     "write_stream_async",
 ]

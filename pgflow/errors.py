@@ -6,6 +6,8 @@ table recorded, so the process that reads them need not be the one that ran the 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class PgflowError(Exception):
     """Base class of every error pgflow raises on purpose."""
@@ -71,6 +73,11 @@ class WorkflowTimeout(PgflowError, TimeoutError):
     """Recorded as a workflow's error when it ran past its ``timeout``."""
 
 
+class StepTimeout(PgflowError, TimeoutError):
+    """A step attempt ran past the step's ``timeout``: it was cancelled (a sync step's thread, which
+    cannot be stopped, is abandoned) and the attempt counts as failed, retried under the step's policy."""
+
+
 class MaxAttemptsExceeded(PgflowError):
     """Recorded as a workflow's error when it was claimed ``max_attempts`` times without finishing
     (its worker died or was stopped each time): a poison workflow stops being retried."""
@@ -93,6 +100,17 @@ class StoreUnavailable(ExecutionInterrupted):
 
 class CancelRequested(ExecutionInterrupted):
     """The workflow was cancelled while it ran."""
+
+
+class Suspended(ExecutionInterrupted):
+    """Ends a run that waits longer than the App's ``suspend_after`` (a sleep, a message): the
+    workflow goes back to the queue, due at ``until``, and its journal brings it back to the wait."""
+
+    def __init__(self, until: datetime, reason: str, topic: str | None = None) -> None:
+        super().__init__(f"{reason} until {until.isoformat()}")
+        self.until = until
+        self.reason = reason
+        self.topic = topic  # the message topic it waits on, if it waits for one
 
 
 _INSTALL_HINT = (

@@ -6,33 +6,23 @@ Writes go to the worker's group-committing writer (``_core/streams/writer.py``);
 
 from __future__ import annotations
 
-import anyio.from_thread
-import anyio.lowlevel
-
 from ._core.checks import MAX_CHUNK_BYTES, MAX_KEY_BYTES, check_key, encode_chunk
-from ._core.execution import Execution, current_execution
+from ._core.execution import Execution, from_thread, running
 
 __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_async", "stream_offset",
            "write_stream", "write_stream_async"]
 
 
-def _execution(what: str) -> Execution:
-    execution = current_execution.get()
-    if execution is None:
-        raise RuntimeError(f"pgflow.{what} can only be called inside a workflow or step run by a worker")
-    return execution
-
-
 async def write_stream_async(key: str, value: object) -> None:
     """Append a chunk to the workflow's stream ``key``; returns once the chunk is committed."""
     check_key(key)
-    await _execution("write_stream_async").write_chunk(key, encode_chunk(key, value))
+    await running("write_stream_async").write_chunk(key, encode_chunk(key, value))
 
 
 async def close_stream_async(key: str) -> None:
     """Close the stream: its readers stop after the chunks written so far."""
     check_key(key)
-    await _execution("close_stream_async").write_chunk(key, None)
+    await running("close_stream_async").write_chunk(key, None)
 
 
 def write_stream(key: str, value: object) -> None:
@@ -52,15 +42,8 @@ def stream_offset(key: str) -> int:
     its earlier attempts, so a retried step can resume where it stopped instead of repeating itself.
     In the workflow body: how many chunks the stream holds."""
     check_key(key)
-    return _execution("stream_offset").stream_offset(key)
+    return running("stream_offset").stream_offset(key)
 
 
 def _write_from_thread(what: str, key: str, value: bytes | None) -> None:
-    execution = _execution(what)
-    try:
-        on_loop = anyio.lowlevel.current_token() == execution.token
-    except RuntimeError:
-        on_loop = False
-    if on_loop:
-        raise RuntimeError(f"pgflow.{what} blocks; in async code use `await pgflow.{what}_async(...)`")
-    anyio.from_thread.run(execution.write_chunk, key, value, token=execution.token)
+    from_thread(what, Execution.write_chunk, key, value)

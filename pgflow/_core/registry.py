@@ -31,6 +31,7 @@ class Config:
     listen_idle: float = 30.0  # seconds without a waiter before the LISTEN connection is closed
     query_timeout: float = 10.0  # seconds without an answer before a connection is taken for dead
     retention: float | None = 7 * 24 * 3600.0  # seconds finished workflows are kept; None: for ever
+    suspend_after: float = 5.0  # a wait longer than this (sleep, recv) gives the worker slot back
 
     @property
     def channel(self) -> str:
@@ -53,11 +54,14 @@ class StepSpec:
     retry: RetryPolicy
     is_async: bool
     return_type: Any
+    timeout: float | None = None  # seconds an attempt may run before it is cancelled and failed
 
     @classmethod
-    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy) -> StepSpec:
+    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy, timeout: float | None = None) -> StepSpec:
+        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
+            raise ConfigurationError(f"a step's timeout is a positive number of seconds, got {timeout!r}")
         return cls(fn, name, retry, inspect.iscoroutinefunction(fn),
-                   FunctionCodec(fn, f"step {name!r}").return_type)
+                   FunctionCodec(fn, f"step {name!r}").return_type, timeout)
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,20 +8,28 @@ from .runtime import Runtime
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
-                  priority: int | None = None, delay: float = 0.0) -> bool:
+                  priority: int | None = None, delay: float = 0.0, parent: str | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
     workflow of another name raises WorkflowConflict."""
-    queue = queue or workflow.queue
-    priority = workflow.priority if priority is None else priority
+    return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
+                               priority=workflow.priority if priority is None else priority, delay=delay,
+                               max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent)
+
+
+async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
+                        delay: float, max_attempts: int | None, timeout: float | None,
+                        parent: str | None = None) -> bool:
+    """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
+    workflow whose body starts it, cancelled with it."""
     await runtime.store()
     keys = {f"q:{queue}"}
     with runtime.carrying(keys) as pings:
-        created, name = await runtime.db(lambda store: store.enqueue(
-            id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        created, found = await runtime.db(lambda store: store.enqueue(
+            id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent,
         ))
-    if name != workflow.name:
+    if found != name:
         raise WorkflowConflict(
-            f"workflow id {id!r} already belongs to a workflow {name!r}, not {workflow.name!r}; choose another id"
+            f"workflow id {id!r} already belongs to a workflow {found!r}, not {name!r}; choose another id"
         )
     if created:
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
@@ -30,7 +38,8 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
 
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
-                       queue: str | None = None, priority: int | None = None, delay: float = 0.0) -> None:
+                       queue: str | None = None, priority: int | None = None, delay: float = 0.0,
+                       parent: str | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
@@ -40,6 +49,7 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     with runtime.carrying(keys) as pings:
         found = await runtime.db(lambda store: store.enqueue_many(
             ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+            parent,
         ))
     if any(created for created, _ in found):
         runtime.announced(keys, pings)

@@ -34,9 +34,9 @@ CLAIM = (
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
     "  FROM chosen WHERE w.id = chosen.id"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
-    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left)"
-    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, NULL::float8 FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL,"
+    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run)"
+    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
     "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
     "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
@@ -53,6 +53,9 @@ class Claimed:
     attempt: int
     max_attempts: int | None
     seconds_left: float | None  # until the workflow's timeout; None without one
+    # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
+    # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
+    run: int = 1
 
 
 class ClaimStatements(Statements):
@@ -118,9 +121,9 @@ class ClaimStatements(Statements):
         ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
             "lease": lease})
         rows = await cur.fetchall()
-        due = rows[-1][6]
-        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left))
-                   for id, name, inputs, attempt, max_attempts, left, _ in rows[:-1]]
+        due = rows[-1][7]
+        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), run)
+                   for id, name, inputs, attempt, max_attempts, left, run, _ in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
