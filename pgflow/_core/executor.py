@@ -18,6 +18,7 @@ import anyio.lowlevel
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
 from ..telemetry import tracer
 from .execution import Execution, current_execution
+from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
 from .registry import WorkflowSpec
 from .runtime import Runtime
@@ -28,7 +29,7 @@ log = logging.getLogger("pgflow.execution")
 
 
 async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
-                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
+                  limiter: anyio.CapacityLimiter, writer: StreamWriter, finisher: Finisher,
                   freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
@@ -68,7 +69,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
         if outcome is not None:
-            if await _finish(runtime, store, execution, *outcome, freed=freed):
+            if await _finish(finisher, execution, *outcome, freed=freed):
                 log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
@@ -158,20 +159,12 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
         current_execution.reset(reset)
 
 
-async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
-                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
-    """Record the end (True when it was this execution's to record); ``freed`` are pings for
-    workers waiting on a limited queue's free slot."""
-    keys = {f"wf:{execution.workflow_id}", *freed}
-    # Tried again while the server is away or drops the statement: an end not recorded would leave the
-    # workflow to its lease. (A first try that committed unseen makes the second find the workflow
-    # ended, which reads as a lost lease: nothing is recorded twice.)
-    with runtime.carrying(keys) as pings:
-        recorded = await retrying(
-            lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
-            f"recording the end of {execution.workflow_id}")
-    if recorded:
-        runtime.announced(keys, pings)
+async def _finish(finisher: Finisher, execution: Execution, status: str, output: bytes | None,
+                  error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
+    """Record the end (True when it was this execution's to record), in the worker's next batch of
+    ends; ``freed`` are pings for workers waiting on a limited queue's free slot."""
+    if await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
+                             {f"wf:{execution.workflow_id}", *freed}):
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",
                 execution.workflow_id, execution.attempt, status)

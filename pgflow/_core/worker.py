@@ -28,6 +28,7 @@ from ..version import __version__
 from .checks import check_queue
 from .connecting import linked, where
 from .executor import execute
+from .finisher import Finisher
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
 from .registry import Registry, WorkflowSpec
@@ -74,6 +75,7 @@ class Worker:
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
+        self._finisher: Finisher | None = None
         self._maintenance: Maintenance | None = None
 
     async def __aenter__(self) -> Worker:
@@ -92,6 +94,10 @@ class Worker:
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
+        # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
+        # next claim goes out beside that batch instead of after it.
+        self._finisher = Finisher(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
+                                  queued=self._slot_freed)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
@@ -153,12 +159,13 @@ class Worker:
     async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
-        assert self._writer is not None and self._maintenance is not None
+        assert self._writer is not None and self._finisher is not None and self._maintenance is not None
         with self._running_scope:
             try:
                 async with anyio.create_task_group() as tasks:
                     self._tasks = tasks
                     tasks.start_soon(self._writer.run)
+                    tasks.start_soon(self._finisher.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     task_status.started()
@@ -204,6 +211,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         assert self._store is not None and self._wake is not None and self._tasks is not None
+        assert self._finisher is not None
         assert self._runtime is not None and self._runtime.config is not None
         poll = self._runtime.config.poll_interval
         names = sorted(self.registry.workflows)
@@ -211,7 +219,7 @@ class Worker:
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             self._wake.arm()
-            free = self.concurrency - len(self.running)
+            free = self.concurrency - len(self.running) + self._finisher.pending
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
             # workflow may have work waiting for it.
@@ -268,8 +276,9 @@ class Worker:
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
-            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed,
-                          self._cancellers)
+            assert self._writer is not None and self._finisher is not None
+            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
+                          self._finisher, freed, self._cancellers)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -283,6 +292,10 @@ class Worker:
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
             if self._slot_wanted or freed:
                 self._wake.wake()
+
+    def _slot_freed(self) -> None:
+        if self._slot_wanted and self._wake is not None:
+            self._wake.wake()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None

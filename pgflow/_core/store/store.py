@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from . import migrations
 from .claims import ClaimStatements
+from .ends import EndStatements
 from .management import ManagementStatements
 from .streams import StreamStatements
 from .waits import WaitStatements
@@ -59,7 +60,7 @@ class WorkflowRow:
     error: dict[str, Any] | None
 
 
-class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStatements):
+class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -254,21 +255,6 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         )
         assert row is not None
         return row[0] is not None, bool(row[0])
-
-    async def finish(
-        self, workflow_id: str, attempt: int, status: str, output: bytes | None,
-        error: dict[str, Any] | None, pings: Pings = NO_PINGS,
-    ) -> bool:
-        """Record the end of an execution; False when the attempt no longer owns the workflow.
-        ``pings`` go out with the commit."""
-        row = await self._fetchone(
-            "WITH done AS (UPDATE {s}.workflows SET status = %s, output = %s, error = %s,"
-            "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL"
-            "  WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1)"
-            " SELECT (SELECT count(*) FROM done), (SELECT sent FROM " + SEND_PINGS + ")",
-            (status, output, _jsonb(error), workflow_id, attempt, *pings),
-        )
-        return row is not None and bool(row[0])
 
 
 
