@@ -365,7 +365,7 @@ class App:
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream
-        batches and chunks written by its workers."""
+        batches and chunks written by its workers, batches of workflow ends recorded."""
         return self._runtimes.stats()
 
     async def close_async(self) -> None:

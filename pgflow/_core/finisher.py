@@ -50,13 +50,16 @@ class _End:
 
 
 class Finisher:
-    """Group commit for the ends of every execution in one worker."""
+    """Group commit for the ends of every execution in one worker. ``queued`` is called when an end
+    joins the queue (its workflow's slot is free), ``recorded`` with the size of each batch written."""
 
     def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
                  wake: Callable[[set[str]], None], queued: Callable[[], None] = lambda: None,
-                 max_batch: int = 1000, max_in_flight: int = 2) -> None:
+                 recorded: Callable[[int], None] = lambda ends: None, max_batch: int = 1000,
+                 max_in_flight: int = 2) -> None:
         self._store = store
         self._queued = queued
+        self._recorded = recorded
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
@@ -66,8 +69,6 @@ class Finisher:
         self._wake = anyio.Event()
         self._in_flight = 0
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
-        self.batches = 0
-        self.ends = 0
 
     async def finish(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
                      error: dict[str, Any] | None, keys: set[str]) -> bool:
@@ -122,8 +123,7 @@ class Finisher:
             await self._flush(batch[:middle])
             await self._flush(batch[middle:])
             return
-        self.batches += 1
-        self.ends += len(batch)
+        self._recorded(len(batch))
         for end in batch:
             end.resolve(recorded=(end.workflow_id, end.attempt) in recorded)
         self._wake_local(keys)

@@ -97,7 +97,7 @@ class Worker:
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.
         self._finisher = Finisher(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
-                                  queued=self._slot_freed)
+                                  queued=self._slot_freed, recorded=runtime.count_ends)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
