@@ -82,10 +82,12 @@ def listening(port: int) -> bool:
         return False
 
 
-def start_web(procs: Processes, worker_env: dict[str, str], *args: str, delay: float = 0.05) -> tuple[str, Proc]:
-    """``python examples/web/app.py`` on a free port, serving and working on the test's schema."""
-    port = free_port()
-    proc = procs.start("web", [str(EXAMPLES / "web" / "app.py"), "--port", str(port), *args],
+def start_web(procs: Processes, worker_env: dict[str, str], *args: str, delay: float = 0.05,
+              port: int | None = None, name: str = "web") -> tuple[str, Proc]:
+    """``python examples/web/app.py`` on a free port (or ``port``), serving and working on the test's
+    schema; (its base URL, its process)."""
+    port = port or free_port()
+    proc = procs.start(name, [str(EXAMPLES / "web" / "app.py"), "--port", str(port), *args],
                        {**worker_env, "WEB_TOKEN_DELAY": str(delay)})
     wait_until(lambda: listening(port), "the web example to listen", procs, proc)
     return f"http://127.0.0.1:{port}", proc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_page_streams_resumes_after_cuts_and_approval_finishes_the_workflow(
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
     if not CHROMIUM.exists():
         pytest.skip(f"no browser: {CHROMIUM} is missing (on Debian: apt-get install -y chromium)")
-    base, web = start_web(procs, worker_env, "--cut-after", str(CUT_AFTER), delay=0.1)
+    args = ("--cut-after", str(CUT_AFTER))
+    base, web = start_web(procs, worker_env, *args, delay=0.1)
+    port = int(base.rsplit(":", 1)[1])
 
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -52,17 +55,26 @@ def test_page_streams_resumes_after_cuts_and_approval_finishes_the_workflow(
             early = page.locator("#tokens span").count()
             assert page.get_attribute("#tokens", "data-done") is None
 
+            # Restart the server mid-stream: the page reconnects to the new process, whose worker picks
+            # up the workflow that the old one gave back when it stopped.
+            page.wait_for_function(f"document.querySelectorAll('#tokens span').length >= {3 * CUT_AFTER + 3}")
+            web.signal(signal.SIGTERM)
+            web.wait_exit()
+            _, restarted = start_web(procs, worker_env, *args, port=port, name="web-restarted", delay=0.1)
+
             page.wait_for_selector("#tokens[data-done=true]", state="attached")
             expected = list(handle.stream("tokens"))  # what the workflow committed, from the database
             assert len(expected) > 4 * CUT_AFTER and early < len(expected)
             shown = page.eval_on_selector_all(
                 "#tokens span", "spans => spans.map(s => [Number(s.dataset.pos), s.textContent])")
-            # Every word once, in order, though the connection was cut every CUT_AFTER events.
+            # Every word once, in order, though the connection was cut every CUT_AFTER events and the
+            # server restarted.
             assert [word for _, word in shown] == expected
             assert [position for position, _ in shown] == list(range(len(expected)))
             connections = int(page.get_attribute("#tokens", "data-connections") or 0)
             assert connections > len(expected) // CUT_AFTER
             assert f"from position {CUT_AFTER} (Last-Event-ID '{CUT_AFTER - 1}')" in web.output()
+            assert "(Last-Event-ID '" in restarted.output()  # the new server resumed the page's stream
 
             # Progress is the event the workflow set; it now waits for a human.
             page.wait_for_function("document.getElementById('progress').value === 1")
