@@ -4,6 +4,7 @@ from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
 from .context import attempt, step_attempt, workflow_id
+from .durable import set_event, set_event_async, sleep, sleep_async
 from .errors import (
     CannotResume,
     ConfigurationError,
@@ -57,6 +58,10 @@ __all__ = [
     "attempt",
     "close_stream",
     "close_stream_async",
+    "set_event",
+    "set_event_async",
+    "sleep",
+    "sleep_async",
     "step_attempt",
     "stream_offset",
     "workflow_id",

@@ -27,7 +27,7 @@ from .errors import ConfigurationError
 from .handle import WorkflowHandle
 from .records import Health, QueueInfo, WorkerInfo, WorkflowRecord
 from .retry import RetryOn, RetryPolicy
-from .workflow import Step, Workflow, qualified_name
+from .workflow import Step, Workflow, qualified_name, start_by_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,6 +67,10 @@ class App:
     answered by then is taken for dead (a frozen network path, a stopped proxy) and the work goes on
     over a new one; the server likewise ends a transaction of pgflow's left idle that long, so a
     paused worker cannot hold its rows. Keep it at or below the workers' lease.
+
+    ``suspend_after`` (seconds): a durable sleep, or a wait for a message, longer than this gives
+    the worker slot back (the workflow is queued again, due when the wait ends); a shorter one waits
+    in its slot.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class App:
         query_timeout: float = 10.0,
         retention: float | timedelta | None = timedelta(days=7),
         data_dir: str | os.PathLike[str] | None = None,
+        suspend_after: float = 5.0,
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
         if not _SCHEMA.fullmatch(schema):
@@ -91,9 +96,10 @@ class App:
             )
         if notify not in ("buffered", "off"):
             raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
-        if min(notify_interval, poll_interval, listen_idle, query_timeout) <= 0 or pool_size < 1:
-            raise ConfigurationError(
-                "notify_interval, poll_interval, listen_idle and query_timeout must be > 0, pool_size >= 1")
+        if min(notify_interval, poll_interval, listen_idle, query_timeout) <= 0 or pool_size < 1 \
+                or not suspend_after >= 0:
+            raise ConfigurationError("notify_interval, poll_interval, listen_idle and query_timeout must be > 0, "
+                                     "pool_size >= 1, suspend_after >= 0")
         if isinstance(retention, timedelta):
             retention = retention.total_seconds()
         if retention is not None and (isinstance(retention, bool) or not retention > 0):
@@ -110,7 +116,8 @@ class App:
             )
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
-                              listen_idle=listen_idle, query_timeout=query_timeout, retention=retention)
+                              listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
+                              suspend_after=float(suspend_after))
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
@@ -227,6 +234,28 @@ class App:
         self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per)
 
     # -- entry points -----------------------------------------------------------------------------------
+
+    async def start_by_name_async(
+        self, name: str, *args: Any, queue: str | None = None, id: str | None = None, priority: int | None = None,
+        delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Start the workflow registered as ``name`` without importing its code (a service that only
+        knows its name). The arguments (``*args``, and ``kwargs`` by name) are stored unchecked: the
+        worker that runs it checks them against the function's hints, and if they do not fit the
+        workflow fails with a ``SerializationError`` recorded as its error. The same id twice starts
+        one workflow."""
+        return await start_by_name(self._client, name, args, kwargs, queue=queue, id=id, priority=priority,
+                                   delay=delay, max_attempts=max_attempts, timeout=timeout)()
+
+    def start_by_name(
+        self, name: str, *args: Any, queue: str | None = None, id: str | None = None, priority: int | None = None,
+        delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> WorkflowHandle[Any]:
+        return self._client.call(start_by_name(self._client, name, args, kwargs, queue=queue, id=id,
+                                               priority=priority, delay=delay, max_attempts=max_attempts,
+                                               timeout=timeout))
 
     def handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """A handle on an existing workflow, started by this process or any other."""

@@ -59,6 +59,12 @@ def checked(value: object, type_: Any, what: str) -> tuple[bytes, Any]:
         raise SerializationError(f"{what} does not match its type hint: {exc}") from exc
 
 
+def encode_unchecked(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> bytes:
+    """The stored arguments of a call to a function this process does not know: a msgpack array
+    ``[args, kwargs]``, which ``decode_arguments`` tells from the map a checked call is stored as."""
+    return encode([list(args), kwargs], what)
+
+
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn, include_extras=True)
@@ -101,7 +107,15 @@ class FunctionCodec:
         return data
 
     def decode_arguments(self, data: bytes) -> tuple[list[Any], dict[str, Any]]:
-        """Rebuild the positional and keyword arguments of a call from their stored form."""
+        """Rebuild the positional and keyword arguments of a call from their stored form. Arguments
+        stored unchecked by ``start_by_name`` are checked here, on the worker that knows the function:
+        a call that does not fit raises SerializationError, which fails the workflow."""
+        if data[:1] and (0x90 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD)):
+            given, by_name = _untyped.decode(data)
+            try:
+                data = self.encode_arguments(tuple(given), by_name)
+            except SerializationError as exc:
+                raise SerializationError(f"started by name with arguments that do not fit: {exc}") from exc
         values = msgspec.msgpack.decode(data, type=self._arguments)
         args: list[Any] = []
         kwargs: dict[str, Any] = {}

@@ -6,6 +6,8 @@ table recorded, so the process that reads them need not be the one that ran the 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class PgflowError(Exception):
     """Base class of every error pgflow raises on purpose."""
@@ -98,6 +100,16 @@ class StoreUnavailable(ExecutionInterrupted):
 
 class CancelRequested(ExecutionInterrupted):
     """The workflow was cancelled while it ran."""
+
+
+class Suspended(ExecutionInterrupted):
+    """Ends a run that waits longer than the App's ``suspend_after`` (a sleep, a message): the
+    workflow goes back to the queue, due at ``until``, and its journal brings it back to the wait."""
+
+    def __init__(self, until: datetime, reason: str) -> None:
+        super().__init__(f"{reason} until {until.isoformat()}")
+        self.until = until
+        self.reason = reason
 
 
 _INSTALL_HINT = (

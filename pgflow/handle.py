@@ -6,10 +6,11 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from ._core.checks import check_reader
+from ._core.checks import check_reader, check_text
 from ._core.client import Client
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, take
+from .codec import decode
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 
@@ -63,6 +64,31 @@ class WorkflowHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> R:
         return self._client.call(self.result_async, timeout)
+
+    async def get_event_async(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
+        """The last value the workflow set under ``key``, waiting for one to be set (woken by its
+        ping, with the poll as the backstop). None when ``timeout`` seconds pass first, or when the
+        workflow ended without setting it (``timeout=None`` waits until one or the other; ``0``
+        looks once). ``type`` decodes the value into a Struct or dataclass instead of builtins."""
+        check_text(key, "an event key", 256)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
+            raise ValueError(f"timeout is a number of seconds >= 0 or None, got {timeout!r}")
+        runtime = self._client.runtime()
+
+        async def look() -> tuple[Any] | None:
+            found = await runtime.db(lambda store: store.get_event(self.id, key))
+            if found is None:
+                raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+            value, status = found
+            if value is not None:
+                return (decode(value, type),)
+            return (None,) if status in ENDED else None
+
+        got = await runtime.wait_for([f"e:{self.id}", f"wf:{self.id}"], look, timeout)
+        return None if got is None else got[0]
+
+    def get_event(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
+        return self._client.call(lambda: self.get_event_async(key, timeout, type=type))
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""

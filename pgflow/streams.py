@@ -6,11 +6,8 @@ Writes go to the worker's group-committing writer (``_core/streams/writer.py``);
 
 from __future__ import annotations
 
-import anyio.from_thread
-import anyio.lowlevel
-
 from ._core.checks import MAX_CHUNK_BYTES, MAX_KEY_BYTES, check_key, encode_chunk
-from ._core.execution import running
+from ._core.execution import Execution, from_thread, running
 
 __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_async", "stream_offset",
            "write_stream", "write_stream_async"]
@@ -49,11 +46,4 @@ def stream_offset(key: str) -> int:
 
 
 def _write_from_thread(what: str, key: str, value: bytes | None) -> None:
-    execution = running(what)
-    try:
-        on_loop = anyio.lowlevel.current_token() == execution.token
-    except RuntimeError:
-        on_loop = False
-    if on_loop:
-        raise RuntimeError(f"pgflow.{what} blocks; in async code use `await pgflow.{what}_async(...)`")
-    anyio.from_thread.run(execution.write_chunk, key, value, token=execution.token)
+    from_thread(what, Execution.write_chunk, key, value)

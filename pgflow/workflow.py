@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from ._core.checks import check_delay, check_id, check_priority, check_queue
+from ._core.checks import MAX_ID_BYTES, check_delay, check_id, check_priority, check_queue, check_text
 from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import StepSpec, WorkflowSpec
-from ._core.starting import enqueue, enqueue_many
+from ._core.starting import enqueue, enqueue_many, enqueue_named
+from .codec import encode_unchecked
 from .handle import WorkflowHandle
 
 P = ParamSpec("P")
@@ -166,17 +167,63 @@ class Starter(Generic[P, R]):
         return [WorkflowHandle(workflow._client, id) for id in ids]
 
     def _id(self) -> str:
-        """The given id, or one derived from the starting workflow's position, so that a parent
-        replayed after a crash finds the child it started instead of starting a second one."""
-        if self._options.id is not None:
-            return self._options.id
-        parent = journaling()
-        if parent is not None:
-            return f"{parent.workflow_id}.{parent.take_position()}"
-        return str(uuid.uuid4())
+        return new_id(self._options.id)
 
     async def _enqueue(self, id: str, inputs: bytes) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
                       priority=options.priority, delay=options.delay)
         return WorkflowHandle(workflow._client, id)
+
+
+def new_id(given: str | None) -> str:
+    """The given id, or one derived from the starting workflow's position, so that a parent
+    replayed after a crash finds the child it started instead of starting a second one."""
+    if given is not None:
+        return given
+    parent = journaling()
+    if parent is not None:
+        return f"{parent.workflow_id}.{parent.take_position()}"
+    return str(uuid.uuid4())
+
+
+def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *,
+                  queue: str | None, id: str | None, priority: int | None, delay: float,
+                  max_attempts: int | None, timeout: float | None) -> Callable[[], Awaitable[WorkflowHandle[Any]]]:
+    """``App.start_by_name``: enqueue a workflow this process need not import. The arguments are
+    stored unchecked (anything msgpack encodes); the worker that runs it checks them against the
+    function's hints and records a failure when they do not fit. Options this process does not give
+    come from the workflow's registration here, if it has one, else from the defaults.
+
+    Everything is checked, and the id taken, here in the caller (a child's id comes from its parent's
+    journal position, which only the caller's context knows); the enqueue is returned, to be awaited
+    on the caller's loop or run for a sync caller."""
+    check_text(name, "a workflow name", MAX_ID_BYTES)
+    spec = client.registry.workflows.get(name)
+    if queue is not None:
+        check_queue(queue)
+    if priority is not None:
+        check_priority(priority)
+    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                     or max_attempts < 1):
+        raise ValueError(f"max_attempts is an int >= 1, got {max_attempts!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0):
+        raise ValueError(f"timeout is a positive number of seconds, got {timeout!r}")
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        raise TypeError(f"kwargs is a dict of keyword arguments by name, got {kwargs!r:.80}")
+    inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})")
+    workflow_id = new_id(None if id is None else check_id(id))
+    delay = check_delay(delay)
+
+    async def start() -> WorkflowHandle[Any]:
+        await enqueue_named(
+            client.runtime(), name, workflow_id, inputs,
+            queue=queue or (spec.queue if spec else "default"),
+            priority=priority if priority is not None else (spec.priority if spec else 0),
+            delay=delay, max_attempts=max_attempts if max_attempts is not None else (
+                spec.max_attempts if spec else None),
+            timeout=timeout if timeout is not None else (spec.timeout if spec else None),
+        )
+        return WorkflowHandle(client, workflow_id)
+
+    return start

@@ -13,10 +13,10 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -28,21 +28,20 @@ from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
     LeaseLost,
-    MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     SerializationError,
     StepTimeout,
     StoreUnavailable,
-    WorkflowTimeout,
 )
 from ..telemetry import tracer
 from .outcomes import describe, pickled, replay
-from .registry import StepSpec, WorkflowSpec
+from .registry import StepSpec
 from .runtime import Runtime
-from .store import Claimed, StepRecord, Store, retrying, unreachable
-from .streams.writer import ChunkRefused, StreamWriter
+from .store import StepRecord, Store, retrying, unreachable
+from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
+T = TypeVar("T")
 runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
@@ -101,6 +100,17 @@ class Execution:
     # returns was called without ``await``.
     unstarted: list[tuple[str, Coroutine[Any, Any, Any]]] = field(default_factory=list)
     run: int = 1  # the attempt counted against the workflow's budget (``pgflow.attempt()``)
+    # When the journal was read: its seconds until a wake-up are counted from then.
+    loaded_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def suspend_after(self) -> float:
+        """Seconds a wait may hold the worker slot; a longer one gives it back."""
+        config = self.runtime.config
+        return config.suspend_after if config is not None else 5.0
+
+    def seconds_left(self, remaining_when_loaded: float) -> float:
+        return remaining_when_loaded - (time.monotonic() - self.loaded_at)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -138,15 +148,8 @@ class Execution:
         """The journaled call of a step: replayed when recorded, otherwise run, retried and recorded."""
         self.check_interrupt()
         position = self.take_position()
-        record = self.journal.get(position)
+        record = self.recorded(position, step.name)
         if record is not None:
-            if record.name != step.name:
-                raise NonDeterministicWorkflow(
-                    f"workflow {self.workflow_id!r} called step {step.name!r} at position {position}, "
-                    f"but its journal recorded {record.name!r} there. A workflow must make the same "
-                    "step calls in the same order on every run; move anything nondeterministic "
-                    "(time, randomness, I/O) into a step."
-                )
             for key, end in (record.stream_ends or {}).items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
             return replay(record, step)
@@ -203,24 +206,58 @@ class Execution:
         exception: bytes | None, attempts: int,
     ) -> None:
         ends = dict(self.stream_ends)
+
+        async def record() -> tuple[bool, bool, None]:
+            return (*await self.store.record_step(
+                self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends), None)
+
         try:
-            owner, cancel = await retrying(lambda: self.store.record_step(
-                self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends,
-            ), f"recording step {name!r}")
+            await self.fenced(record, f"record step {name!r}")
+        finally:
+            for key, end in ends.items():
+                self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
+
+    async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
+        """Run a write made on behalf of this execution, fenced by its attempt and tried again while
+        the server is away; it returns (still owner, cancel requested, value). A lost lease or a
+        cancellation interrupts the execution, and so does a server that stays away: not the
+        workflow's failure, the run stops and the workflow is resumed once the database is back (the
+        writes are fenced and idempotent, so a retry cannot double one)."""
+        try:
+            owner, cancel, value = await retrying(operation, what)
         except psycopg.Error as exc:
             if not unreachable(exc):
                 raise
-            # Not the workflow's failure: stop this run; the workflow is resumed once the
-            # database is back (the insert is fenced and idempotent, so a retry cannot double it).
-            self.interrupt = StoreUnavailable(f"cannot record step {name!r}: {exc}")
+            self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
             raise self.interrupt from exc
-        for key, end in self.stream_ends.items():
-            self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
         if not owner:
             self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
         elif cancel:
             self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
         self.check_interrupt()
+        return value
+
+    def entry(self, name: str, what: str) -> tuple[int, StepRecord | None]:
+        """The next journal position for a durable operation of the workflow body (a sleep, a
+        message received, an event set), and what the journal recorded there."""
+        self.check_interrupt()
+        if inside_step.get() is not None:
+            raise RuntimeError(f"pgflow.{what} is for the workflow body, not for the inside of a step: a step "
+                               "may run more than once, and its waits would not be journaled")
+        position = self.take_position()
+        return position, self.recorded(position, name)
+
+    def recorded(self, position: int, name: str) -> StepRecord | None:
+        """The journal's record at ``position``, checked to be of ``name``."""
+        record = self.journal.get(position)
+        if record is not None and record.name != name:
+            raise NonDeterministicWorkflow(
+                f"workflow {self.workflow_id!r} called {name!r} at position {position}, "
+                f"but its journal recorded {record.name!r} there. A workflow must make the same "
+                "step calls in the same order on every run; move anything nondeterministic "
+                "(time, randomness, I/O) into a step."
+            )
+        return record
 
     async def write_chunk(self, key: str, value: bytes | None) -> None:
         """Write a chunk (``None`` closes the stream) at the stream's next position.
@@ -261,152 +298,18 @@ class Execution:
         return run_in_loop(self.call_step, step, args, kwargs, token=self.token)
 
 
+def from_thread(what: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """The sync twin ``pgflow.<what>`` of an async function of the execution: run on the worker's
+    loop from a sync workflow's or step's thread; refused on the loop itself, which it would block."""
+    execution = running(what)
+    try:
+        on_loop = anyio.lowlevel.current_token() == execution.token
+    except RuntimeError:
+        on_loop = False
+    if on_loop:
+        raise RuntimeError(f"pgflow.{what} blocks; in async code use `await pgflow.{what}_async(...)`")
+    return run_in_loop(fn, execution, *args, token=execution.token)
+
+
 def _unstarted(call: Coroutine[Any, Any, Any]) -> bool:
     return inspect.getcoroutinestate(call) == inspect.CORO_CREATED
-
-
-async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
-                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
-                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
-    """Run a claimed workflow to its end and record that end, unless the run is interrupted.
-
-    Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
-    workflow back to the queue at once, so another worker resumes it from its journal without waiting
-    for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
-    While it runs, ``cancellers[id]`` cancels it where it stands (its worker learnt that somebody
-    cancelled it), and it is recorded as cancelled.
-    """
-    try:
-        # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
-        first = claimed.attempt == 1
-        execution = Execution(
-            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
-            journal={} if first else await store.journal(claimed.id),
-            token=anyio.lowlevel.current_token(), writer=writer,
-            stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
-        )
-        with tracer.start_as_current_span(
-            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
-                                                     "pgflow.attempt": claimed.attempt},
-        ):
-            began = time.monotonic()
-            runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
-            outcome = _refused(claimed)
-            if outcome is None:
-                with anyio.CancelScope() as scope:
-                    if cancellers is not None:
-                        cancellers[claimed.id] = lambda: _cancel(execution, scope)
-                    try:
-                        outcome = await _run_in_time(workflow, claimed, execution, limiter)
-                    finally:
-                        if cancellers is not None:
-                            cancellers.pop(claimed.id, None)
-                if scope.cancelled_caught:
-                    outcome = "cancelled", None, None
-        if outcome is not None:
-            if await _finish(runtime, store, execution, *outcome, freed=freed):
-                _log_end(workflow.name, claimed, outcome, time.monotonic() - began)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            try:
-                if await retrying(lambda: store.release(claimed.id, claimed.attempt),
-                                  f"giving {claimed.id} back to the queue"):
-                    runtime.ping([f"q:{workflow.queue}"])
-            except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
-                log.warning("could not give %s back to the queue: %s", claimed.id, exc)
-        raise
-
-
-Outcome = tuple[str, bytes | None, dict[str, Any] | None]
-
-
-def _cancel(execution: Execution, scope: anyio.CancelScope) -> None:
-    """Stop a running workflow now, not at its next step: anything it tries to write after this is
-    refused, and its end is recorded as cancelled."""
-    execution.interrupt = CancelRequested(f"workflow {execution.workflow_id!r} was cancelled")
-    scope.cancel()
-
-
-def _refused(claimed: Claimed) -> Outcome | None:
-    """The failure to record instead of running, for a poison workflow or one past its deadline."""
-    if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
-        return "failed", None, describe(MaxAttemptsExceeded(
-            f"workflow {claimed.id!r} was claimed {claimed.max_attempts} times without finishing"))
-    if claimed.seconds_left is not None and claimed.seconds_left <= 0:
-        return "failed", None, describe(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
-    return None
-
-
-async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
-                       limiter: anyio.CapacityLimiter) -> Outcome | None:
-    """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
-    refused any further write)."""
-    if claimed.seconds_left is None:
-        return await _run(workflow, claimed, execution, limiter)
-    with anyio.move_on_after(claimed.seconds_left) as scope:
-        return await _run(workflow, claimed, execution, limiter)
-    assert scope.cancelled_caught
-    message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
-    execution.interrupt = CancelRequested(message)
-    return "failed", None, describe(WorkflowTimeout(message))
-
-
-async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
-               limiter: anyio.CapacityLimiter) -> Outcome | None:
-    """The workflow function's outcome as (status, output, error); None when the lease was lost."""
-    reset = current_execution.set(execution)
-    try:
-        args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
-        if workflow.is_async:
-            try:
-                result = await workflow.fn(*args, **kwargs)
-            except BaseException:
-                execution.check_awaited(report=False)
-                raise
-            execution.check_awaited()
-        else:
-            context = contextvars.copy_context()
-            result = await anyio.to_thread.run_sync(
-                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter,
-                abandon_on_cancel=True,
-            )
-        return "succeeded", workflow.codec.encode_result(result), None
-    except CancelRequested:
-        return "cancelled", None, None
-    except ChunkRefused as exc:
-        return "failed", None, describe(exc)
-    except LeaseLost as exc:
-        log.warning("%s; leaving it to its new owner", exc)
-        return None
-    except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
-        return "failed", None, describe(exc)
-    finally:
-        current_execution.reset(reset)
-
-
-async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
-                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
-    """Record the end (True when it was this execution's to record); ``freed`` are pings for
-    workers waiting on a limited queue's free slot."""
-    keys = {f"wf:{execution.workflow_id}", *freed}
-    pings = runtime.pings_to_carry(keys)
-    # Tried again while the server is away or drops the statement: an end not recorded would leave the
-    # workflow to its lease. (A first try that committed unseen makes the second find the workflow
-    # ended, which reads as a lost lease: nothing is recorded twice.)
-    if await retrying(lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
-                      f"recording the end of {execution.workflow_id}"):
-        runtime.announced(keys, pings)
-        return True
-    log.warning("workflow %r attempt %d lost its lease before it could record %s",
-                execution.workflow_id, execution.attempt, status)
-    return False
-
-
-def _log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:
-    """One line per workflow end at INFO; a failure at WARNING, with its traceback."""
-    status, _, error = outcome
-    if status == "failed" and error is not None:
-        runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
-                     claimed.attempt, error.get("type"), error.get("message"), error.get("traceback", ""))
-    else:
-        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.attempt)

@@ -4,14 +4,20 @@ run returned it."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import traceback
 from typing import Any
 
 from .. import codec
-from ..errors import StepFailed
+from ..errors import MaxAttemptsExceeded, StepFailed, WorkflowTimeout
 from .registry import StepSpec
-from .store import StepRecord
+from .store import Claimed, StepRecord
+
+runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
+
+# A workflow's recorded end: (status, output, error).
+Outcome = tuple[str, bytes | None, dict[str, Any] | None]
 
 
 def _storable(text: str) -> str:
@@ -52,3 +58,23 @@ def replay(record: StepRecord, step: StepSpec) -> Any:
         if isinstance(exc, BaseException):
             raise exc
     raise StepFailed(record.error["type"], record.error["message"])
+
+
+def refused(claimed: Claimed) -> Outcome | None:
+    """The failure to record instead of running, for a poison workflow or one past its deadline."""
+    if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
+        return "failed", None, describe(MaxAttemptsExceeded(
+            f"workflow {claimed.id!r} was claimed {claimed.max_attempts} times without finishing"))
+    if claimed.seconds_left is not None and claimed.seconds_left <= 0:
+        return "failed", None, describe(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
+    return None
+
+
+def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:
+    """One line per workflow end at INFO; a failure at WARNING, with its traceback."""
+    status, _, error = outcome
+    if status == "failed" and error is not None:
+        runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
+                     claimed.attempt, error.get("type"), error.get("message"), error.get("traceback", ""))
+    else:
+        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.attempt)

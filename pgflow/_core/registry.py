@@ -31,6 +31,7 @@ class Config:
     listen_idle: float = 30.0  # seconds without a waiter before the LISTEN connection is closed
     query_timeout: float = 10.0  # seconds without an answer before a connection is taken for dead
     retention: float | None = 7 * 24 * 3600.0  # seconds finished workflows are kept; None: for ever
+    suspend_after: float = 5.0  # a wait longer than this (sleep, recv) gives the worker slot back
 
     @property
     def channel(self) -> str:

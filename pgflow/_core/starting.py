@@ -11,17 +11,23 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
                   priority: int | None = None, delay: float = 0.0) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
     workflow of another name raises WorkflowConflict."""
-    queue = queue or workflow.queue
-    priority = workflow.priority if priority is None else priority
+    return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
+                               priority=workflow.priority if priority is None else priority, delay=delay,
+                               max_attempts=workflow.max_attempts, timeout=workflow.timeout)
+
+
+async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
+                        delay: float, max_attempts: int | None, timeout: float | None) -> bool:
+    """``enqueue`` for a workflow known by its name only (``start_by_name``)."""
     await runtime.store()
     keys = {f"q:{queue}"}
     pings = runtime.pings_to_carry(keys)
-    created, name = await runtime.db(lambda store: store.enqueue(
-        id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+    created, found = await runtime.db(lambda store: store.enqueue(
+        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings,
     ))
-    if name != workflow.name:
+    if found != name:
         raise WorkflowConflict(
-            f"workflow id {id!r} already belongs to a workflow {name!r}, not {workflow.name!r}; choose another id"
+            f"workflow id {id!r} already belongs to a workflow {found!r}, not {name!r}; choose another id"
         )
     if created:
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.

@@ -27,7 +27,7 @@ from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from .checks import check_queue
 from .connecting import linked, where
-from .execution import execute
+from .executor import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
 from .registry import Registry, WorkflowSpec

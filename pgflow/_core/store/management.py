@@ -91,9 +91,15 @@ class ManagementStatements(Statements):
                 return None
             await conn.execute(self._sql(
                 "INSERT INTO {s}.steps (workflow_id, position, name, output, error, exception, attempts,"
-                "  attempt, stream_ends)"
-                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends FROM {s}.steps"
-                " WHERE workflow_id = %s AND position < %s"), (new_id, workflow_id, from_step))
+                "  attempt, stream_ends, wake_at)"
+                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends, wake_at"
+                " FROM {s}.steps WHERE workflow_id = %s AND position < %s"), (new_id, workflow_id, from_step))
+            # The events its copied entries had published, each key's last: a replay publishes nothing.
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.events (workflow_id, key, value)"
+                " SELECT DISTINCT ON (name) %s, substr(name, length('pgflow.set_event:') + 1), output"
+                " FROM {s}.steps WHERE workflow_id = %s AND position < %s AND name LIKE 'pgflow.set\\_event:%%'"
+                " ORDER BY name, position DESC"), (new_id, workflow_id, from_step))
             # The chunks written before the last copied step ended: a replay of the copied steps
             # skips exactly those positions, so the fork's streams have no gap.
             await conn.execute(self._sql(

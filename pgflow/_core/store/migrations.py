@@ -41,10 +41,21 @@ async def applied_version(conn: AsyncConnection[tuple[object, ...]], schema: str
     return int(row[0]) if row else 0  # type: ignore[call-overload]
 
 
+async def applied_versions(conn: AsyncConnection[tuple[object, ...]], schema: str) -> set[int]:
+    """Every migration applied to ``schema``."""
+    row = await (await conn.execute("SELECT to_regclass(%s)", (f"{schema}.migrations",))).fetchone()
+    if row is None or row[0] is None:
+        return set()
+    cur = await conn.execute(f"SELECT version FROM {schema}.migrations")
+    return {int(r[0]) for r in await cur.fetchall()}  # type: ignore[call-overload]
+
+
 async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> list[Migration]:
-    """Bring ``schema`` up to date; return the migrations this call applied (often none)."""
+    """Bring ``schema`` up to date; return the migrations this call applied (often none). Every
+    shipped migration not applied yet is applied, not only those above the highest applied: branches
+    developed side by side number theirs apart, and a merged build may bring a lower number later."""
     todo = available()
-    if await applied_version(conn, schema) >= todo[-1].version:
+    if {m.version for m in todo} <= await applied_versions(conn, schema):
         return []
     applied_now = []
     async with conn.transaction():
@@ -55,9 +66,9 @@ async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> lis
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        done = await applied_version(conn, schema)
+        done = await applied_versions(conn, schema)
         for migration in todo:
-            if migration.version <= done:
+            if migration.version in done:
                 continue
             await conn.execute(migration.sql.replace("{schema}", schema).encode())
             await conn.execute(

@@ -12,6 +12,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -23,6 +24,7 @@ from . import migrations
 from .claims import ClaimStatements
 from .management import ManagementStatements
 from .streams import StreamStatements
+from .waits import WaitStatements
 
 log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
@@ -43,6 +45,8 @@ class StepRecord:
     error: dict[str, Any] | None
     exception: bytes | None
     stream_ends: dict[str, int] | None
+    wake_at: datetime | None = None  # a sleep's wake-up time
+    remaining: float | None = None  # seconds until wake_at when the journal was read
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class WorkflowRow:
     error: dict[str, Any] | None
 
 
-class Store(ClaimStatements, StreamStatements, ManagementStatements):
+class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -209,8 +213,8 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
     async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT position, name, output, error, exception, stream_ends FROM {s}.steps"
-                " WHERE workflow_id = %s"
+                "SELECT position, name, output, error, exception, stream_ends, wake_at,"
+                " extract(epoch FROM wake_at - now())::float8 FROM {s}.steps WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 

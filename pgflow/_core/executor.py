@@ -1,0 +1,176 @@
+"""Running one claimed workflow to its end: the body under its timeout and cancellation, then its
+end recorded (or, for a workflow that waits long, its slot given back until it is due again).
+
+The journal each run keeps is ``execution.py``'s; this module decides what becomes of the run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
+from ..telemetry import tracer
+from .execution import Execution, current_execution
+from .outcomes import Outcome, describe, log_end, refused, runs
+from .registry import WorkflowSpec
+from .runtime import Runtime
+from .store import Claimed, Store, retrying
+from .streams.writer import ChunkRefused, StreamWriter
+
+log = logging.getLogger("pgflow.execution")
+
+
+async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
+                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
+                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
+    """Run a claimed workflow to its end and record that end, unless the run is interrupted.
+
+    Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
+    workflow back to the queue at once, so another worker resumes it from its journal without waiting
+    for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
+    While it runs, ``cancellers[id]`` cancels it where it stands (its worker learnt that somebody
+    cancelled it), and it is recorded as cancelled.
+    """
+    try:
+        # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
+        first = claimed.attempt == 1
+        loaded_at = time.monotonic()
+        execution = Execution(
+            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
+            journal={} if first else await store.journal(claimed.id),
+            token=anyio.lowlevel.current_token(), writer=writer,
+            stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
+            loaded_at=loaded_at,
+        )
+        with tracer.start_as_current_span(
+            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
+                                                     "pgflow.attempt": claimed.attempt},
+        ):
+            began = time.monotonic()
+            runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
+            outcome = refused(claimed)
+            if outcome is None:
+                with anyio.CancelScope() as scope:
+                    if cancellers is not None:
+                        cancellers[claimed.id] = lambda: _cancel(execution, scope)
+                    try:
+                        outcome = await _run_in_time(workflow, claimed, execution, limiter)
+                    finally:
+                        if cancellers is not None:
+                            cancellers.pop(claimed.id, None)
+                if scope.cancelled_caught:
+                    outcome = "cancelled", None, None
+        if outcome is not None:
+            if await _finish(runtime, store, execution, *outcome, freed=freed):
+                log_end(workflow.name, claimed, outcome, time.monotonic() - began)
+    except Suspended as pause:
+        execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
+        await _suspend(runtime, store, workflow, claimed, pause, freed)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            try:
+                if await retrying(lambda: store.release(claimed.id, claimed.attempt),
+                                  f"giving {claimed.id} back to the queue"):
+                    runtime.ping([f"q:{workflow.queue}"])
+            except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
+                log.warning("could not give %s back to the queue: %s", claimed.id, exc)
+        raise
+
+
+async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed, pause: Suspended,
+                   freed: tuple[str, ...]) -> None:
+    """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
+    with anyio.CancelScope(shield=True):
+        try:
+            found = await retrying(lambda: store.suspend(claimed.id, claimed.attempt, pause.until),
+                                   f"suspending {claimed.id}")
+        except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
+            log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
+            return
+    if found is None:
+        log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.attempt)
+        return
+    queue, status = found
+    runs.info("workflow %s %s %s", workflow.name, claimed.id,
+              f"{pause} (slot given back)" if status == "queued" else "cancelled while it waited")
+    # Workers look at the queue again, so they know when it falls due (and a limited queue's slot is free).
+    runtime.ping({f"q:{queue}", *freed, *([f"wf:{claimed.id}"] if status == "cancelled" else [])})
+
+
+def _cancel(execution: Execution, scope: anyio.CancelScope) -> None:
+    """Stop a running workflow now, not at its next step: anything it tries to write after this is
+    refused, and its end is recorded as cancelled."""
+    execution.interrupt = CancelRequested(f"workflow {execution.workflow_id!r} was cancelled")
+    scope.cancel()
+
+
+async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
+                       limiter: anyio.CapacityLimiter) -> Outcome | None:
+    """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
+    refused any further write)."""
+    if claimed.seconds_left is None:
+        return await _run(workflow, claimed, execution, limiter)
+    with anyio.move_on_after(claimed.seconds_left) as scope:
+        return await _run(workflow, claimed, execution, limiter)
+    assert scope.cancelled_caught
+    message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
+    execution.interrupt = CancelRequested(message)
+    return "failed", None, describe(WorkflowTimeout(message))
+
+
+async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
+               limiter: anyio.CapacityLimiter) -> Outcome | None:
+    """The workflow function's outcome as (status, output, error); None when the lease was lost."""
+    reset = current_execution.set(execution)
+    try:
+        args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
+        if workflow.is_async:
+            try:
+                result = await workflow.fn(*args, **kwargs)
+            except BaseException:
+                execution.check_awaited(report=False)
+                raise
+            execution.check_awaited()
+        else:
+            context = contextvars.copy_context()
+            result = await anyio.to_thread.run_sync(
+                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter,
+                abandon_on_cancel=True,
+            )
+        return "succeeded", workflow.codec.encode_result(result), None
+    except CancelRequested:
+        return "cancelled", None, None
+    except ChunkRefused as exc:
+        return "failed", None, describe(exc)
+    except LeaseLost as exc:
+        log.warning("%s; leaving it to its new owner", exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
+        return "failed", None, describe(exc)
+    finally:
+        current_execution.reset(reset)
+
+
+async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
+                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
+    """Record the end (True when it was this execution's to record); ``freed`` are pings for
+    workers waiting on a limited queue's free slot."""
+    keys = {f"wf:{execution.workflow_id}", *freed}
+    pings = runtime.pings_to_carry(keys)
+    # Tried again while the server is away or drops the statement: an end not recorded would leave the
+    # workflow to its lease. (A first try that committed unseen makes the second find the workflow
+    # ended, which reads as a lost lease: nothing is recorded twice.)
+    if await retrying(lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
+                      f"recording the end of {execution.workflow_id}"):
+        runtime.announced(keys, pings)
+        return True
+    log.warning("workflow %r attempt %d lost its lease before it could record %s",
+                execution.workflow_id, execution.attempt, status)
+    return False

@@ -1,0 +1,77 @@
+"""What a workflow body waits on or publishes, journaled: durable sleep and events.
+
+A wait's end is written to the journal (on the server's clock) the first time the body reaches it, at
+the body's next position, so a run that replays the body after a crash or a suspension waits only what
+is left. A wait longer than the App's ``suspend_after`` does not hold its worker slot: the run ends by
+raising ``Suspended`` and the workflow goes back to the queue, due when the wait ends; the claim that
+takes it again replays the journal up to the wait, which then returns at once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+
+import anyio
+
+from ..errors import Suspended
+from .checks import MAX_DELAY
+from .execution import Execution
+
+SLEEP = "pgflow.sleep"
+SET_EVENT = "pgflow.set_event:"  # + the key
+
+
+def check_seconds(seconds: object, what: str) -> float:
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        raise TypeError(f"{what} is a number of seconds, got {seconds!r}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY:
+        raise ValueError(f"{what} is between 0 and {MAX_DELAY:.0f} seconds (ten years), got {seconds!r}")
+    return float(seconds)
+
+
+async def sleep(execution: Execution, seconds: float) -> None:
+    """Sleep until the wake-up time journaled on the first run: in the worker slot when the time left
+    is short, otherwise with the slot given back."""
+    position, record = execution.entry(SLEEP, "sleep")
+    if record is None or record.wake_at is None:
+        store = execution.store
+
+        async def journal() -> tuple[bool, bool, tuple[float, datetime]]:
+            owner, cancel, left, wake_at = await store.record_wake(
+                execution.workflow_id, execution.attempt, position, SLEEP, seconds)
+            return owner, cancel, (left, wake_at)
+
+        left, until = await execution.fenced(journal, "journal a sleep")
+    else:
+        left, until = execution.seconds_left(record.remaining or 0.0), record.wake_at
+    await hold(execution, left, until, f"sleeping (position {position})")
+
+
+async def hold(execution: Execution, left: float, until: datetime, reason: str) -> None:
+    """Wait ``left`` seconds in the slot, or give the slot back until ``until`` when that is long."""
+    if left > execution.suspend_after:
+        raise Suspended(until, reason)
+    deadline = time.monotonic() + max(0.0, left)
+    await anyio.sleep(max(0.0, left))
+    # A wake-up journaled by the server may be a little later than this loop's clock says.
+    await anyio.sleep(max(0.0, deadline - time.monotonic()))
+    execution.check_interrupt()
+
+
+async def set_event(execution: Execution, key: str, value: bytes) -> None:
+    """Publish ``value`` under ``key``, journaled with it in one statement: a replay, finding the
+    entry, publishes nothing again."""
+    name = SET_EVENT + key
+    position, record = execution.entry(name, "set_event")
+    if record is not None:
+        return
+    store = execution.store
+
+    async def publish() -> tuple[bool, bool, None]:
+        owner, cancel = await store.set_event(execution.workflow_id, execution.attempt, position, name, key, value)
+        return owner, cancel, None
+
+    await execution.fenced(publish, f"publish event {key!r}")
+    execution.runtime.ping({f"e:{execution.workflow_id}"})
