@@ -52,7 +52,8 @@ def test_fanout_gathers_one_child_per_section_each_retried(procs: Processes, wor
 
 def test_periodic_runs_on_its_schedule_with_a_durable_sleep(procs: Processes, worker_env: dict[str, str],
                                                             app: pgflow.App) -> None:
-    env = {**worker_env, "PERIODIC_SCHEDULE": "* * * * * *", "PERIODIC_SLEEP": "2"}  # every second
+    # Every second; a sleep past the App's suspend_after (5 s), so each run gives its slot back meanwhile.
+    env = {**worker_env, "PERIODIC_SCHEDULE": "* * * * * *", "PERIODIC_SLEEP": "6"}
     run = procs.start("periodic", [str(EXAMPLES / "periodic.py"), "--runs", "2"], env)
     assert run.wait_exit(timeout=120) == 0, procs.logs()
 
@@ -61,7 +62,7 @@ def test_periodic_runs_on_its_schedule_with_a_durable_sleep(procs: Processes, wo
     for record in done:
         result = app.handle(record.id).result(timeout=5)
         assert record.id == f"periodic.report@{result['tick']}"  # one id per tick: one run per tick
-        assert result["published_at"] - result["collected_at"] >= 2.0  # the sleep happened between the steps
+        assert result["published_at"] - result["collected_at"] >= 6.0  # the sleep happened between the steps
     assert run.output().count("published") >= 2
 
 

@@ -145,10 +145,7 @@ async def state(request: Request) -> Response:
         status = await handle.status_async()
     except pgflow.UnknownWorkflow:
         return JSONResponse({"error": "no such run"}, status_code=404)
-    try:
-        progress = await handle.get_event_async("progress", timeout=0)
-    except TimeoutError:
-        progress = None  # not published yet
+    progress = await handle.get_event_async("progress", timeout=0)  # None until the first one is set
     body: dict[str, Any] = {"status": status, "progress": progress}
     if status == "succeeded":
         body["result"] = await handle.result_async()
