@@ -4,7 +4,7 @@ from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
 from .context import attempt, step_attempt, workflow_id
-from .durable import set_event, set_event_async, sleep, sleep_async
+from .durable import recv, recv_async, set_event, set_event_async, sleep, sleep_async
 from .errors import (
     CannotResume,
     ConfigurationError,
@@ -58,6 +58,8 @@ __all__ = [
     "attempt",
     "close_stream",
     "close_stream_async",
+    "recv",
+    "recv_async",
     "set_event",
     "set_event_async",
     "sleep",

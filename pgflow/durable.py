@@ -1,4 +1,4 @@
-"""Durable waits and publications of a workflow body: ``sleep``, ``set_event``.
+"""Durable waits and publications of a workflow body: ``sleep``, ``set_event``, ``recv``.
 
 Called from the body of a workflow that a worker runs (not from inside a step, which may run more
 than once). Each is journaled at the body's next position like a step call, so a replay after a crash
@@ -7,12 +7,14 @@ neither repeats nor forgets it. Sync twins carry the plain names, for ``def`` wo
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import codec
 from ._core import waits
-from ._core.checks import check_text
+from ._core.checks import MAX_DELAY, check_text
 from ._core.execution import from_thread, running
 
-__all__ = ["set_event", "set_event_async", "sleep", "sleep_async"]
+__all__ = ["recv", "recv_async", "set_event", "set_event_async", "sleep", "sleep_async"]
 
 
 async def sleep_async(seconds: float) -> None:
@@ -47,3 +49,29 @@ def set_event(key: str, value: object) -> None:
     """Sync twin of ``set_event_async``, for ``def`` workflows."""
     data = _event(key, value)
     from_thread("set_event", waits.set_event, key, data)
+
+
+def _receiving(topic: str, timeout: float | None) -> float:
+    check_text(topic, "a message topic", 256)
+    return waits.check_seconds(timeout, "a receive's timeout") if timeout is not None else MAX_DELAY
+
+
+async def recv_async(topic: str, timeout: float | None = None, *, type: Any = Any) -> Any:
+    """The next message sent to this workflow on ``topic`` (``handle.send``), waiting for it up to
+    ``timeout`` seconds (None: without end); None when the time runs out.
+
+    Each message is consumed exactly once: it is taken in the same transaction that journals its
+    receipt, so a replay after a crash returns the same message, and a timeout, journaled too,
+    returns None again. Messages on a topic come in the order they were sent. A wait longer than
+    the App's ``suspend_after`` gives the worker slot back; a send to the topic wakes it at once.
+    ``type`` decodes the message into a Struct or dataclass instead of builtins."""
+    seconds = _receiving(topic, timeout)
+    data = await waits.recv(running("recv_async"), topic, seconds)
+    return None if data is None else codec.decode(data, type)
+
+
+def recv(topic: str, timeout: float | None = None, *, type: Any = Any) -> Any:
+    """Sync twin of ``recv_async``, for ``def`` workflows."""
+    seconds = _receiving(topic, timeout)
+    data = from_thread("recv", waits.recv, topic, seconds)
+    return None if data is None else codec.decode(data, type)

@@ -106,10 +106,11 @@ class Suspended(ExecutionInterrupted):
     """Ends a run that waits longer than the App's ``suspend_after`` (a sleep, a message): the
     workflow goes back to the queue, due at ``until``, and its journal brings it back to the wait."""
 
-    def __init__(self, until: datetime, reason: str) -> None:
+    def __init__(self, until: datetime, reason: str, topic: str | None = None) -> None:
         super().__init__(f"{reason} until {until.isoformat()}")
         self.until = until
         self.reason = reason
+        self.topic = topic  # the message topic it waits on, if it waits for one
 
 
 _INSTALL_HINT = (

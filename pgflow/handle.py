@@ -6,11 +6,12 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from ._core.checks import check_reader, check_text
+from ._core.checks import MAX_ID_BYTES, check_reader, check_text
 from ._core.client import Client
+from ._core.execution import journaling
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, take
-from .codec import decode
+from .codec import decode, encode
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 
@@ -89,6 +90,38 @@ class WorkflowHandle(Generic[R]):
 
     def get_event(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
         return self._client.call(lambda: self.get_event_async(key, timeout, type=type))
+
+    def _message(self, topic: str, value: object, idempotency_key: str | None) -> tuple[bytes, str]:
+        """The stored message and its idempotency key, made in the caller: from a workflow body
+        without a key, the key is the sender's journal position, so a replayed sender sends nothing
+        twice; elsewhere without one, a fresh key, so a send retried after a lost answer is stored
+        once."""
+        check_text(topic, "a message topic", 256)
+        data = encode(value, f"the message on {topic!r}")
+        if idempotency_key is not None:
+            return data, check_text(idempotency_key, "an idempotency key", MAX_ID_BYTES)
+        sender = journaling()
+        if sender is not None:
+            return data, f"{sender.workflow_id}.{sender.take_position()}"
+        return data, str(uuid.uuid4())
+
+    async def _send(self, topic: str, data: bytes, key: str) -> None:
+        runtime = self._client.runtime()
+        found = await runtime.db(lambda store: store.send(self.id, topic, data, key))
+        if found is None:
+            raise UnknownWorkflow(f"no workflow with id {self.id!r}")
+        stored, queue, made_due = found
+        if stored:
+            runtime.ping({f"m:{self.id}", *([f"q:{queue}"] if made_due else [])})
+
+    async def send_async(self, topic: str, value: object, idempotency_key: str | None = None) -> None:
+        """Send the workflow a durable message on ``topic``, which its ``recv(topic)`` takes once.
+        The same ``idempotency_key`` twice (per receiving workflow) stores one message. A workflow
+        that gave its slot back to wait for this topic is made due at once."""
+        await self._send(topic, *self._message(topic, value, idempotency_key))
+
+    def send(self, topic: str, value: object, idempotency_key: str | None = None) -> None:
+        self._client.call(self._send, topic, *self._message(topic, value, idempotency_key))
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""
@@ -188,12 +221,14 @@ class WorkflowHandle(Generic[R]):
             yield value
 
     async def cancel_async(self) -> None:
-        """Cancel the workflow: a queued one never starts, a running one stops at its next step."""
+        """Cancel the workflow: a queued (or sleeping, or waiting) one never runs again, a running
+        one stops where it stands. The workflows its body started are cancelled with it, and theirs
+        (a child that has ended keeps its outcome)."""
         runtime = self._client.runtime()
-        status = await runtime.db(lambda store: store.request_cancel(self.id))
-        if status is None:
+        found = await runtime.db(lambda store: store.request_cancel(self.id))
+        if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        runtime.ping([f"wf:{self.id}"])
+        runtime.ping([f"wf:{id}" for id in (self.id, *found[1])])
 
     def cancel(self) -> None:
         self._client.call(self.cancel_async)

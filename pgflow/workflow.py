@@ -123,11 +123,11 @@ class Starter(Generic[P, R]):
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow; an id that exists returns its handle and starts nothing."""
         inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
-        return self._workflow._client.call(self._enqueue, self._id(), inputs)
+        return self._workflow._client.call(self._enqueue, *new_id(self._options.id), inputs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
-        return await self._enqueue(self._id(), inputs)
+        return await self._enqueue(*new_id(self._options.id), inputs)
 
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                    ) -> list[WorkflowHandle[R]]:
@@ -136,12 +136,12 @@ class Starter(Generic[P, R]):
         argument is checked before anything is written. ``ids`` (one per call) make the starts
         idempotent as ``start`` is: an id that exists starts nothing and its handle comes back."""
         ids_, inputs = self._many(calls, ids)
-        return self._workflow._client.call(self._enqueue_many, ids_, inputs)
+        return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id())
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
         ids_, inputs = self._many(calls, ids)
-        return await self._enqueue_many(ids_, inputs)
+        return await self._enqueue_many(ids_, inputs, parent_id())
 
     def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
         if self._options.id is not None:
@@ -159,32 +159,36 @@ class Starter(Generic[P, R]):
             raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")
         return [check_id(id) for id in ids], inputs
 
-    async def _enqueue_many(self, ids: list[str], inputs: list[bytes]) -> list[WorkflowHandle[R]]:
+    async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None) -> list[WorkflowHandle[R]]:
         workflow, options = self._workflow, self._options
         if ids:
             await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
-                               priority=options.priority, delay=options.delay)
+                               priority=options.priority, delay=options.delay, parent=parent)
         return [WorkflowHandle(workflow._client, id) for id in ids]
 
-    def _id(self) -> str:
-        return new_id(self._options.id)
-
-    async def _enqueue(self, id: str, inputs: bytes) -> WorkflowHandle[R]:
+    async def _enqueue(self, id: str, parent: str | None, inputs: bytes) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
-                      priority=options.priority, delay=options.delay)
+                      priority=options.priority, delay=options.delay, parent=parent)
         return WorkflowHandle(workflow._client, id)
 
 
-def new_id(given: str | None) -> str:
-    """The given id, or one derived from the starting workflow's position, so that a parent
-    replayed after a crash finds the child it started instead of starting a second one."""
-    if given is not None:
-        return given
+def new_id(given: str | None) -> tuple[str, str | None]:
+    """The id of a workflow about to start, and its parent (the workflow whose body starts it, if
+    any). The id is the given one, or one derived from the parent's journal position, so that a
+    parent replayed after a crash finds the child it started instead of starting a second one."""
     parent = journaling()
+    if given is not None:
+        return given, parent.workflow_id if parent is not None else None
     if parent is not None:
-        return f"{parent.workflow_id}.{parent.take_position()}"
-    return str(uuid.uuid4())
+        return f"{parent.workflow_id}.{parent.take_position()}", parent.workflow_id
+    return str(uuid.uuid4()), None
+
+
+def parent_id() -> str | None:
+    """The workflow whose body is starting workflows here, if any."""
+    parent = journaling()
+    return parent.workflow_id if parent is not None else None
 
 
 def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *,
@@ -212,7 +216,7 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
     if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
         raise TypeError(f"kwargs is a dict of keyword arguments by name, got {kwargs!r:.80}")
     inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})")
-    workflow_id = new_id(None if id is None else check_id(id))
+    workflow_id, parent = new_id(None if id is None else check_id(id))
     delay = check_delay(delay)
 
     async def start() -> WorkflowHandle[Any]:
@@ -222,7 +226,7 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
             priority=priority if priority is not None else (spec.priority if spec else 0),
             delay=delay, max_attempts=max_attempts if max_attempts is not None else (
                 spec.max_attempts if spec else None),
-            timeout=timeout if timeout is not None else (spec.timeout if spec else None),
+            timeout=timeout if timeout is not None else (spec.timeout if spec else None), parent=parent,
         )
         return WorkflowHandle(client, workflow_id)
 

@@ -89,7 +89,7 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
     """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
     with anyio.CancelScope(shield=True):
         try:
-            found = await retrying(lambda: store.suspend(claimed.id, claimed.attempt, pause.until),
+            found = await retrying(lambda: store.suspend(claimed.id, claimed.attempt, pause.until, pause.topic),
                                    f"suspending {claimed.id}")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)

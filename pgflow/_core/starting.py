@@ -8,22 +8,24 @@ from .runtime import Runtime
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
-                  priority: int | None = None, delay: float = 0.0) -> bool:
+                  priority: int | None = None, delay: float = 0.0, parent: str | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
     workflow of another name raises WorkflowConflict."""
     return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
                                priority=workflow.priority if priority is None else priority, delay=delay,
-                               max_attempts=workflow.max_attempts, timeout=workflow.timeout)
+                               max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent)
 
 
 async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
-                        delay: float, max_attempts: int | None, timeout: float | None) -> bool:
-    """``enqueue`` for a workflow known by its name only (``start_by_name``)."""
+                        delay: float, max_attempts: int | None, timeout: float | None,
+                        parent: str | None = None) -> bool:
+    """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
+    workflow whose body starts it, cancelled with it."""
     await runtime.store()
     keys = {f"q:{queue}"}
     pings = runtime.pings_to_carry(keys)
     created, found = await runtime.db(lambda store: store.enqueue(
-        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings,
+        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent,
     ))
     if found != name:
         raise WorkflowConflict(
@@ -36,7 +38,8 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
 
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
-                       queue: str | None = None, priority: int | None = None, delay: float = 0.0) -> None:
+                       queue: str | None = None, priority: int | None = None, delay: float = 0.0,
+                       parent: str | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
@@ -45,7 +48,7 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     keys = {f"q:{queue}"}
     pings = runtime.pings_to_carry(keys)
     found = await runtime.db(lambda store: store.enqueue_many(
-        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings, parent,
     ))
     if any(created for created, _ in found):
         runtime.announced(keys, pings)

@@ -1,4 +1,4 @@
-"""What a workflow body waits on or publishes, journaled: durable sleep and events.
+"""What a workflow body waits on or publishes, journaled: durable sleep, events and messages.
 
 A wait's end is written to the journal (on the server's clock) the first time the body reaches it, at
 the body's next position, so a run that replays the body after a crash or a suspension waits only what
@@ -21,6 +21,8 @@ from .execution import Execution
 
 SLEEP = "pgflow.sleep"
 SET_EVENT = "pgflow.set_event:"  # + the key
+RECV = "pgflow.recv:"  # + the topic
+SEND = "pgflow.send"  # the position a send from a workflow body takes (its idempotency key)
 
 
 def check_seconds(seconds: object, what: str) -> float:
@@ -35,7 +37,7 @@ async def sleep(execution: Execution, seconds: float) -> None:
     """Sleep until the wake-up time journaled on the first run: in the worker slot when the time left
     is short, otherwise with the slot given back."""
     position, record = execution.entry(SLEEP, "sleep")
-    if record is None or record.wake_at is None:
+    if record is None or record.wake_at is None or record.remaining is None:
         store = execution.store
 
         async def journal() -> tuple[bool, bool, tuple[float, datetime]]:
@@ -75,3 +77,42 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
 
     await execution.fenced(publish, f"publish event {key!r}")
     execution.runtime.ping({f"e:{execution.workflow_id}"})
+
+
+async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None:
+    """The next message on ``topic`` (its stored form), or None when ``timeout`` passes first.
+
+    Taking a message and journaling its receipt are one statement, so after a crash the replay
+    returns the message the first run took, and no message is lost or taken twice. The deadline is
+    journaled by the first look, so a replay waits only what is left of it; a wait longer than
+    ``suspend_after`` gives the slot back (a send to the topic makes the workflow due at once).
+    """
+    name = RECV + topic
+    position, record = execution.entry(name, "recv")
+    if record is not None and not record.waiting:
+        return record.output  # the message taken, or None for a receive that timed out
+    store = execution.store
+
+    async def receive(final: bool) -> tuple[bool, bytes | None, float, datetime]:
+        async def statement() -> tuple[bool, bool, tuple[bool, bytes | None, float, datetime]]:
+            owner, cancel, taken, value, left, deadline = await store.receive(
+                execution.workflow_id, execution.attempt, position, name, topic, timeout, final)
+            return owner, cancel, (taken, value, left, deadline)
+
+        return await execution.fenced(statement, f"receive a message on {topic!r}")
+
+    taken, value, left, deadline = await receive(False)
+    if taken:
+        return value
+    if left > execution.suspend_after:
+        raise Suspended(deadline, f"waiting for a message on {topic!r} (position {position})", topic)
+
+    async def look() -> tuple[bytes | None] | None:
+        taken, value, _, _ = await receive(False)
+        return (value,) if taken else None
+
+    got = await execution.runtime.wait_for([f"m:{execution.workflow_id}"], look, max(0.0, left))
+    if got is not None:
+        return got[0]
+    taken, value, _, _ = await receive(True)
+    return value if taken else None

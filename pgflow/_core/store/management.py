@@ -91,8 +91,8 @@ class ManagementStatements(Statements):
                 return None
             await conn.execute(self._sql(
                 "INSERT INTO {s}.steps (workflow_id, position, name, output, error, exception, attempts,"
-                "  attempt, stream_ends, wake_at)"
-                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends, wake_at"
+                "  attempt, stream_ends, wake_at, waiting)"
+                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends, wake_at, waiting"
                 " FROM {s}.steps WHERE workflow_id = %s AND position < %s"), (new_id, workflow_id, from_step))
             # The events its copied entries had published, each key's last: a replay publishes nothing.
             await conn.execute(self._sql(

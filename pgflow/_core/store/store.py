@@ -47,6 +47,7 @@ class StepRecord:
     stream_ends: dict[str, int] | None
     wake_at: datetime | None = None  # a sleep's wake-up time
     remaining: float | None = None  # seconds until wake_at when the journal was read
+    waiting: bool = False  # a receive that has no message yet (wake_at is its deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +76,21 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
+        parent: str | None = None,
     ) -> tuple[bool, str]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
-        ``pings`` go out with the commit."""
+        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s)"
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
                 " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, id, *pings))
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, id, *pings))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -98,7 +100,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
 
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
-        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS,
+        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS, parent: str | None = None,
     ) -> list[tuple[bool, str]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow)."""
@@ -106,14 +108,14 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
-                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s FROM asked ORDER BY n"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
+                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s FROM asked ORDER BY n"
                 "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
                 " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, *pings))
+            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, *pings))
             rows = await cur.fetchall()
         found: list[tuple[bool, str]] = [(False, "")] * len(ids)
         created_here: set[str] = set()
@@ -139,17 +141,26 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         )
         return None if row is None else WorkflowRow(*row)
 
-    async def request_cancel(self, id: str) -> str | None:
-        """Cancel a queued workflow at once, or flag a running one; return its status afterwards."""
-        row = await self._fetchone(
-            "UPDATE {s}.workflows SET"
-            " status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
-            " finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
-            " cancel_requested = status IN ('queued', 'running')"
-            " WHERE id = %s RETURNING status",
-            (id,),
-        )
-        return None if row is None else str(row[0])
+    async def request_cancel(self, id: str) -> tuple[str, list[str]] | None:
+        """Cancel a queued workflow at once, or flag a running one, and the same for every workflow
+        its body started (children, theirs, ...) that has not ended. Returns its status afterwards and
+        the ids of the descendants cancelled or flagged; None when there is no such workflow."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH RECURSIVE tree AS (SELECT id FROM {s}.workflows WHERE id = %(id)s"
+                "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
+                " asked AS (UPDATE {s}.workflows SET"
+                "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
+                "  finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
+                "  cancel_requested = status IN ('queued', 'running')"
+                "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
+                "  RETURNING id, status)"
+                " SELECT id, status FROM asked ORDER BY id = %(id)s DESC"
+            ), {"id": id})
+            rows = await cur.fetchall()
+        if not rows or rows[0][0] != id:
+            return None
+        return str(rows[0][1]), [str(r[0]) for r in rows[1:]]
 
     # -- the worker registry ---------------------------------------------------------------------------
 
@@ -214,7 +225,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT position, name, output, error, exception, stream_ends, wake_at,"
-                " extract(epoch FROM wake_at - now())::float8 FROM {s}.steps WHERE workflow_id = %s"
+                " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
 
 from .statements import Statements
 
@@ -31,20 +34,105 @@ class WaitStatements(Statements):
         owner = row[0] is not None and row[1] is not None
         return owner, bool(row[0]), float(row[2] or 0.0), row[1]
 
-    async def suspend(self, workflow_id: str, attempt: int, until: datetime) -> tuple[str, str] | None:
+    async def suspend(self, workflow_id: str, attempt: int, until: datetime,
+                      topic: str | None = None) -> tuple[str, str] | None:
         """Give a running workflow's slot back until ``until``: queued again, due then, its lease
         released; its next claim does not count against its attempt budget (``attempt_base`` moves
-        with it). A cancellation asked for meanwhile ends it as cancelled instead. Returns (queue,
-        status now), or None when ``attempt`` no longer holds the workflow."""
-        row = await self._fetchone(
-            "UPDATE {s}.workflows SET"
-            " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
-            " finished_at = CASE WHEN cancel_requested THEN now() END,"
-            " due_at = %s, attempt_base = attempt_base + 1, lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE id = %s AND attempt = %s AND status = 'running' RETURNING queue, status",
-            (until, workflow_id, attempt),
-        )
+        with it). A workflow waiting for a message on ``topic`` that is already there is due at once,
+        and a cancellation asked for meanwhile ends it as cancelled instead. Returns (queue, status
+        now), or None when ``attempt`` no longer holds the workflow.
+
+        The row is locked before the messages are looked at, by a statement of its own: a send that
+        stores a message locks the row too, so either the send committed first and this look sees its
+        message, or the send waits for this commit and then finds the workflow waiting for its topic.
+        (FOR NO KEY UPDATE: the key-share lock of a message's foreign key does not hold it up.)"""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql(
+                "SELECT 1 FROM {s}.workflows WHERE id = %s AND attempt = %s AND status = 'running'"
+                " FOR NO KEY UPDATE"
+            ), (workflow_id, attempt))
+            if await cur.fetchone() is None:
+                return None
+            cur = await conn.execute(self._sql(
+                "UPDATE {s}.workflows SET"
+                " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
+                " finished_at = CASE WHEN cancel_requested THEN now() END,"
+                " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
+                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN now() ELSE %(until)s END,"
+                " waiting_for = %(topic)s, attempt_base = attempt_base + 1,"
+                " lease_owner = NULL, lease_expires_at = NULL"
+                " WHERE id = %(id)s RETURNING queue, status"
+            ), {"id": workflow_id, "topic": topic, "until": until})
+            row = await cur.fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
+
+    async def send(self, workflow_id: str, topic: str, value: bytes,
+                   idempotency_key: str | None) -> tuple[bool, str, bool] | None:
+        """Store a message for a workflow (one per idempotency key); make the workflow due now when
+        it gave its slot back to wait for this topic. Returns (stored now, its queue, made due), or
+        None when no such workflow exists. (See ``suspend`` for why the row is locked once the
+        message is stored; a message stored before leaves the row alone, so a duplicate send cannot
+        make a claim skip it.)"""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql(
+                "INSERT INTO {s}.messages (workflow_id, topic, value, idempotency_key)"
+                " SELECT id, %s, %s, %s FROM {s}.workflows WHERE id = %s"
+                " ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+                " RETURNING (SELECT queue FROM {s}.workflows WHERE id = %s)"
+            ), (topic, value, idempotency_key, workflow_id, workflow_id))
+            stored = await cur.fetchone()
+            if stored is None:
+                queue = await self._queue_of(conn, workflow_id)
+                return None if queue is None else (False, queue, False)
+            cur = await conn.execute(self._sql(
+                "SELECT status = 'queued' AND waiting_for = %s FROM {s}.workflows WHERE id = %s FOR NO KEY UPDATE"
+            ), (topic, workflow_id))
+            waiting = await cur.fetchone()
+            if waiting is not None and waiting[0]:
+                await conn.execute(self._sql("UPDATE {s}.workflows SET due_at = now() WHERE id = %s"), (workflow_id,))
+        return True, str(stored[0]), bool(waiting is not None and waiting[0])
+
+    async def _queue_of(self, conn: AsyncConnection[Any], workflow_id: str) -> str | None:
+        cur = await conn.execute(self._sql("SELECT queue FROM {s}.workflows WHERE id = %s"), (workflow_id,))
+        row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+    async def receive(self, workflow_id: str, attempt: int, position: int, name: str, topic: str,
+                      timeout: float, final: bool) -> tuple[bool, bool, bool, bytes | None, float, datetime]:
+        """For the execution holding ``attempt``: take the oldest unconsumed message of ``topic`` and
+        journal it at ``position``, in one statement, so a message is consumed exactly when its
+        receipt is recorded. Without one, the entry is journaled as waiting (its deadline ``timeout``
+        seconds from the first call), or, when ``final``, as timed out.
+
+        Returns (still owner, cancel requested, a message was taken, its value, seconds to the
+        deadline, the deadline)."""
+        row = await self._fetchone(
+            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
+            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            " msg AS (SELECT id FROM {s}.messages WHERE workflow_id = %(id)s AND topic = %(topic)s"
+            "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
+            "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
+            "  ORDER BY id LIMIT 1 FOR UPDATE),"
+            " taken AS (UPDATE {s}.messages m SET consumed_at = now(), consumed_position = %(position)s"
+            "  FROM msg WHERE m.id = msg.id RETURNING m.value),"
+            " entry AS (INSERT INTO {s}.steps AS st"
+            "  (workflow_id, position, name, output, attempts, attempt, wake_at, waiting)"
+            "  SELECT %(id)s, %(position)s, %(name)s, (SELECT value FROM taken), 1, %(attempt)s,"
+            "   now() + make_interval(secs => %(timeout)s), NOT EXISTS (SELECT FROM taken) AND NOT %(final)s"
+            "  FROM owner"
+            "  ON CONFLICT (workflow_id, position) DO UPDATE SET output = excluded.output, waiting = excluded.waiting,"
+            "   attempt = excluded.attempt, finished_at = now()"
+            "   WHERE st.waiting AND NOT excluded.waiting"
+            "  RETURNING wake_at),"
+            " deadline AS (SELECT coalesce((SELECT wake_at FROM entry), (SELECT wake_at FROM {s}.steps"
+            "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
+            " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
+            "  at, extract(epoch FROM at - now())::float8 FROM deadline",
+            {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "topic": topic,
+             "timeout": timeout, "final": final},
+        )
+        assert row is not None
+        return row[0] is not None, bool(row[0]), bool(row[1]), row[2], float(row[4] or 0.0), row[3]
 
     async def set_event(self, workflow_id: str, attempt: int, position: int, name: str, key: str,
                         value: bytes) -> tuple[bool, bool]:
