@@ -17,7 +17,8 @@ What holds:
 - Children are ordinary workflows: any worker runs them, in parallel. A parent waiting in
   ``result_async`` holds its worker slot, so give the worker more slots than parents.
 - A child that fails makes its ``result_async`` raise ``pgflow.WorkflowFailed``; uncaught, the parent
-  fails with it (catch it to carry on without that child).
+  fails with it (catch it to carry on without that child). Cancelling the parent cancels the
+  children that have not ended.
 """
 
 from __future__ import annotations

@@ -148,9 +148,12 @@ def test_web_sse_resumes_from_last_event_id_and_the_first_decision_wins(
     # A reader that asks again for the middle of the stream gets the rest, from the next position.
     assert read_events(f"{base}/runs/{run}/tokens", "9")[0][:1] == [(10, expected[10])]
 
+    assert handle.get_event("stage", timeout=60) == "awaiting approval"
+    wait_until(lambda: handle.status() == "queued", "the workflow to give its slot back", procs, web)
     with urllib.request.urlopen(f"{base}/runs/{run}/state", timeout=30) as response:
         state = json.load(response)
-    assert state == {"status": "running", "progress": 1.0}  # the event the workflow set, waiting for approval
+    # The events the workflow set; its long wait for a message gave its worker slot back ("queued").
+    assert state == {"status": "queued", "progress": 1.0, "stage": "awaiting approval"}
     for approved in (False, True):  # the second decision carries the same idempotency key: dropped
         with urllib.request.urlopen(post(f"{base}/runs/{run}/approval", {"approved": approved}), timeout=30):
             pass

@@ -76,9 +76,10 @@ def test_page_streams_resumes_after_cuts_and_approval_finishes_the_workflow(
             assert f"from position {CUT_AFTER} (Last-Event-ID '{CUT_AFTER - 1}')" in web.output()
             assert "(Last-Event-ID '" in restarted.output()  # the new server resumed the page's stream
 
-            # Progress is the event the workflow set; it now waits for a human.
+            # Progress and stage are events the workflow set; it now waits for a human, holding no slot.
             page.wait_for_function("document.getElementById('progress').value === 1")
-            assert handle.status() == "running"
+            page.wait_for_function("document.getElementById('status').textContent === 'queued, awaiting approval'")
+            assert handle.status() == "queued"
             page.click("#approve")
             page.wait_for_selector("#status[data-final=true]", state="attached")
             assert page.inner_text("#status") == "succeeded: approved"

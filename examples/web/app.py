@@ -14,8 +14,9 @@ What it shows:
   as SSE, each event's ``id:`` being the chunk's stream position. When the connection drops, the
   browser's EventSource reconnects by itself and sends the last id it saw as ``Last-Event-ID``; the
   server carries on from the next position, so the page shows every word once, in order.
-- **Events.** After each sentence the workflow publishes ``set_event_async("progress", fraction)``;
-  the page polls ``GET /runs/{id}/state``, which reads it with ``handle.get_event_async``.
+- **Events.** After each sentence the workflow publishes ``set_event_async("progress", fraction)``,
+  and its "stage" before it waits; the page polls ``GET /runs/{id}/state``, which reads them with
+  ``handle.get_event_async``.
 - **Messages.** The workflow then waits with ``recv_async("approval")``; the page's Approve and Reject
   buttons POST to ``/runs/{id}/approval``, which calls ``handle.send_async``. The wait is durable: stop
   this process, start it again, and the workflow still waits for (and gets) its decision.
@@ -86,7 +87,9 @@ async def answer(prompt: str) -> dict[str, Any]:
         words += await generate(sentence)
         await pgflow.set_event_async("progress", done / len(sentences))
     await pgflow.close_stream_async("tokens")
-    # Waits for a human: a message sent to this workflow, consumed once, the receipt journaled.
+    await pgflow.set_event_async("stage", "awaiting approval")
+    # Waits for a human: a message sent to this workflow, consumed once, the receipt journaled. A wait
+    # this long gives the worker slot back: meanwhile the workflow is "queued", and no worker holds it.
     decision = await pgflow.recv_async("approval", timeout=24 * 3600)
     if decision is None:
         return {"decision": "expired", "words": words}
@@ -145,8 +148,9 @@ async def state(request: Request) -> Response:
         status = await handle.status_async()
     except pgflow.UnknownWorkflow:
         return JSONResponse({"error": "no such run"}, status_code=404)
-    progress = await handle.get_event_async("progress", timeout=0)  # None until the first one is set
-    body: dict[str, Any] = {"status": status, "progress": progress}
+    body: dict[str, Any] = {"status": status,  # events: None until the workflow sets them
+                            "progress": await handle.get_event_async("progress", timeout=0),
+                            "stage": await handle.get_event_async("stage", timeout=0)}
     if status == "succeeded":
         body["result"] = await handle.result_async()
     return JSONResponse(body)
