@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -154,6 +155,12 @@ def test_web_sse_resumes_from_last_event_id_and_the_first_decision_wins(
         state = json.load(response)
     # The events the workflow set; its long wait for a message gave its worker slot back ("queued").
     assert state == {"status": "queued", "progress": 1.0, "stage": "awaiting approval"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/runs/no-such-run/tokens", timeout=30)
+    assert refused.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(post(f"{base}/runs/{run}/approval", {"approved": "yes"}), timeout=30)
+    assert refused.value.code == 400  # and nothing was sent: the decision below is the first
     for approved in (False, True):  # the second decision carries the same idempotency key: dropped
         with urllib.request.urlopen(post(f"{base}/runs/{run}/approval", {"approved": approved}), timeout=30):
             pass

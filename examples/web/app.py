@@ -109,19 +109,31 @@ async def start(request: Request) -> Response:
     return RedirectResponse(f"/runs/{handle.id}", status_code=303)
 
 
-async def run_page(request: Request) -> Response:
+async def run(request: Request) -> pgflow.WorkflowHandle[Any] | None:
+    """The handle of the run named in the URL, or None when there is no such workflow."""
     handle = app.handle(request.path_params["id"])
     try:
         await handle.status_async()
     except pgflow.UnknownWorkflow:
-        return HTMLResponse("no such run", status_code=404)
-    return HTMLResponse(PAGE.replace("{{run}}", handle.id))
+        return None
+    return handle
+
+
+def not_found() -> Response:
+    return JSONResponse({"error": "no such run"}, status_code=404)
+
+
+async def run_page(request: Request) -> Response:
+    handle = await run(request)
+    return HTMLResponse(PAGE.replace("{{run}}", handle.id)) if handle else HTMLResponse("no such run", 404)
 
 
 async def tokens(request: Request) -> Response:
     """The stream as SSE. ``Last-Event-ID`` (sent by a reconnecting EventSource) is the last position
     the client has, so it resumes at the next one."""
-    handle = app.handle(request.path_params["id"])
+    handle = await run(request)
+    if handle is None:
+        return not_found()  # an EventSource stops reconnecting on an error status
     last = request.headers.get("last-event-id", "")
     offset = int(last) + 1 if last.isdigit() else 0
     log.info("tokens of %s from position %d (Last-Event-ID %r)", handle.id, offset, last or None)
@@ -143,11 +155,10 @@ async def tokens(request: Request) -> Response:
 
 async def state(request: Request) -> Response:
     """Status and progress, polled by the page."""
-    handle = app.handle(request.path_params["id"])
-    try:
-        status = await handle.status_async()
-    except pgflow.UnknownWorkflow:
-        return JSONResponse({"error": "no such run"}, status_code=404)
+    handle = await run(request)
+    if handle is None:
+        return not_found()
+    status = await handle.status_async()
     body: dict[str, Any] = {"status": status,  # events: None until the workflow sets them
                             "progress": await handle.get_event_async("progress", timeout=0),
                             "stage": await handle.get_event_async("stage", timeout=0)}
@@ -159,10 +170,16 @@ async def state(request: Request) -> Response:
 async def approval(request: Request) -> Response:
     """Deliver the human's decision to the workflow. The idempotency key makes a second click (or a
     retried POST) deliver nothing more: the first decision is the one the workflow gets."""
-    handle = app.handle(request.path_params["id"])
-    body = await request.json()
-    await handle.send_async("approval", {"approved": body.get("approved") is True},
-                            idempotency_key=f"{handle.id}:decision")
+    handle = await run(request)
+    if handle is None:
+        return not_found()
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("approved"), bool):
+        return JSONResponse({"error": 'send {"approved": true} or {"approved": false}'}, status_code=400)
+    await handle.send_async("approval", {"approved": body["approved"]}, idempotency_key=f"{handle.id}:decision")
     return JSONResponse({"sent": True})
 
 
