@@ -7,6 +7,7 @@ tested with a plain client, so it is covered on machines without a browser too."
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import urllib.error
 import urllib.request
@@ -161,6 +162,10 @@ def test_web_sse_resumes_from_last_event_id_and_the_first_decision_wins(
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(post(f"{base}/runs/{run}/approval", {"approved": "yes"}), timeout=30)
     assert refused.value.code == 400  # and nothing was sent: the decision below is the first
+    # The wait outlives the server: stop it, start another, and the decision still gets through.
+    web.signal(signal.SIGTERM)
+    web.wait_exit()
+    start_web(procs, worker_env, port=int(base.rsplit(":", 1)[1]), name="web-restarted")
     for approved in (False, True):  # the second decision carries the same idempotency key: dropped
         with urllib.request.urlopen(post(f"{base}/runs/{run}/approval", {"approved": approved}), timeout=30):
             pass

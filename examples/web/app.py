@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pgflow web example on http://{args.host}:{args.port} (schema {app.schema!r})", flush=True)
     uvicorn.run(web_app(worker=not args.no_worker, cut_after=args.cut_after), host=args.host, port=args.port,
                 log_level="warning", timeout_graceful_shutdown=2)
+    app.close()  # the connections that migrate() opened
     return 0
 
 
