@@ -3,9 +3,9 @@
     python examples/periodic.py              # runs until Ctrl-C
     python examples/periodic.py --runs 2     # exits once two runs have finished
 
-``periodic.report`` is registered with ``schedule=``: every worker that serves its queue takes part in
-starting it at each tick of the cron expression (UTC; six fields put seconds first), under the id
-``periodic.report@<tick>``, so a tick runs once however many workers there are. Each run collects a
+``periodic.report`` is registered with ``schedule=``: one of the workers that serve its queue (another
+takes over when it dies) starts it at each tick of the cron expression (UTC; six fields put seconds
+first) under the id ``periodic.report@<tick>``, so a tick runs once however many workers there are. Each run collects a
 figure (a step), sleeps durably while late data comes in, then publishes (another step). The sleep's
 wake-up time is journaled: a worker that dies meanwhile costs nothing, the next one wakes the run on
 time, and a sleep longer than the App's ``suspend_after`` (5 s) gives its worker slot back meanwhile.
