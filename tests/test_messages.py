@@ -5,7 +5,6 @@ receive and the next step; a long wait gives the slot back and a send wakes it."
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -207,4 +206,20 @@ async def test_recv_and_send_errors(app: pgflow.App) -> None:
 
     with pytest.raises(pgflow.WorkflowFailed, match="for the workflow body, not for the inside of a step"):
         await run_to_end(app, await flow.start_async())
-    assert threading.active_count() >= 1
+
+
+@pytest.mark.anyio
+async def test_pruning_a_finished_workflow_deletes_its_messages_and_events(app: pgflow.App, dsn: str,
+                                                                          schema: str) -> None:
+    @app.workflow(name="msg.pruned")
+    async def pruned() -> Any:
+        await pgflow.set_event_async("e", 1)
+        return await pgflow.recv_async("t", timeout=30)
+
+    handle = await pruned.start_async()
+    await handle.send_async("t", "taken")
+    await handle.send_async("t", "left over")
+    assert await run_to_end(app, handle) == "taken"
+    assert await app.prune_async(0) == 1
+    for table in ("messages", "events", "steps"):
+        assert await aquery(dsn, f'SELECT count(*) FROM "{schema}".{table}') == [(0,)]

@@ -1,6 +1,7 @@
-"""Running one claimed workflow: the step journal, replay, retries, and recording the outcome.
+"""The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
+writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
-A workflow's steps are numbered in call order. A position the journal already holds returns its
+A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A position the journal already holds returns its
 recorded output (or raises its recorded exception) without running; a new position runs the step, with
 retries, and records the final outcome once, fenced by the execution's attempt. Sync workflows run in a
 thread and call back into the worker's loop for every journal operation, so there is one implementation
@@ -42,7 +43,6 @@ from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 T = TypeVar("T")
-runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
 # journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows

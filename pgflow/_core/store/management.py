@@ -8,7 +8,8 @@ from typing import Any
 from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
-          " error->>'type'")
+          " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
+          " CASE WHEN status = 'queued' THEN waiting_for END")
 
 
 class ManagementStatements(Statements):

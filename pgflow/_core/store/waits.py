@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -31,8 +31,7 @@ class WaitStatements(Statements):
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "seconds": seconds},
         )
         assert row is not None
-        owner = row[0] is not None and row[1] is not None
-        return owner, bool(row[0]), float(row[2] or 0.0), row[1]
+        return row[0] is not None, bool(row[0]), float(row[2] or 0.0), row[1] or datetime.now(UTC)
 
     async def suspend(self, workflow_id: str, attempt: int, until: datetime,
                       topic: str | None = None) -> tuple[str, str] | None:
