@@ -36,8 +36,9 @@ class WaitStatements(Statements):
     async def suspend(self, workflow_id: str, attempt: int, until: datetime,
                       topic: str | None = None) -> tuple[str, str] | None:
         """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
-        comes first, when the claim fails it): queued again, due then, its lease released; its next claim does not count against its attempt budget (``attempt_base`` moves
-        with it). A workflow waiting for a message on ``topic`` that is already there is due at once,
+        comes first, when the claim fails it): queued again, due then, its lease released; its
+        next claim does not count against its attempt budget (``attempt_base`` moves with it).
+        A workflow waiting for a message on ``topic`` that is already there is due at once,
         and a cancellation asked for meanwhile ends it as cancelled instead. Returns (queue, status
         now), or None when ``attempt`` no longer holds the workflow.
 
