@@ -1,9 +1,10 @@
 """The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
 writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
-A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A position the journal already holds returns its
-recorded output (or raises its recorded exception) without running; a new position runs the step, with
-retries, and records the final outcome once, fenced by the execution's attempt. Sync workflows run in a
+A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A
+position the journal already holds returns its recorded output (or raises its recorded exception)
+without running; a new position runs the step, with retries, and records the final outcome once,
+fenced by the execution's attempt. Sync workflows run in a
 thread and call back into the worker's loop for every journal operation, so there is one implementation
 of a step call, not two.
 """
