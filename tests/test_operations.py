@@ -115,6 +115,64 @@ async def test_resume_reruns_from_the_failed_third_step_and_not_the_first_two(ap
         app.handle("nobody").steps()
 
 
+async def test_step_attempts_count_those_cut_short_and_a_resume_counts_afresh(app: pgflow.App) -> None:
+    """A step cut short (its worker stopped mid-step) counts with the attempts that ran to the end,
+    retries included; a resume of a workflow cancelled mid-step starts the count again."""
+    started = anyio.Event()
+    calls: list[str] = []
+
+    @app.step(max_attempts=2, backoff=0.01)
+    async def slow_then_flaky() -> str:
+        calls.append("call")
+        if len(calls) == 1:
+            started.set()
+            await anyio.sleep_forever()  # cut short: the worker stops under it
+        if len(calls) == 2:
+            raise ConnectionError("once")
+        return "ok"
+
+    @app.workflow
+    async def counted() -> str:
+        return await slow_then_flaky()
+
+    handle = await counted.start_async()
+    async with app.worker(concurrency=1, grace=0.0):
+        with anyio.fail_after(WAIT):
+            await started.wait()
+    assert await handle.status_async() == "queued"  # given back, unrecorded
+    async with app.worker(concurrency=1):
+        with anyio.fail_after(WAIT):
+            assert await handle.result_async() == "ok"
+    [step] = await handle.steps_async()
+    assert (step.name, step.attempts, len(calls)) == (slow_then_flaky.name, 3, 3)
+
+    gate = anyio.Event()
+
+    @app.step
+    async def held() -> int:
+        if not gate.is_set():
+            gate.set()
+            await anyio.sleep_forever()  # cut short by the cancellation
+        return 1
+
+    @app.workflow
+    async def holder() -> int:
+        return await held()
+
+    other = await holder.start_async()
+    async with app.worker(concurrency=1):
+        with anyio.fail_after(WAIT):
+            await gate.wait()
+            await other.cancel_async()
+            with pytest.raises(pgflow.WorkflowCancelled):
+                await other.result_async()
+        assert await other.steps_async() == []
+        await other.resume_async()
+        with anyio.fail_after(WAIT):
+            assert await other.result_async() == 1
+    assert [(s.name, s.attempts) for s in await other.steps_async()] == [(held.name, 1)]
+
+
 async def test_fork_copies_the_first_steps_and_runs_the_rest_anew(app: pgflow.App) -> None:
     ran: list[tuple[str, int]] = []
 

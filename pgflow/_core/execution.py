@@ -13,9 +13,10 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -131,6 +132,8 @@ class Execution:
             return replay(record, step)
         attempt = 1
         while True:
+            await self._fenced(partial(self.store.start_step, self.workflow_id, self.attempt, position, attempt),
+                               f"start step {step.name!r}")
             try:
                 with tracer.start_as_current_span(
                     f"step {step.name}", attributes={"pgflow.workflow_id": self.workflow_id,
@@ -176,19 +179,24 @@ class Execution:
         exception: bytes | None, attempts: int,
     ) -> None:
         ends = dict(self.stream_ends)
+        await self._fenced(lambda: self.store.record_step(
+            self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends,
+        ), f"record step {name!r}")
+        for key, end in self.stream_ends.items():
+            self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
+
+    async def _fenced(self, write: Callable[[], Awaitable[tuple[bool, bool]]], what: str) -> None:
+        """A journal write fenced by this execution's attempt, which says whether the execution still
+        owns the workflow and whether it was cancelled; either news stops the run here."""
         try:
-            owner, cancel = await retrying(lambda: self.store.record_step(
-                self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends,
-            ), f"recording step {name!r}")
+            owner, cancel = await retrying(write, what)
         except psycopg.Error as exc:
             if not unreachable(exc):
                 raise
             # Not the workflow's failure: stop this run; the workflow is resumed once the
-            # database is back (the insert is fenced and idempotent, so a retry cannot double it).
-            self.interrupt = StoreUnavailable(f"cannot record step {name!r}: {exc}")
+            # database is back (the writes are fenced and idempotent, so a retry cannot double one).
+            self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
             raise self.interrupt from exc
-        for key, end in self.stream_ends.items():
-            self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
         if not owner:
             self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
         elif cancel:

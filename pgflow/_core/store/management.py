@@ -67,6 +67,10 @@ class ManagementStatements(Statements):
                 "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
                 " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
                 " 2147483647)"), {"id": workflow_id})
+            # Attempts of steps that ended unrecorded (cut short by a cancellation, a timeout)
+            # are not carried into the new run's count.
+            await conn.execute(self._sql("DELETE FROM {s}.step_attempts WHERE workflow_id = %s"),
+                               (workflow_id,))
             await conn.execute(self._sql(
                 "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = now(),"
                 " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
@@ -162,6 +166,7 @@ class ManagementStatements(Statements):
                 "   AND finished_at < now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
                 " chunks AS (DELETE FROM {s}.streams WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+                " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
                 " SELECT count(*) FROM gone"), (older_than, batch))
             row = await cur.fetchone()

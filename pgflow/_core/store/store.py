@@ -214,6 +214,27 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
+    async def start_step(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
+        """Note that the execution holding ``attempt`` starts its ``tries``-th attempt of the step at
+        ``position``, before the step runs, so an attempt cut short by a crash still counts.
+
+        Returns (still owner, cancel requested). Idempotent (the row keeps the highest count), and
+        not waiting for the disk: a worker's crash loses nothing, and only a server crash before
+        the step's record could forget an attempt that the crash itself cut short."""
+        row = await self._fetchone(
+            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
+            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'),"
+            " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+            " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
+            "  SELECT %(id)s, %(position)s, %(attempt)s, %(tries)s FROM owner, lazy"
+            "  ON CONFLICT (workflow_id, position, attempt)"
+            "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
+            " SELECT (SELECT cancel_requested FROM owner)",
+            {"id": workflow_id, "attempt": attempt, "position": position, "tries": tries},
+        )
+        assert row is not None
+        return row[0] is not None, bool(row[0])
+
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
@@ -227,11 +248,14 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
             "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            # The attempts every execution started, this one's included: the record counts them all.
+            " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
             " written AS (INSERT INTO {s}.steps"
             "  (workflow_id, position, name, output, error, exception, attempts, attempt, stream_ends)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
-            "   %(attempts)s, %(attempt)s, %(stream_ends)s FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
