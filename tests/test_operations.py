@@ -236,6 +236,45 @@ async def test_the_worker_logs_each_start_and_end_and_a_failure_with_its_traceba
     assert started and f"schema {app.schema}" in started[0] and "password" not in started[0]
 
 
+async def test_the_worker_warns_once_per_name_of_queued_workflows_nobody_runs(
+    app: pgflow.App, caplog: pytest.LogCaptureFixture,
+) -> None:
+    @app.workflow
+    async def known() -> int:
+        return 1
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "pgflow.worker" and r.levelname == "WARNING" and "no live worker runs" in r.getMessage()]
+
+    # Started by a caller whose code has names the worker's has not.
+    async with pgflow.App(app.dsn, schema=app.schema) as caller:
+
+        @caller.workflow(name="renamed.away")
+        async def renamed() -> None: ...
+
+        @caller.workflow(name="also.unknown")
+        async def unknown() -> None: ...
+
+        ghosts = [await renamed.start_async() for _ in range(2)]
+        with caplog.at_level(logging.INFO, logger="pgflow"):
+            async with app.worker(concurrency=2, lease=0.5) as worker:
+                with anyio.fail_after(WAIT):
+                    assert await (await known.start_async()).result_async() == 1  # a name it runs: no warning
+                    while not warnings():
+                        await anyio.sleep(0.02)
+                assert "names" in worker.leading
+                await unknown.start_async()
+                await worker._warn_unserved()  # the service's next looks: a new name warns, the old one not again
+                await worker._warn_unserved()
+    assert warnings() == [
+        "2 queued workflows are named 'renamed.away', which no live worker runs: they wait until a worker that"
+        " registers that name starts (a renamed workflow? a worker serving another module?)",
+        "1 queued workflows are named 'also.unknown', which no live worker runs: they wait until a worker that"
+        " registers that name starts (a renamed workflow? a worker serving another module?)"]
+    assert [await g.status_async() for g in ghosts] == ["queued", "queued"]
+
+
 @pytest.mark.parametrize(("dsn_of", "words"), [
     (lambda dsn: dsn.rsplit("/", 1)[0] + "/no_such_database_xyz", "does not exist"),
     (lambda dsn: dsn.replace("postgres@", "no_such_role_xyz@"), "does not exist"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from psycopg import AsyncConnection
+
 from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
@@ -143,18 +145,27 @@ class ManagementStatements(Statements):
             cur = await conn.execute("SELECT pg_notification_queue_usage()")
             row = await cur.fetchone()
             usage = float(row[0]) if row else 0.0
-            cur = await conn.execute(self._sql(
-                "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(coalesce("
-                " (SELECT array_agg(DISTINCT n) FROM {s}.workers, unnest(names) AS n"
-                "  WHERE heartbeat_at > now() - make_interval(secs => %s)), '{}'))"
-                " GROUP BY name ORDER BY name"), (silent_after,))
-            orphans = [(str(n), int(c)) for n, c in await cur.fetchall()]
+            orphans = await self._unserved(conn, silent_after)
             cur = await conn.execute(
                 "SELECT pid, extract(epoch FROM now() - state_change) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
                 " AND state_change < now() - make_interval(secs => %s) ORDER BY pid", (stuck_after,))
             stuck = [(int(p), float(s)) for p, s in await cur.fetchall()]
             return usage, orphans, stuck
+
+    async def unserved(self, silent_after: float) -> list[tuple[str, int]]:
+        """Queued workflow names no worker with a heartbeat in the last ``silent_after`` seconds
+        runs, with their counts."""
+        async with self.pool.connection() as conn:
+            return await self._unserved(conn, silent_after)
+
+    async def _unserved(self, conn: AsyncConnection[Any], silent_after: float) -> list[tuple[str, int]]:
+        cur = await conn.execute(self._sql(
+            "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(coalesce("
+            " (SELECT array_agg(DISTINCT n) FROM {s}.workers, unnest(names) AS n"
+            "  WHERE heartbeat_at > now() - make_interval(secs => %s)), '{}'))"
+            " GROUP BY name ORDER BY name"), (silent_after,))
+        return [(str(n), int(c)) for n, c in await cur.fetchall()]
 
     async def prune(self, older_than: float, batch: int) -> int:
         """Delete up to ``batch`` workflows that finished more than ``older_than`` seconds ago, with
