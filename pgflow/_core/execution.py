@@ -24,7 +24,7 @@ import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from .. import codec
+from .. import codec, telemetry
 from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
@@ -35,7 +35,6 @@ from ..errors import (
     StoreUnavailable,
     WorkflowTimeout,
 )
-from ..telemetry import tracer
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec, WorkflowSpec
 from .runtime import Runtime
@@ -135,11 +134,7 @@ class Execution:
             await self._fenced(partial(self.store.start_step, self.workflow_id, self.attempt, position, attempt),
                                f"start step {step.name!r}")
             try:
-                with tracer.start_as_current_span(
-                    f"step {step.name}", attributes={"pgflow.workflow_id": self.workflow_id,
-                                                     "pgflow.step.position": position,
-                                                     "pgflow.step.attempt": attempt},
-                ):
+                with telemetry.step(step.name, self.workflow_id, position, attempt):
                     output = await self._run_body(step, args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
@@ -263,10 +258,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             token=anyio.lowlevel.current_token(), writer=writer,
             stream_ends={} if first else await store.stream_ends(claimed.id),
         )
-        with tracer.start_as_current_span(
-            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
-                                                     "pgflow.attempt": claimed.attempt},
-        ):
+        with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
+                               claimed.waited) as span:
             began = time.monotonic()
             runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
             outcome = _refused(claimed)
@@ -281,15 +274,15 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             cancellers.pop(claimed.id, None)
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
-        if outcome is not None:
-            if await _finish(runtime, store, execution, *outcome, freed=freed):
+            if outcome is not None and await _finish(runtime, store, execution, *outcome, freed=freed):
+                telemetry.ended(span, workflow.name, claimed.queue, outcome[0], outcome[2])
                 _log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
                 if await retrying(lambda: store.release(claimed.id, claimed.attempt),
                                   f"giving {claimed.id} back to the queue"):
-                    runtime.ping([f"q:{workflow.queue}"])
+                    runtime.ping([f"q:{claimed.queue}"])  # its own queue (with_options may have moved it)
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
@@ -352,11 +345,13 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
     except CancelRequested:
         return "cancelled", None, None
     except ChunkRefused as exc:
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None
     except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     finally:
         current_execution.reset(reset)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from .. import telemetry
 from ..errors import WorkflowConflict
 from .registry import WorkflowSpec
 from .runtime import Runtime
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
-                  priority: int | None = None, delay: float = 0.0) -> bool:
+                  priority: int | None = None, delay: float = 0.0, traceparent: str | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
-    workflow of another name raises WorkflowConflict."""
+    workflow of another name raises WorkflowConflict. ``traceparent``: the caller's trace, stored."""
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
     await runtime.store()
@@ -18,6 +19,7 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
     pings = runtime.pings_to_carry(keys)
     created, name = await runtime.db(lambda store: store.enqueue(
         id, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        traceparent,
     ))
     if name != workflow.name:
         raise WorkflowConflict(
@@ -26,11 +28,13 @@ async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: byt
     if created:
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
         runtime.announced(keys, pings)
+        telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
     return created
 
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
-                       queue: str | None = None, priority: int | None = None, delay: float = 0.0) -> None:
+                       queue: str | None = None, priority: int | None = None, delay: float = 0.0,
+                       traceparent: str | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
@@ -40,9 +44,12 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     pings = runtime.pings_to_carry(keys)
     found = await runtime.db(lambda store: store.enqueue_many(
         ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        traceparent,
     ))
-    if any(created for created, _ in found):
+    created = sum(1 for new, _ in found if new)
+    if created:
         runtime.announced(keys, pings)
+        telemetry.workflows_started.add(created, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
     taken = [(id, name) for id, (_, name) in zip(ids, found, strict=True) if name != workflow.name]
     if taken:
         id, name = taken[0]

@@ -71,20 +71,21 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
+        traceparent: str | None = None,
     ) -> tuple[bool, str]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
-        ``pings`` go out with the commit."""
+        ``pings`` go out with the commit; ``traceparent`` is the starting caller's trace."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, traceparent)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s)"
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
                 " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, id, *pings))
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, traceparent, id, *pings))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -94,7 +95,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
 
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
-        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS,
+        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS, traceparent: str | None = None,
     ) -> list[tuple[bool, str]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow)."""
@@ -102,14 +103,14 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements):
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout)"
-                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s FROM asked ORDER BY n"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, traceparent)"
+                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s FROM asked ORDER BY n"
                 "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
                 " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, *pings))
+            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, traceparent, *pings))
             rows = await cur.fetchall()
         found: list[tuple[bool, str]] = [(False, "")] * len(ids)
         created_here: set[str] = set()

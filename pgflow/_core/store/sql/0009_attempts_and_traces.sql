@@ -9,3 +9,7 @@ CREATE TABLE {schema}.step_attempts (
     tries        integer NOT NULL,  -- attempts that execution started
     PRIMARY KEY (workflow_id, position, attempt)
 );
+
+-- The W3C traceparent of the span that started the workflow (NULL without tracing): the worker that
+-- claims it, the first or one taking over after a crash, continues the caller's trace.
+ALTER TABLE {schema}.workflows ADD COLUMN traceparent text;
