@@ -1,8 +1,8 @@
 """OpenTelemetry: the caller's trace continues in the worker, through the table, also after a crash
 and takeover; step spans sit under their workflow's; exceptions are recorded; the metrics move.
 
-The test process configures the SDK once for this module (a global provider can be set only once
-per process), with an in-memory exporter for spans and an in-memory reader for metrics. Worker
+The test process configures the SDK once (a global provider can be set only once per process), with
+an in-memory exporter for spans, kept only during these tests, and an in-memory reader for metrics. Worker
 processes trace with their own SDK (tests/apps/traced.py) and write their spans to a file.
 """
 
@@ -23,7 +23,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -35,9 +35,19 @@ from .processes import Processes, lines, result_of, wait_until
 WAIT = 60.0
 
 
+class Recording(InMemorySpanExporter):
+    """Keeps spans only while a test of this module runs: the provider stays set for the rest of
+    the session (a global provider cannot be unset), and other tests' spans are not wanted."""
+
+    recording = False
+
+    def export(self, spans: Any) -> Any:
+        return super().export(spans) if self.recording else SpanExportResult.SUCCESS
+
+
 class SDK:
     def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
+        self.spans = Recording()
         self.tracing = TracerProvider()
         self.tracing.add_span_processor(SimpleSpanProcessor(self.spans))
         self.reader = InMemoryMetricReader()
@@ -47,7 +57,7 @@ class SDK:
         return list(self.spans.get_finished_spans())
 
     def metrics(self) -> dict[str, list[Any]]:
-        """pgflow's instruments: name -> data points (cumulative since the module began)."""
+        """pgflow's instruments: name -> data points (cumulative since the session set them up)."""
         found: dict[str, list[Any]] = {}
         data = self.reader.get_metrics_data()
         for resource in data.resource_metrics if data else []:
@@ -58,18 +68,27 @@ class SDK:
         return found
 
 
-@pytest.fixture(scope="module")
-def sdk() -> Iterator[SDK]:
+@pytest.fixture(scope="session")
+def installed_sdk() -> Iterator[SDK]:
+    """Set once per process: the tests of each server run apart, and a provider cannot be set twice."""
     sdk = SDK()
     trace.set_tracer_provider(sdk.tracing)
     metrics.set_meter_provider(sdk.metering)
     try:
         yield sdk
     finally:
-        # The providers stay set for the rest of the session (they cannot be unset); shut down, they
-        # keep nothing more.
         sdk.tracing.shutdown()
         sdk.metering.shutdown()
+
+
+@pytest.fixture
+def sdk(installed_sdk: SDK) -> Iterator[SDK]:
+    installed_sdk.spans.recording = True
+    try:
+        yield installed_sdk
+    finally:
+        installed_sdk.spans.recording = False
+        installed_sdk.spans.clear()
 
 
 def hex_ids(span: ReadableSpan) -> tuple[str, str, str | None]:
