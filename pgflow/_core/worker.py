@@ -30,6 +30,7 @@ from .connecting import linked, where
 from .execution import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
+from .pruning import prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
@@ -327,12 +328,9 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 async def prune(store: Store, older_than: float, batch: int = 500) -> int:
-    """The retention service's pass: small batches, with a pause between them so the pruning never
-    crowds out the work it runs beside."""
-    deleted = 0
-    while (gone := await store.prune(older_than, batch)) == batch:
-        deleted += gone
-        await anyio.sleep(0.05)
-    if deleted + gone:
-        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted + gone, older_than)
-    return deleted + gone
+    """The retention service's pass: small batches, paced so the pruning never crowds out the work
+    it runs beside."""
+    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
+    if deleted:
+        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    return deleted
