@@ -17,6 +17,7 @@ import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
+from ._core.pruning import prune_paced
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
@@ -328,14 +329,9 @@ class App:
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
             raise ValueError(f"older_than is a duration >= 0, got {older_than!r}")
-        runtime, deleted = self._client.runtime(), 0
-        while True:
-            gone = await runtime.db(lambda store: store.prune(float(seconds), batch))
-            deleted += gone
-            if progress is not None:
-                progress(deleted)
-            if gone < batch:
-                return deleted
+        runtime = self._client.runtime()
+        return await prune_paced(lambda: runtime.db(lambda store: store.prune(float(seconds), batch)), batch,
+                                 progress)
 
     def prune(self, older_than: float | timedelta, batch: int = 1000,
               progress: Callable[[int], None] | None = None) -> int:

@@ -25,7 +25,7 @@ import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from .. import codec
+from .. import codec, telemetry
 from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
@@ -35,7 +35,6 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from ..telemetry import tracer
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec
 from .runtime import Runtime
@@ -156,12 +155,9 @@ class Execution:
             return replay(record, step)
         attempt = 1
         while True:
+            await self._note_start(step.name, position, attempt)
             try:
-                with tracer.start_as_current_span(
-                    f"step {step.name}", attributes={"pgflow.workflow_id": self.workflow_id,
-                                                     "pgflow.step.position": position,
-                                                     "pgflow.step.attempt": attempt},
-                ):
+                with telemetry.step(step.name, self.workflow_id, position, attempt):
                     output = await self._run_body(step, StepRun(attempt), args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
@@ -217,6 +213,14 @@ class Execution:
         finally:
             for key, end in ends.items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
+
+    async def _note_start(self, name: str, position: int, tries: int) -> None:
+        """Note the attempt before it runs, so one cut short by a crash is counted too."""
+
+        async def note() -> tuple[bool, bool, None]:
+            return (*await self.store.start_step(self.workflow_id, self.attempt, position, tries), None)
+
+        await self.fenced(note, f"start step {name!r}")
 
     async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
         """Run a write made on behalf of this execution, fenced by its attempt and tried again while

@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from .. import telemetry
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
-from ..telemetry import tracer
 from .execution import Execution, current_execution
 from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
@@ -50,10 +50,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
             loaded_at=loaded_at,
         )
-        with tracer.start_as_current_span(
-            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
-                                                     "pgflow.attempt": claimed.attempt},
-        ):
+        with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
+                               claimed.waited) as span:
             began = time.monotonic()
             runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
             outcome = refused(claimed)
@@ -68,8 +66,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             cancellers.pop(claimed.id, None)
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
-        if outcome is not None:
-            if await _finish(finisher, execution, *outcome, freed=freed):
+            if outcome is not None and await _finish(finisher, execution, *outcome, freed=freed):
+                telemetry.ended(span, workflow.name, claimed.queue, outcome[0], outcome[2])
                 log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
@@ -79,7 +77,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             try:
                 if await retrying(lambda: store.release(claimed.id, claimed.attempt),
                                   f"giving {claimed.id} back to the queue"):
-                    runtime.ping([f"q:{workflow.queue}"])
+                    runtime.ping([f"q:{claimed.queue}"])  # its own queue (with_options may have moved it)
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
@@ -149,11 +147,13 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
     except CancelRequested:
         return "cancelled", None, None
     except ChunkRefused as exc:
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None
     except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     finally:
         current_execution.reset(reset)

@@ -31,6 +31,7 @@ from .executor import execute
 from .finisher import Finisher
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
+from .pruning import prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
@@ -77,6 +78,7 @@ class Worker:
         self._writer: StreamWriter | None = None
         self._finisher: Finisher | None = None
         self._maintenance: Maintenance | None = None
+        self._warned_names: set[str] = set()
 
     async def __aenter__(self) -> Worker:
         # Made here, not in __init__: anyio needs a running loop to make them.
@@ -195,11 +197,25 @@ class Worker:
             services["retention"] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
                                           lambda: prune(store, retention),
                                           "deleting old finished workflows", shielded=False)
+        services["names"] = every(max(5.0, 3 * self.lease), self._warn_unserved,
+                                  "looking for queued workflows nobody runs")
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
                                                          catch_up=3 * self.lease)
         return services
+
+    async def _warn_unserved(self) -> None:
+        """Warn, once per name, of queued workflows whose name no live worker registered: they would
+        wait forever, silently (a deploy that renamed a workflow, a worker serving the wrong module).
+        ``pgflow status`` reports the same names."""
+        assert self._store is not None
+        for name, count in await self._store.unserved(max(30.0, 3 * self.heartbeat)):
+            if name not in self._warned_names:
+                self._warned_names.add(name)
+                log.warning("%d queued workflows are named %r, which no live worker runs: they wait until a"
+                            " worker that registers that name starts (a renamed workflow? a worker serving"
+                            " another module?)", count, name)
 
     def _start_tick(self, spec: WorkflowSpec) -> Callable[[datetime], Awaitable[object]]:
         async def start(tick: datetime) -> object:
@@ -325,12 +341,9 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 async def prune(store: Store, older_than: float, batch: int = 500) -> int:
-    """The retention service's pass: small batches, with a pause between them so the pruning never
-    crowds out the work it runs beside."""
-    deleted = 0
-    while (gone := await store.prune(older_than, batch)) == batch:
-        deleted += gone
-        await anyio.sleep(0.05)
-    if deleted + gone:
-        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted + gone, older_than)
-    return deleted + gone
+    """The retention service's pass: small batches, paced so the pruning never crowds out the work
+    it runs beside."""
+    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
+    if deleted:
+        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    return deleted

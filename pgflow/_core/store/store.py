@@ -77,21 +77,22 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
-        parent: str | None = None,
+        parent: str | None = None, traceparent: str | None = None,
     ) -> tuple[bool, str]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
-        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it."""
+        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it, ``traceparent``
+        the starting caller's trace."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s, %s)"
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
                 " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, id, *pings))
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, traceparent, id, *pings))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -102,6 +103,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS, parent: str | None = None,
+        traceparent: str | None = None,
     ) -> list[tuple[bool, str]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow)."""
@@ -109,14 +111,15 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
-                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s FROM asked ORDER BY n"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s, %s"
+                "  FROM asked ORDER BY n"
                 "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
                 " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, *pings))
+            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, traceparent, *pings))
             rows = await cur.fetchall()
         found: list[tuple[bool, str]] = [(False, "")] * len(ids)
         created_here: set[str] = set()
@@ -230,6 +233,27 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
+    async def start_step(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
+        """Note that the execution holding ``attempt`` starts its ``tries``-th attempt of the step at
+        ``position``, before the step runs, so an attempt cut short by a crash still counts.
+
+        Returns (still owner, cancel requested). Idempotent (the row keeps the highest count), and
+        not waiting for the disk: a worker's crash loses nothing, and only a server crash before
+        the step's record could forget an attempt that the crash itself cut short."""
+        row = await self._fetchone(
+            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
+            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'),"
+            " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+            " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
+            "  SELECT %(id)s, %(position)s, %(attempt)s, %(tries)s FROM owner, lazy"
+            "  ON CONFLICT (workflow_id, position, attempt)"
+            "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
+            " SELECT (SELECT cancel_requested FROM owner)",
+            {"id": workflow_id, "attempt": attempt, "position": position, "tries": tries},
+        )
+        assert row is not None
+        return row[0] is not None, bool(row[0])
+
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
@@ -243,11 +267,14 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
             "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            # The attempts every execution started, this one's included: the record counts them all.
+            " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
             " written AS (INSERT INTO {s}.steps"
             "  (workflow_id, position, name, output, error, exception, attempts, attempt, stream_ends)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
-            "   %(attempts)s, %(attempt)s, %(stream_ends)s FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
