@@ -11,6 +11,7 @@ of a step call, not two.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -42,6 +43,7 @@ from .store import StepRecord, Store, retrying, unreachable
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
+NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
 T = TypeVar("T")
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
@@ -155,10 +157,8 @@ class Execution:
             return replay(record, step)
         attempt = 1
         while True:
-            await self._note_start(step.name, position, attempt)
             try:
-                with telemetry.step(step.name, self.workflow_id, position, attempt):
-                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
+                output = await self._attempt(step, position, attempt, args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
@@ -178,6 +178,34 @@ class Execution:
             await self._record(position, step.name, data, None, None, attempt)
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
+
+    async def _attempt(self, step: StepSpec, position: int, attempt: int, args: Any, kwargs: Any) -> Any:
+        """One attempt of a step, noted as it starts so that one cut short by a crash still counts.
+        The note goes out before the attempt begins and its answer is awaited beside it, so a step
+        costs no round trip more than its record."""
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as noting:
+            noting.start_soon(self._note_start, step.name, position, attempt)
+            await anyio.lowlevel.checkpoint()  # the note's statement is sent before the attempt starts
+            try:
+                with telemetry.step(step.name, self.workflow_id, position, attempt):
+                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
+            except BaseException as exc:  # noqa: BLE001 - raised once the note is in, outside the group
+                failure = exc
+        if failure is not None:
+            raise failure
+        return output
+
+    async def _note_start(self, name: str, position: int, tries: int) -> None:
+        """Note an attempt of a step. Shielded, and bounded: a worker stopping under the step must not
+        cancel the note that counts it, nor wait long for it. A lost lease or a cancellation it learns
+        of is left in ``interrupt``, for the attempt's end to act on."""
+
+        async def note() -> tuple[bool, bool, None]:
+            return (*await self.store.start_step(self.workflow_id, self.attempt, position, tries), None)
+
+        with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
+            await self.fenced(note, f"start step {name!r}")
 
     async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
         """One attempt of the step, cut short at its timeout (which fails the attempt)."""
@@ -213,14 +241,6 @@ class Execution:
         finally:
             for key, end in ends.items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
-
-    async def _note_start(self, name: str, position: int, tries: int) -> None:
-        """Note the attempt before it runs, so one cut short by a crash is counted too."""
-
-        async def note() -> tuple[bool, bool, None]:
-            return (*await self.store.start_step(self.workflow_id, self.attempt, position, tries), None)
-
-        await self.fenced(note, f"start step {name!r}")
 
     async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
         """Run a write made on behalf of this execution, fenced by its attempt and tried again while
