@@ -30,7 +30,7 @@ from .connecting import linked, where
 from .execution import execute
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
-from .pruning import prune_paced
+from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
@@ -327,7 +327,7 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-async def prune(store: Store, older_than: float, batch: int = 500) -> int:
+async def prune(store: Store, older_than: float, batch: int = PRUNE_BATCH) -> int:
     """The retention service's pass: small batches, paced so the pruning never crowds out the work
     it runs beside."""
     deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
