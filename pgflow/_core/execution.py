@@ -38,6 +38,7 @@ from ..errors import (
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec, WorkflowSpec
 from .runtime import Runtime
+from .starts import StepStarts
 from .store import Claimed, StepRecord, Store, retrying, unreachable
 from .streams.writer import ChunkRefused, StreamWriter
 
@@ -70,6 +71,7 @@ class Execution:
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
+    starts: StepStarts | None = None  # the worker's batcher of step-start notes
     # Per stream key: the next free position in the table, and how far this run's deterministic
     # replay of the workflow body has got (see write_chunk).
     stream_ends: dict[str, int] = field(default_factory=dict)
@@ -131,8 +133,7 @@ class Execution:
             return replay(record, step)
         attempt = 1
         while True:
-            await self._fenced(partial(self.store.start_step, self.workflow_id, self.attempt, position, attempt),
-                               f"start step {step.name!r}")
+            await self._fenced(partial(self._note_start, position, attempt), f"start step {step.name!r}")
             try:
                 with telemetry.step(step.name, self.workflow_id, position, attempt):
                     output = await self._run_body(step, args, kwargs)
@@ -168,6 +169,12 @@ class Execution:
                                                   abandon_on_cancel=True)
         finally:
             inside_step.reset(token)
+
+    async def _note_start(self, position: int, tries: int) -> tuple[bool, bool]:
+        if self.starts is not None:
+            return await self.starts.note(self.workflow_id, self.attempt, position, tries)
+        [answer] = await self.store.start_steps([(self.workflow_id, self.attempt, position, tries)])
+        return answer
 
     async def _record(
         self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None,
@@ -240,7 +247,8 @@ def _unstarted(call: Coroutine[Any, Any, Any]) -> bool:
 
 async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
                   limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
-                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
+                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None,
+                  starts: StepStarts | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
@@ -255,7 +263,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal={} if first else await store.journal(claimed.id),
-            token=anyio.lowlevel.current_token(), writer=writer,
+            token=anyio.lowlevel.current_token(), writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id),
         )
         with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,

@@ -34,6 +34,7 @@ from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
+from .starts import StepStarts
 from .store import Claimed, Store
 from .streams.writer import StreamWriter
 
@@ -75,6 +76,7 @@ class Worker:
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
+        self._starts: StepStarts | None = None
         self._maintenance: Maintenance | None = None
         self._warned_names: set[str] = set()
 
@@ -94,6 +96,7 @@ class Worker:
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
+        self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
@@ -155,12 +158,13 @@ class Worker:
     async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
-        assert self._writer is not None and self._maintenance is not None
+        assert self._writer is not None and self._maintenance is not None and self._starts is not None
         with self._running_scope:
             try:
                 async with anyio.create_task_group() as tasks:
                     self._tasks = tasks
                     tasks.start_soon(self._writer.run)
+                    tasks.start_soon(self._starts.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     task_status.started()
@@ -285,7 +289,7 @@ class Worker:
             workflow = self.registry.workflows[claimed.name]
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
             await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed,
-                          self._cancellers)
+                          self._cancellers, self._starts)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
