@@ -21,7 +21,7 @@ are over, then close their stream; a reader process follows every stream with ``
 writer samples how many chunks have committed every 0.1 s; chunks/s is taken over a window: the
 prune's run (clipped to the load) in a prune run, the same offsets in the baseline after it. Prune
 and baseline runs alternate, and the medians and the median of the per-repeat ratios are printed
-and written to benchmarks/results/prune-under-load-<date>-pg<major>-share<S>.json. ``--share`` sets
+and written to benchmarks/results/prune-under-load-<date>-pg<major>-share<S>-batch<B>.json. ``--share`` sets
 the pruner's pacing (the share of the time it spends in its statements; 1 is no pause at all).
 """
 
@@ -218,7 +218,13 @@ async def one_load(app: pgflow.App, wf: Any, args: argparse.Namespace, schema: s
         samples = writer_proc.expect("samples")["samples"]
         read = reader_proc.expect("read")
         w0, w1 = result["window"]
+        # The rest of the same run (its first second and last half second left out), for a
+        # comparison that the machine's drift between runs cannot blur.
+        quiet = [(began + 1.0, began + w0), (began + w1, until - 0.5)]
+        quiet = [(a, b) for a, b in quiet if b - a > 0.5]
         result.update(chunks_per_s=rate(samples, began + w0, began + w1),
+                      rest_of_run_chunks_per_s=sum(rate(samples, a, b) * (b - a) for a, b in quiet)
+                      / sum(b - a for a, b in quiet),
                       whole_run_chunks_per_s=rate(samples, began + 1.0, until - 0.5),
                       read_p50_ms=1000 * read["p50"], read_p99_ms=1000 * read["p99"], chunks_read=read["chunks"])
         return result
@@ -245,7 +251,8 @@ async def orchestrate(args: argparse.Namespace) -> None:
             print(f"repeat {repeat + 1}: filled {args.old_workflows * args.old_chunks:,} old chunks in {took:.1f}s",
                   flush=True)
             pruned = await one_load(app, wf, args, schema, f"p{repeat}", None, prune=True)
-            print(f"  prune:    {pruned['chunks_per_s']:,.0f} chunks/s over {pruned['window'][0]:.1f}-"
+            print(f"  prune:    {pruned['chunks_per_s']:,.0f} chunks/s (rest of the run"
+                  f" {pruned['rest_of_run_chunks_per_s']:,.0f}) over {pruned['window'][0]:.1f}-"
                   f"{pruned['window'][1]:.1f}s; the prune deleted {pruned['deleted']:,} workflows in"
                   f" {pruned['prune_s']:.1f}s{' (outlasting the load)' if pruned['prune_outlasted_load'] else ''}"
                   f" (read p50 {pruned['read_p50_ms']:.0f} ms)", flush=True)
@@ -268,15 +275,20 @@ async def orchestrate(args: argparse.Namespace) -> None:
     bases = [r["chunks_per_s"] for r in runs if not r["prune"]]
     prunes = [r["chunks_per_s"] for r in runs if r["prune"]]
     ratios = [p / b for b, p in zip(bases, prunes, strict=True)]
+    in_run = [r["chunks_per_s"] / r["rest_of_run_chunks_per_s"] for r in runs if r["prune"]]
     summary = {"baseline_median": statistics.median(bases), "prune_median": statistics.median(prunes),
                "ratio_median": statistics.median(ratios), "ratios": ratios,
+               "in_run_ratio_median": statistics.median(in_run), "in_run_ratios": in_run,
                "prune_s_median": statistics.median(r["prune_s"] for r in runs if r["prune"]),
                "prune_alone_s": alone}
     print(f"median: baseline {summary['baseline_median']:,.0f} chunks/s, during the prune "
           f"{summary['prune_median']:,.0f} chunks/s; ratio per repeat {', '.join(f'{r:.2f}' for r in ratios)}"
-          f" (median {summary['ratio_median']:.2f}); prune {summary['prune_s_median']:.1f}s", flush=True)
+          f" (median {summary['ratio_median']:.2f}); against the rest of the same run "
+          f"{', '.join(f'{r:.2f}' for r in in_run)} (median {summary['in_run_ratio_median']:.2f});"
+          f" prune {summary['prune_s_median']:.1f}s", flush=True)
     out = args.output or HERE / "results" / (
-        f"prune-under-load-{dt.date.today().isoformat()}-pg{server.split('.')[0]}-share{pruning.SHARE:g}.json")
+        f"prune-under-load-{dt.date.today().isoformat()}-pg{server.split('.')[0]}-share{pruning.SHARE:g}"
+        f"-batch{args.batch or pruning.PRUNE_BATCH}.json")
     Path(out).write_text(json.dumps({
         "server": server, "share": pruning.SHARE, "args": {k: v for k, v in vars(args).items() if k != "role"},
         "loadavg": os.getloadavg(), "runs": runs, "summary": summary}, indent=1) + "\n")
@@ -295,7 +307,7 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=4.0, help="seconds into the load the prune starts (4)")
     parser.add_argument("--old-workflows", type=int, default=10_000)
     parser.add_argument("--old-chunks", type=int, default=100, help="chunks per old workflow (100)")
-    parser.add_argument("--batch", type=int, default=0, help="app.prune's batch (0: its default)")
+    parser.add_argument("--batch", type=int, default=0, help="app.prune's batch of workflows (0: its default)")
     parser.add_argument("--share", type=float, default=None,
                         help="the pruner's busy share (default: pgflow's; 1.0: no pause between batches)")
     parser.add_argument("--repeats", type=int, default=3)

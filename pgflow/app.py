@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
-from ._core.pruning import prune_paced
+from ._core.pruning import PRUNE_BATCH, prune_paced
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
@@ -320,7 +320,7 @@ class App:
     def health(self, stuck_after: float = 60.0) -> Health:
         return self._client.call(self.health_async, stuck_after)
 
-    async def prune_async(self, older_than: float | timedelta, batch: int = 1000,
+    async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
         """Delete the workflows that finished more than ``older_than`` ago, with their steps and
         stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
@@ -333,7 +333,7 @@ class App:
         return await prune_paced(lambda: runtime.db(lambda store: store.prune(float(seconds), batch)), batch,
                                  progress)
 
-    def prune(self, older_than: float | timedelta, batch: int = 1000,
+    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
               progress: Callable[[int], None] | None = None) -> int:
         return self._client.call(self.prune_async, older_than, batch, progress)
 

@@ -2,7 +2,8 @@
 carried to the worker through the table, and a handful of metrics.
 
 Only the API is a dependency: with no SDK configured every span and instrument here is a no-op, and
-nothing is stored with the workflow. With one, ``start`` (and ``start_many``) opens a span in the
+nothing is stored with the workflow (but a trace context that came in from elsewhere, e.g. a request's
+headers extracted by the API's propagator, is passed on). With one, ``start`` (and ``start_many``) opens a span in the
 caller and stores its W3C ``traceparent`` in the workflow's row; whichever worker claims the workflow
 (the first, or the one that takes it over after a crash) reads it back with the claim, so its
 workflow span is a child of the caller's start span, and the step spans are children of that.

@@ -39,6 +39,7 @@ from ..errors import (
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec
 from .runtime import Runtime
+from .starts import StepStarts
 from .store import StepRecord, Store, retrying, unreachable
 from .streams.writer import StreamWriter
 
@@ -91,6 +92,7 @@ class Execution:
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
+    starts: StepStarts | None = None  # the worker's batcher of step-start notes
     # Per stream key: the next free position in the table, and how far this run's deterministic
     # replay of the workflow body has got (see write_chunk).
     stream_ends: dict[str, int] = field(default_factory=dict)
@@ -202,7 +204,10 @@ class Execution:
         of is left in ``interrupt``, for the attempt's end to act on."""
 
         async def note() -> tuple[bool, bool, None]:
-            return (*await self.store.start_step(self.workflow_id, self.attempt, position, tries), None)
+            if self.starts is not None:  # the worker's batch of notes
+                return (*await self.starts.note(self.workflow_id, self.attempt, position, tries), None)
+            [(owner, cancel)] = await self.store.start_steps([(self.workflow_id, self.attempt, position, tries)])
+            return owner, cancel, None
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await self.fenced(note, f"start step {name!r}")

@@ -22,6 +22,7 @@ from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
 from .registry import WorkflowSpec
 from .runtime import Runtime
+from .starts import StepStarts
 from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
 
@@ -30,7 +31,8 @@ log = logging.getLogger("pgflow.execution")
 
 async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
                   limiter: anyio.CapacityLimiter, writer: StreamWriter, finisher: Finisher,
-                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
+                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None,
+                  starts: StepStarts | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
@@ -46,7 +48,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal={} if first else await store.journal(claimed.id),
-            token=anyio.lowlevel.current_token(), writer=writer,
+            token=anyio.lowlevel.current_token(), writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
             loaded_at=loaded_at,
         )

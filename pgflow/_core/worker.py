@@ -31,10 +31,11 @@ from .executor import execute
 from .finisher import Finisher
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
-from .pruning import prune_paced
+from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
+from .starts import StepStarts
 from .store import Claimed, Store
 from .streams.writer import StreamWriter
 
@@ -77,6 +78,7 @@ class Worker:
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
         self._finisher: Finisher | None = None
+        self._starts: StepStarts | None = None
         self._maintenance: Maintenance | None = None
         self._warned_names: set[str] = set()
 
@@ -100,6 +102,7 @@ class Worker:
         # next claim goes out beside that batch instead of after it.
         self._finisher = Finisher(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
                                   queued=self._slot_freed, recorded=runtime.count_ends)
+        self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
@@ -162,12 +165,14 @@ class Worker:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
         assert self._writer is not None and self._finisher is not None and self._maintenance is not None
+        assert self._starts is not None
         with self._running_scope:
             try:
                 async with anyio.create_task_group() as tasks:
                     self._tasks = tasks
                     tasks.start_soon(self._writer.run)
                     tasks.start_soon(self._finisher.run)
+                    tasks.start_soon(self._starts.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     task_status.started()
@@ -294,7 +299,7 @@ class Worker:
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
             assert self._writer is not None and self._finisher is not None
             await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
-                          self._finisher, freed, self._cancellers)
+                          self._finisher, freed, self._cancellers, self._starts)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -340,7 +345,7 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-async def prune(store: Store, older_than: float, batch: int = 500) -> int:
+async def prune(store: Store, older_than: float, batch: int = PRUNE_BATCH) -> int:
     """The retention service's pass: small batches, paced so the pruning never crowds out the work
     it runs beside."""
     deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)

@@ -233,26 +233,29 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
-    async def start_step(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
-        """Note that the execution holding ``attempt`` starts its ``tries``-th attempt of the step at
-        ``position``, before the step runs, so an attempt cut short by a crash still counts.
+    async def start_steps(self, notes: Sequence[tuple[str, int, int, int]]) -> list[tuple[bool, bool]]:
+        """Note, for each (workflow id, attempt, position, tries), that the execution holding that
+        attempt starts its ``tries``-th attempt of the step at ``position``, before the step runs, so
+        an attempt cut short by a crash still counts. Returns (still owner, cancel requested) per note.
 
-        Returns (still owner, cancel requested). Idempotent (the row keeps the highest count), and
-        not waiting for the disk: a worker's crash loses nothing, and only a server crash before
-        the step's record could forget an attempt that the crash itself cut short."""
-        row = await self._fetchone(
-            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running'),"
-            " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-            " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
-            "  SELECT %(id)s, %(position)s, %(attempt)s, %(tries)s FROM owner, lazy"
-            "  ON CONFLICT (workflow_id, position, attempt)"
-            "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
-            " SELECT (SELECT cancel_requested FROM owner)",
-            {"id": workflow_id, "attempt": attempt, "position": position, "tries": tries},
-        )
-        assert row is not None
-        return row[0] is not None, bool(row[0])
+        Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
+        loses nothing, and only a server crash before the step's record could forget an attempt
+        that the crash itself cut short."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[])"
+                "   WITH ORDINALITY AS a(id, attempt, position, tries, n)),"
+                " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
+                "   ON w.id = a.id AND w.attempt = a.attempt AND w.status = 'running'),"
+                " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
+                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
+                "  ORDER BY id, position, attempt, tries DESC"
+                "  ON CONFLICT (workflow_id, position, attempt)"
+                "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
+                " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"),
+                [list(column) for column in zip(*notes, strict=True)])
+            return [(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
 
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
