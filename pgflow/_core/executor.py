@@ -164,9 +164,13 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
 async def _finish(finisher: Finisher, execution: Execution, status: str, output: bytes | None,
                   error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
     """Record the end (True when it was this execution's to record), in the worker's next batch of
-    ends; ``freed`` are pings for workers waiting on a limited queue's free slot."""
-    if await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
-                             {f"wf:{execution.workflow_id}", *freed}):
+    ends; ``freed`` are pings for workers waiting on a limited queue's free slot. Shielded: the body
+    is done, and a worker stopping now waits for its end (the finisher sends what it still holds when
+    it stops) rather than giving a finished workflow back to be run again."""
+    with anyio.CancelScope(shield=True):
+        recorded = await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
+                                         {f"wf:{execution.workflow_id}", *freed})
+    if recorded:
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",
                 execution.workflow_id, execution.attempt, status)

@@ -69,18 +69,22 @@ class Finisher:
         self._wake = anyio.Event()
         self._in_flight = 0
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
+        self._stopped = False
 
     async def finish(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
                      error: dict[str, Any] | None, keys: set[str]) -> bool:
         """Record an end once its batch has committed; False when the attempt no longer owned the
         workflow. ``keys`` are pinged with the commit."""
         end = _End(workflow_id, attempt, status, output, error, keys)
-        self._queue.append(end)
-        self._wake.set()
         self.pending += 1
         try:
-            self._queued()
-            await end.done
+            if self._stopped:  # no loop sends batches any more: this end goes alone
+                await self._flush([end])
+            else:
+                self._queue.append(end)
+                self._wake.set()
+                self._queued()
+                await end.done
         finally:
             self.pending -= 1
         if end.failure is not None:
@@ -88,15 +92,24 @@ class Finisher:
         return end.recorded
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as flushes:
-            task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._queue and self._in_flight < self._max_in_flight:
+        """Send batches until cancelled; then the ends still queued go out too, since their workflows
+        are done and only wait to be recorded (a worker stopping at once must not lose them)."""
+        try:
+            async with anyio.create_task_group() as flushes:
+                task_status.started()
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    while self._queue and self._in_flight < self._max_in_flight:
+                        batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
+                        self._in_flight += 1
+                        flushes.start_soon(self._flush_then_free, batch)
+        finally:
+            self._stopped = True
+            with anyio.CancelScope(shield=True):
+                while self._queue:
                     batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
-                    self._in_flight += 1
-                    flushes.start_soon(self._flush_then_free, batch)
+                    await self._flush(batch)
 
     async def _flush_then_free(self, batch: list[_End]) -> None:
         try:

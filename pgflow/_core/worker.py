@@ -154,8 +154,10 @@ class Worker:
                      len(self.running), grace)
             with anyio.move_on_after(grace):
                 await self._idle.wait()
-        if self.running and not self._running_scope.cancel_called:
-            self.interrupted = len(self.running)
+        # Workflows whose bodies are done only wait for their ends to be recorded: they finish.
+        running = len(self.running) - (self._finisher.pending if self._finisher is not None else 0)
+        if running > 0 and not self._running_scope.cancel_called:
+            self.interrupted = running
             log.warning("worker %s interrupting %d workflows; they go back to the queue", self.id,
                         self.interrupted)
         self._running_scope.cancel()
