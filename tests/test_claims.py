@@ -4,6 +4,7 @@ the next due time found from the index, so the cost of a claim stays flat as a b
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql as sql_
 import pytest
 
 import pgflow
@@ -14,27 +15,37 @@ pytestmark = pytest.mark.anyio
 
 
 def plan(dsn: str, schema: str, queues: list[str]) -> str:
+    """The claim's plan as pgflow's connections run it: prepared, and planned once for any values
+    (a generic plan: the planner cannot see the limit or the queues)."""
+    sql = CLAIM.replace("{s}", quote_identifier(schema))
+    for n, name in enumerate(["queues", "names", "limit", "owner", "lease"], 1):
+        sql = sql.replace(f"%({name})s", f"${n}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET jit = off")
-        conn.execute("SET plan_cache_mode = force_generic_plan")  # as pgflow's connections plan it
-        cur = conn.execute("EXPLAIN " + CLAIM.replace("{s}", quote_identifier(schema)),
-                           {"queues": queues, "names": ["n.a", "n.b"], "limit": 16, "owner": "probe",
-                            "lease": 10.0})
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE claim(text[], text[], int, text, float8) AS {sql}")
+        cur = conn.execute(sql_.SQL("EXPLAIN EXECUTE claim({}, {}, 16, 'probe', 10.0)").format(
+            sql_.Literal(queues), sql_.Literal(["n.a", "n.b"])))
         return "\n".join(row[0] for row in cur.fetchall())
 
 
-@pytest.mark.parametrize("queues", [["q0"], ["q0", "q1", "q2"]])
+@pytest.mark.parametrize(("queues", "rows", "spread"), [
+    (["q0"], 30_000, 4), (["q0", "q1", "q2"], 30_000, 4),
+    # One deep queue: the planner then expects the claimed set to be large, and once joined the
+    # whole table to it by a hash join over a scan of every row (a 100K backlog drained 8x slower).
+    (["q0"], 120_000, 1),
+])
 async def test_a_claim_reads_each_queue_through_its_index_and_scans_no_table(
-    app: pgflow.App, dsn: str, schema: str, queues: list[str],
+    app: pgflow.App, dsn: str, schema: str, queues: list[str], rows: int, spread: int,
 ) -> None:
     await app.migrate_async()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        # A backlog of 30,000 queued workflows over four queues, some delayed, and finished ones.
+        # A backlog of queued workflows over ``spread`` queues, some delayed, and finished ones.
         conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, priority, due_at, status)'
-                     " SELECT 'w' || i, 'n.a', 'q' || (i % 4), '\\x80'::bytea, i % 3,"
+                     f" SELECT 'w' || i, 'n.a', 'q' || (i % {spread}), '\\x80'::bytea, i % 3,"
                      "  now() + make_interval(secs => (i % 7) * 60 - 120),"
                      "  CASE WHEN i % 5 = 0 THEN 'succeeded' ELSE 'queued' END"
-                     " FROM generate_series(1, 30000) AS i")
+                     f" FROM generate_series(1, {rows}) AS i")
         conn.execute(f'ANALYZE "{schema}".workflows')
     text = plan(dsn, schema, queues)
     assert "Seq Scan on workflows" not in text, text

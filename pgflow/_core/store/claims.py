@@ -33,7 +33,7 @@ CLAIM = (
     "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
     "  started_at = coalesce(w.started_at, now()),"
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-    "  FROM chosen WHERE w.id = chosen.id"
+    "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen))"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
     "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited)"
