@@ -4,8 +4,8 @@ the next due time found from the index, so the cost of a claim stays flat as a b
 from __future__ import annotations
 
 import psycopg
-from psycopg import sql as sql_
 import pytest
+from psycopg import sql as sql_
 
 import pgflow
 from pgflow._core.store import quote_identifier
