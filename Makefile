@@ -18,7 +18,8 @@ help:
 	@echo "  make soak    the fault suite for SOAK_MINUTES (default 5) on a PostgreSQL 18 of its own; FAULTS=kill,stop,..."
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
-	@echo "  make bench   install the [bench] extra (DBOS) and run benchmarks/streams.py"
+	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
+	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
 	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
 	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
 
@@ -52,8 +53,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests
 	$(PY) -m mypy
 
+BENCH ?= tasks
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/streams.py
+	$(PY) -m benchmarks $(BENCH) $(BENCH_ARGS)
 
 clean:
 	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.
