@@ -5,6 +5,7 @@
   streams   256 concurrent streams, pgflow against raw, naive LISTEN/NOTIFY and DBOS (streams.py)
   latency   an idle pgflow worker's no-op start-to-result latency, with where the time goes (fleet.py)
   recovery  crash takeover: a worker SIGKILLed mid-workflow, time until another carries on (fleet.py)
+  flat      pgflow's drain and streams with 1M finished workflows, or 100K queued, in its tables (flat.py)
 
 Common flags: --quick (each benchmark under 3 minutes: smaller runs, 1 repeat unless --repeats says),
 --json (one object {"benchmark": NAME, "systems": {SYSTEM: {figures}}} on stdout, everything else on
@@ -26,7 +27,7 @@ from typing import Any
 
 from benchmarks import harness, tasks
 
-NAMES = ["tasks", "streams", "latency", "recovery"]
+NAMES = ["tasks", "streams", "latency", "recovery", "flat"]
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -44,7 +45,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     a, rest = p.parse_known_args(argv)
     if a.repeats is None:
         a.repeats = 1 if a.quick else 3
-    if rest and a.name == "tasks":
+    if rest and a.name in ("tasks", "flat"):
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     return a, rest
 
@@ -92,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     a, rest = parse(argv)
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr if a.json else sys.stdout):
-        report = tasks.main(a) if a.name == "tasks" else delegated(a, rest)
+        if a.name == "tasks":
+            report = tasks.main(a)
+        elif a.name == "flat":
+            from benchmarks import flat
+
+            report = flat.main(a)
+        else:
+            report = delegated(a, rest)
     if a.json:
         stdout.write(json.dumps({"benchmark": a.name, "systems": report["systems"]}) + "\n")
     failed = [r for r in report.get("runs", []) if not r.get("ok", True)]

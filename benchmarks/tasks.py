@@ -184,6 +184,8 @@ class Tasks:
                 done, _, _ = self.progress(system, db, conn)
                 if done:
                     raise RunFailed(f"{done} tasks finished before any worker ran")
+                commits0 = commits(conn)
+                polls = 0
                 t_spawn = time.time()
                 worker = Proc(f"{system} worker", self.worker_argv(system, concurrency),
                               self.env(system, db, concurrency), self.logdir / f"{system}-c{concurrency}-worker.log")
@@ -192,6 +194,7 @@ class Tasks:
                 cpu_mark: tuple[int, float] | None = None
                 while True:
                     done, first, last = self.progress(system, db, conn)
+                    polls += 1
                     if cpu_mark is None and (done or first is not None):
                         cpu_mark = done, harness.process_cpu(worker.pid)  # start-up is not counted
                     if done >= s.tasks and first is not None and last is not None:
@@ -206,6 +209,12 @@ class Tasks:
                                                         / (s.tasks - cpu_mark[0]) * 1000)
                 stop_profiler(profiler)
                 profiler = None
+                if not measure and system != "celery":
+                    # Transactions committed in the system's database per task: the worker's own, start-up
+                    # included, this loop's polls left out. A backend's counts reach pg_stat_database
+                    # when it exits (or within a second): read once the worker is gone.
+                    worker.stop()
+                    record["commits_per_task"] = (settled_commits(conn) - commits0 - polls - 1) / s.tasks
             counted = s.tasks - 1 if system == "celery" else s.tasks
             record.update(window_s=last - first, tasks_per_s=counted / (last - first), startup_s=first - t_spawn,
                           wall_s=t_done - t_spawn, window_from="first finish" if system == "celery" else "first start")
@@ -223,6 +232,24 @@ class Tasks:
                 worker.stop()
             record["loadavg_after"] = os.getloadavg()[0]
         return record
+
+
+def commits(conn: Any) -> int:
+    row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    return int(row[0])
+
+
+def settled_commits(conn: Any, patience: float = 5.0) -> int:
+    """pg_stat_database's commit count once it stops moving (each read is itself one commit)."""
+    end = time.monotonic() + patience
+    last = commits(conn)
+    while time.monotonic() < end:
+        time.sleep(0.3)
+        now = commits(conn)
+        if now - last <= 1:
+            return last
+        last = now
+    return last
 
 
 def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -251,6 +278,8 @@ def describe(r: dict[str, Any]) -> str:
     if not r.get("ok"):
         return f"{head} FAILED: {str(r.get('error')).splitlines()[0][:300]}"
     parts = [f"drain {r['tasks_per_s']:8,.0f}/s", f"worker cpu {r.get('worker_cpu_ms_per_task', 0):5.2f} ms/task"]
+    if "commits_per_task" in r:
+        parts.append(f"{r['commits_per_task']:.2f} commits/task")
     if "enqueue_per_s" in r:
         parts += [f"enqueue {r['enqueue_per_s']:6,.0f}/s", f"x16 {r['enqueue16_per_s']:6,.0f}/s",
                   f"p50 {r['p50_ms']:7.1f} ms", f"p99 {r['p99_ms']:7.1f} ms"]
@@ -271,6 +300,7 @@ def summarize(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, dict[
             "p50_ms": harness.median([r.get("p50_ms") for r in c16]),
             "p99_ms": harness.median([r.get("p99_ms") for r in c16]),
             "worker_cpu_ms_per_task": harness.median([r.get("worker_cpu_ms_per_task") for r in c16]),
+            "commits_per_task": harness.median([r.get("commits_per_task") for r in c64]),
         }
         out[system] = {k: v for k, v in figures.items() if v is not None}
     return out

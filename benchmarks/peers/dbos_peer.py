@@ -22,7 +22,11 @@ import sqlalchemy as sa
 DSN = os.environ.get("BENCH_DSN", "")
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 POOL = int(os.environ.get("BENCH_POOL", "16"))
-QUEUE_POLL = float(os.environ.get("BENCH_DBOS_QUEUE_POLL", "0.01"))
+QUEUE_POLL = float(os.environ.get("BENCH_DBOS_QUEUE_POLL", "0.001"))
+# The queue's worker_concurrency: the run's concurrency unless BENCH_DBOS_WORKER_CONCURRENCY says (a number,
+# or "none" for no per-worker limit).
+_WC = os.environ.get("BENCH_DBOS_WORKER_CONCURRENCY", str(CONCURRENCY))
+WORKER_CONCURRENCY = None if _WC.lower() == "none" else int(_WC)
 RESULT_POLL = float(os.environ.get("BENCH_DBOS_RESULT_POLL", "0.005"))
 QUEUE = "bench"
 WORKFLOW = "noop"
@@ -51,7 +55,7 @@ def serve() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     DBOS.launch()
     # DBOS 3.4 persists a queue's configuration in its system database, so it is registered once launched.
-    DBOS.register_queue(QUEUE, worker_concurrency=CONCURRENCY, polling_interval_sec=QUEUE_POLL)
+    DBOS.register_queue(QUEUE, worker_concurrency=WORKER_CONCURRENCY, polling_interval_sec=QUEUE_POLL)
     try:
         stop.wait()
     finally:
