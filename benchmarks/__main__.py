@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -91,6 +92,8 @@ def delegated(a: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     a, rest = parse(argv)
+    # A SIGTERM unwinds like Ctrl-C, through the finally blocks that stop every process and drop the databases.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr if a.json else sys.stdout):
         if a.name == "tasks":
