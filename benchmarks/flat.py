@@ -10,6 +10,8 @@ pgflow alone, three states of its tables, each in a schema of its own (database 
 
 In each state, after ANALYZE (a table that large has statistics in production):
 
+  claim     the claim statement's generic plan (as pgflow's connections run it), EXPLAIN ANALYZE in a
+            transaction rolled back: its time, and whether it scans the whole workflows table.
   drain     N queued no-op workflows (5,000; --quick 2,000; generate_series copies of one started
             through the API) and one worker process at concurrency 16: workflows/s from the first start
             to the N-th finish, from started_at/finished_at. In the backlog state the N are the first N
@@ -134,6 +136,33 @@ class Flat:
                 " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'", (schema,)).fetchone()[0]
         return info
 
+    def explain_claim(self, schema: str) -> dict[str, Any]:
+        """The claim statement's plan as pgflow's connections run it (generic plans: they set
+        plan_cache_mode=force_generic_plan), executed in a transaction rolled back: its time, and
+        whether it reads the whole workflows table."""
+        import re
+
+        import psycopg
+
+        from pgflow._core.store import claims
+
+        params = {"queues": "'{default}'::text[]", "names": "'{bench.noop,bench.filler}'::text[]", "limit": "16",
+                  "owner": "'probe'", "lease": "10.0"}
+        order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", claims.CLAIM)))
+        sql = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}",
+                     claims.CLAIM.replace("{s}", f'"{schema}"'))
+        types = {"queues": "text[]", "names": "text[]", "limit": "int", "owner": "text", "lease": "float8"}
+        with psycopg.connect(self.db, autocommit=True) as conn:
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE probe_claim({', '.join(types[k] for k in order)}) AS {sql}")
+            conn.execute("BEGIN")
+            plan = [r[0] for r in conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe_claim({', '.join(params[k] for k in order)})").fetchall()]
+            conn.execute("ROLLBACK")
+        took = next((float(x.split(":")[1].split()[0]) for x in plan if x.startswith("Execution Time")), None)
+        return {"claim_plan_ms": took, "claim_plan_seq_scan": any("Seq Scan on workflows" in x for x in plan),
+                "claim_plan": plan}
+
     def drain(self, schema: str) -> dict[str, Any]:
         import psycopg
 
@@ -186,6 +215,7 @@ class Flat:
             with psycopg.connect(self.db, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             record.update(self.prepare(state, schema))
+            record.update(self.explain_claim(schema))
             record.update(self.drain(schema))
             record.update(self.streams_run(schema, repeat))
             record["ok"] = True
@@ -216,7 +246,9 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                     log(f"  [{repeat + 1}] {state:<8} drain {r['tasks_per_s']:7,.0f}/s"
                         f"  streams {r['chunks_per_s']:8,.0f} chunks/s  p50 {r['p50_ms']:6.1f} ms"
                         f"  p99 {r['p99_ms']:6.1f} ms  (fill {r['fill_s']:.0f} s,"
-                        f" {r['size_mb']:.0f} MB; load {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f})")
+                        f" {r['size_mb']:.0f} MB; claim {r['claim_plan_ms']:.2f} ms"
+                        f"{', seq scan' if r['claim_plan_seq_scan'] else ''};"
+                        f" load {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f})")
                 else:
                     log(f"  [{repeat + 1}] {state:<8} FAILED: {str(r.get('error'))[:400]}")
     finally:
