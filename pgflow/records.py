@@ -28,7 +28,10 @@ class StreamInfo:
 @dataclass(frozen=True)
 class WorkflowRecord:
     """A workflow as ``app.list_workflows`` lists it. ``attempt`` counts the claims of this run (a
-    resume starts it again from 0); ``error_type`` is the recorded failure's type, if any."""
+    resume starts it again from 0; taking a sleeping or waiting workflow up again is no new attempt);
+    ``error_type`` is the recorded failure's type, if any; ``parent_id`` the workflow whose body
+    started it. A queued workflow is due at ``due_at`` (a sleeping one wakes then), and one that gave
+    its slot back to wait for a message names the topic in ``waiting_for``."""
 
     id: str
     name: str
@@ -39,6 +42,9 @@ class WorkflowRecord:
     started_at: datetime | None
     finished_at: datetime | None
     error_type: str | None
+    parent_id: str | None = None
+    due_at: datetime | None = None
+    waiting_for: str | None = None
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> WorkflowRecord:

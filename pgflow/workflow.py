@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from . import telemetry
 from ._core.checks import MAX_ID_BYTES, check_delay, check_id, check_priority, check_queue, check_text
 from ._core.client import Client
 from ._core.execution import journaling
@@ -122,12 +123,22 @@ class Starter(Generic[P, R]):
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow; an id that exists returns its handle and starts nothing."""
-        inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
-        return self._workflow._client.call(self._enqueue, *new_id(self._options.id), inputs)
+        # The span is the calling thread's, where the caller's trace is; the insert runs on a loop.
+        with telemetry.starting(self._workflow.name, self._queue()) as span:
+            inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
+            id, parent = new_id(self._options.id)
+            span.set_attribute(telemetry.WORKFLOW_ID, id)
+            return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
-        return await self._enqueue(*new_id(self._options.id), inputs)
+        with telemetry.starting(self._workflow.name, self._queue()) as span:
+            inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
+            id, parent = new_id(self._options.id)
+            span.set_attribute(telemetry.WORKFLOW_ID, id)
+            return await self._enqueue(id, parent, inputs, telemetry.traceparent())
+
+    def _queue(self) -> str:
+        return self._options.queue or self._workflow.queue
 
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                    ) -> list[WorkflowHandle[R]]:
@@ -136,12 +147,14 @@ class Starter(Generic[P, R]):
         argument is checked before anything is written. ``ids`` (one per call) make the starts
         idempotent as ``start`` is: an id that exists starts nothing and its handle comes back."""
         ids_, inputs = self._many(calls, ids)
-        return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id())
+        with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
+            return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id(), telemetry.traceparent())
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
         ids_, inputs = self._many(calls, ids)
-        return await self._enqueue_many(ids_, inputs, parent_id())
+        with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
+            return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent())
 
     def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
         if self._options.id is not None:
@@ -159,17 +172,20 @@ class Starter(Generic[P, R]):
             raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")
         return [check_id(id) for id in ids], inputs
 
-    async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None) -> list[WorkflowHandle[R]]:
+    async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None,
+                            traceparent: str | None) -> list[WorkflowHandle[R]]:
         workflow, options = self._workflow, self._options
         if ids:
             await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
-                               priority=options.priority, delay=options.delay, parent=parent)
+                               priority=options.priority, delay=options.delay, parent=parent,
+                               traceparent=traceparent)
         return [WorkflowHandle(workflow._client, id) for id in ids]
 
-    async def _enqueue(self, id: str, parent: str | None, inputs: bytes) -> WorkflowHandle[R]:
+    async def _enqueue(self, id: str, parent: str | None, inputs: bytes, traceparent: str | None,
+                       ) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
-                      priority=options.priority, delay=options.delay, parent=parent)
+                      priority=options.priority, delay=options.delay, parent=parent, traceparent=traceparent)
         return WorkflowHandle(workflow._client, id)
 
 

@@ -103,8 +103,8 @@ async def test_cancelling_a_parent_cancels_its_children_and_theirs(dsn: str, sch
         kids = [f"{handle.id}.0", f"{handle.id}.1", f"{handle.id}.2", f"{handle.id}.2.0"]
         async with app.worker(concurrency=8, lease=3.0):
             await wait_for(lambda: query(
-                dsn, f'SELECT count(*) = 2 FROM "{schema}".workflows WHERE name = %s AND status = \'queued\''
-                     " AND due_at > now() + interval '1 minute'", "kids.sleepy"))
+                dsn, f'SELECT 1 FROM "{schema}".workflows WHERE name = %s AND status = \'queued\''
+                     " AND due_at > now() + interval '1 minute' HAVING count(*) = 2", "kids.sleepy"))
             await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s'
                                               " AND status = 'running'", kids[2]))
             await handle.cancel_async()
@@ -139,3 +139,26 @@ async def test_cancelling_a_child_leaves_its_parent_alone(app: pgflow.App, dsn: 
         await child.cancel_async()
         assert await handle.result_async(timeout=30) == "child cancelled"
     assert await run_to_end(app, handle) == "child cancelled"
+
+
+async def test_records_name_the_parent_and_what_a_queued_workflow_waits_for(dsn: str, schema: str) -> None:
+    async with pgflow.App(dsn, schema=schema, poll_interval=0.5, suspend_after=0.5) as app:
+        @app.workflow(name="kids.napper")
+        async def napper() -> None:
+            await pgflow.sleep_async(3600)
+
+        @app.workflow(name="kids.asker")
+        async def asker() -> None:
+            await napper.start_async()
+            await pgflow.recv_async("answer", timeout=3600)
+
+        handle = await asker.start_async()
+        async with app.worker(concurrency=2):
+            await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE status = \'queued\''
+                                              " AND due_at > now() + interval '1 minute' HAVING count(*) = 2"))
+        parent, child = (await handle.info_async()).record, (await app.handle(f"{handle.id}.0").info_async()).record
+        assert (parent.parent_id, parent.waiting_for, child.parent_id, child.waiting_for) == (
+            None, "answer", handle.id, None)
+        assert parent.due_at is not None and child.due_at is not None
+        await handle.cancel_async()
+        assert (await handle.info_async()).record.due_at is None

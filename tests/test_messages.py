@@ -5,7 +5,6 @@ receive and the next step; a long wait gives the slot back and a send wakes it."
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -207,4 +206,39 @@ async def test_recv_and_send_errors(app: pgflow.App) -> None:
 
     with pytest.raises(pgflow.WorkflowFailed, match="for the workflow body, not for the inside of a step"):
         await run_to_end(app, await flow.start_async())
-    assert threading.active_count() >= 1
+
+
+@pytest.mark.anyio
+async def test_pruning_a_finished_workflow_deletes_its_messages_and_events(app: pgflow.App, dsn: str,
+                                                                          schema: str) -> None:
+    @app.workflow(name="msg.pruned")
+    async def pruned() -> Any:
+        await pgflow.set_event_async("e", 1)
+        return await pgflow.recv_async("t", timeout=30)
+
+    handle = await pruned.start_async()
+    await handle.send_async("t", "taken")
+    await handle.send_async("t", "left over")
+    assert await run_to_end(app, handle) == "taken"
+    assert await app.prune_async(0) == 1
+    for table in ("messages", "events", "steps"):
+        assert await aquery(dsn, f'SELECT count(*) FROM "{schema}".{table}') == [(0,)]
+
+
+@pytest.mark.anyio
+async def test_a_waiting_receiver_survives_a_server_restart(server: tuple[str, Any], schema: str) -> None:
+    dsn, embedded = server
+    if embedded is None:
+        pytest.skip("only the embedded server can be restarted by the tests")
+    async with pgflow.App(dsn, schema=schema, poll_interval=0.5, suspend_after=0.5) as app:
+        @app.workflow(name="msg.restart")
+        async def patient() -> Any:
+            return await pgflow.recv_async("go", timeout=600)
+
+        handle = await patient.start_async()
+        async with app.worker(concurrency=1):
+            await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE waiting_for = \'go\''
+                                               " AND status = 'queued'"))
+            await anyio.to_thread.run_sync(embedded.restart)
+            await handle.send_async("go", "after the restart")
+            assert await handle.result_async(timeout=60) == "after the restart"

@@ -115,6 +115,64 @@ async def test_resume_reruns_from_the_failed_third_step_and_not_the_first_two(ap
         app.handle("nobody").steps()
 
 
+async def test_step_attempts_count_those_cut_short_and_a_resume_counts_afresh(app: pgflow.App) -> None:
+    """A step cut short (its worker stopped mid-step) counts with the attempts that ran to the end,
+    retries included; a resume of a workflow cancelled mid-step starts the count again."""
+    started = anyio.Event()
+    calls: list[str] = []
+
+    @app.step(max_attempts=2, backoff=0.01)
+    async def slow_then_flaky() -> str:
+        calls.append("call")
+        if len(calls) == 1:
+            started.set()
+            await anyio.sleep_forever()  # cut short: the worker stops under it
+        if len(calls) == 2:
+            raise ConnectionError("once")
+        return "ok"
+
+    @app.workflow
+    async def counted() -> str:
+        return await slow_then_flaky()
+
+    handle = await counted.start_async()
+    async with app.worker(concurrency=1, grace=0.0):
+        with anyio.fail_after(WAIT):
+            await started.wait()
+    assert await handle.status_async() == "queued"  # given back, unrecorded
+    async with app.worker(concurrency=1):
+        with anyio.fail_after(WAIT):
+            assert await handle.result_async() == "ok"
+    [step] = await handle.steps_async()
+    assert (step.name, step.attempts, len(calls)) == (slow_then_flaky.name, 3, 3)
+
+    gate = anyio.Event()
+
+    @app.step
+    async def held() -> int:
+        if not gate.is_set():
+            gate.set()
+            await anyio.sleep_forever()  # cut short by the cancellation
+        return 1
+
+    @app.workflow
+    async def holder() -> int:
+        return await held()
+
+    other = await holder.start_async()
+    async with app.worker(concurrency=1):
+        with anyio.fail_after(WAIT):
+            await gate.wait()
+            await other.cancel_async()
+            with pytest.raises(pgflow.WorkflowCancelled):
+                await other.result_async()
+        assert await other.steps_async() == []
+        await other.resume_async()
+        with anyio.fail_after(WAIT):
+            assert await other.result_async() == 1
+    assert [(s.name, s.attempts) for s in await other.steps_async()] == [(held.name, 1)]
+
+
 async def test_fork_copies_the_first_steps_and_runs_the_rest_anew(app: pgflow.App) -> None:
     ran: list[tuple[str, int]] = []
 
@@ -176,6 +234,45 @@ async def test_the_worker_logs_each_start_and_end_and_a_failure_with_its_traceba
     assert "Traceback (most recent call last)" in failure and "the missing key" in failure
     started = [m for r in caplog.records if (m := r.getMessage()).startswith("worker ") and " started:" in m]
     assert started and f"schema {app.schema}" in started[0] and "password" not in started[0]
+
+
+async def test_the_worker_warns_once_per_name_of_queued_workflows_nobody_runs(
+    app: pgflow.App, caplog: pytest.LogCaptureFixture,
+) -> None:
+    @app.workflow
+    async def known() -> int:
+        return 1
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "pgflow.worker" and r.levelname == "WARNING" and "no live worker runs" in r.getMessage()]
+
+    # Started by a caller whose code has names the worker's has not.
+    async with pgflow.App(app.dsn, schema=app.schema) as caller:
+
+        @caller.workflow(name="renamed.away")
+        async def renamed() -> None: ...
+
+        @caller.workflow(name="also.unknown")
+        async def unknown() -> None: ...
+
+        ghosts = [await renamed.start_async() for _ in range(2)]
+        with caplog.at_level(logging.INFO, logger="pgflow"):
+            async with app.worker(concurrency=2, lease=0.5) as worker:
+                with anyio.fail_after(WAIT):
+                    assert await (await known.start_async()).result_async() == 1  # a name it runs: no warning
+                    while not warnings():
+                        await anyio.sleep(0.02)
+                assert "names" in worker.leading
+                await unknown.start_async()
+                await worker._warn_unserved()  # the service's next looks: a new name warns, the old one not again
+                await worker._warn_unserved()
+    assert warnings() == [
+        "2 queued workflows are named 'renamed.away', which no live worker runs: they wait until a worker that"
+        " registers that name starts (a renamed workflow? a worker serving another module?)",
+        "1 queued workflows are named 'also.unknown', which no live worker runs: they wait until a worker that"
+        " registers that name starts (a renamed workflow? a worker serving another module?)"]
+    assert [await g.status_async() for g in ghosts] == ["queued", "queued"]
 
 
 @pytest.mark.parametrize(("dsn_of", "words"), [

@@ -62,10 +62,11 @@ def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
     # so it ran again from its beginning in worker B: steps are at-least-once until they are recorded,
     # hence "s2 start" twice and "s2 done" once.
     assert lines(effects) == ["s1", "s2 start", "s2 start", "s2 done", "s3"]
+    # Its record counts both attempts, the one the kill cut short included.
     steps = handle.steps()
     assert [(s.position, s.name, s.error_type, s.attempts) for s in steps] == [
         (0, wf.first.name, None, 1),
-        (1, wf.gated[kind].name, None, 1),
+        (1, wf.gated[kind].name, None, 2),
         (2, wf.third.name, None, 1),
     ]
 

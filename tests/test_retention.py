@@ -12,6 +12,8 @@ import msgspec
 import pytest
 
 import pgflow
+from pgflow._core import pruning
+from pgflow._core.pruning import prune_paced
 
 from .test_journal import query
 
@@ -91,3 +93,22 @@ async def test_the_retention_service_of_a_worker_deletes_what_is_past_retention(
         assert [r.id for r in await app.list_workflows_async()] == [kept.id]
     with pytest.raises(pgflow.ConfigurationError, match="retention"):
         pgflow.App(dsn, schema=schema, retention=0)
+
+
+async def test_a_prune_waits_after_each_batch_in_proportion_to_the_time_it_took() -> None:
+    """So that it is busy at most SHARE of the time beside live work (benchmarks/prune_under_load.py:
+    without the pauses, a prune of a million chunks took half the throughput of the streams beside it)."""
+    calls: list[tuple[float, float]] = []
+
+    async def delete_batch() -> int:
+        began = anyio.current_time()
+        await anyio.sleep(0.05 * (len(calls) + 1))  # a batch's statement, slower each time
+        calls.append((began, anyio.current_time()))
+        return 10 if len(calls) < 3 else 4
+
+    seen: list[int] = []
+    assert await prune_paced(delete_batch, 10, seen.append) == 24
+    assert seen == [10, 20, 24]
+    factor = (1 - pruning.SHARE) / pruning.SHARE
+    for (start, end), (next_start, _) in zip(calls, calls[1:], strict=False):
+        assert next_start - end >= factor * (end - start)  # the pause grows with the batch's own time

@@ -209,3 +209,18 @@ async def wait_for(check: Any, timeout: float = 60.0) -> Any:
         while not (found := await check()):
             await anyio.sleep(0.05)
         return found
+
+
+@pytest.mark.anyio
+async def test_a_workflow_timeout_ends_a_long_sleep_at_its_deadline(dsn: str, schema: str) -> None:
+    async with pgflow.App(dsn, schema=schema, poll_interval=0.5, suspend_after=0.5) as app:
+        @app.workflow(name="sleep.timed", timeout=2.0)
+        async def timed() -> None:
+            await pgflow.sleep_async(3600)
+
+        handle = await timed.start_async()
+        began = time.monotonic()
+        async with app.worker(concurrency=1):
+            with pytest.raises(pgflow.WorkflowFailed, match="ran out of time"):
+                await handle.result_async(timeout=30)
+        assert time.monotonic() - began < 15

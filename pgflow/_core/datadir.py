@@ -34,7 +34,7 @@ def prune_handles(pgdata: Path) -> None:
     me = os.getpid()
     alive = [p for p in pids if isinstance(p, int) and (p == me or pid_alive(p))]
     if alive != raw:
-        _log.info("embedded PostgreSQL %s: dropping dead users %s", pgdata, [p for p in pids if p not in alive])
+        _log.debug("embedded PostgreSQL %s: dropping dead users %s", pgdata, [p for p in pids if p not in alive])
         write_handles(pgdata, alive)
 
 
@@ -72,7 +72,7 @@ def clear_stale_locks(pgdata: Path) -> None:
         except OSError:
             lock_pid = None
         if lock_pid is not None and process_state(lock_pid) in ("zombie", "other"):
-            _log.info("removing stale %s (pid %s is not a running postgres)", lock, lock_pid)
+            _log.debug("removing stale %s (pid %s is not a running postgres)", lock, lock_pid)
             lock.unlink(missing_ok=True)
     if state == "gone":
         return
@@ -81,7 +81,7 @@ def clear_stale_locks(pgdata: Path) -> None:
             f"{pidfile} names pid {pid}, which is not a running postgres, but processes of the old server may "
             "still be attached to its shared memory. Stop them (pgrep -a postgres), then delete that file."
         )
-    _log.info("removing stale %s (pid %s is %s, not a running postgres)", pidfile, pid, state)
+    _log.debug("removing stale %s (pid %s is %s, not a running postgres)", pidfile, pid, state)
     pidfile.unlink(missing_ok=True)
 
 

@@ -1,14 +1,17 @@
-"""Running one claimed workflow: the step journal, replay, retries, and recording the outcome.
+"""The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
+writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
-A workflow's steps are numbered in call order. A position the journal already holds returns its
-recorded output (or raises its recorded exception) without running; a new position runs the step, with
-retries, and records the final outcome once, fenced by the execution's attempt. Sync workflows run in a
+A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A
+position the journal already holds returns its recorded output (or raises its recorded exception)
+without running; a new position runs the step, with retries, and records the final outcome once,
+fenced by the execution's attempt. Sync workflows run in a
 thread and call back into the worker's loop for every journal operation, so there is one implementation
 of a step call, not two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -23,7 +26,7 @@ import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from .. import codec
+from .. import codec, telemetry
 from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
@@ -33,16 +36,16 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from ..telemetry import tracer
 from .outcomes import describe, pickled, replay
 from .registry import StepSpec
 from .runtime import Runtime
+from .starts import StepStarts
 from .store import StepRecord, Store, retrying, unreachable
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
+NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
 T = TypeVar("T")
-runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
 # journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
@@ -89,6 +92,7 @@ class Execution:
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
+    starts: StepStarts | None = None  # the worker's batcher of step-start notes
     # Per stream key: the next free position in the table, and how far this run's deterministic
     # replay of the workflow body has got (see write_chunk).
     stream_ends: dict[str, int] = field(default_factory=dict)
@@ -156,12 +160,7 @@ class Execution:
         attempt = 1
         while True:
             try:
-                with tracer.start_as_current_span(
-                    f"step {step.name}", attributes={"pgflow.workflow_id": self.workflow_id,
-                                                     "pgflow.step.position": position,
-                                                     "pgflow.step.attempt": attempt},
-                ):
-                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
+                output = await self._attempt(step, position, attempt, args, kwargs)
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
@@ -181,6 +180,37 @@ class Execution:
             await self._record(position, step.name, data, None, None, attempt)
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
+
+    async def _attempt(self, step: StepSpec, position: int, attempt: int, args: Any, kwargs: Any) -> Any:
+        """One attempt of a step, noted as it starts so that one cut short by a crash still counts.
+        The note goes out before the attempt begins and its answer is awaited beside it, so a step
+        costs no round trip more than its record."""
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as noting:
+            noting.start_soon(self._note_start, step.name, position, attempt)
+            await anyio.lowlevel.checkpoint()  # the note's statement is sent before the attempt starts
+            try:
+                with telemetry.step(step.name, self.workflow_id, position, attempt):
+                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
+            except BaseException as exc:  # noqa: BLE001 - raised once the note is in, outside the group
+                failure = exc
+        if failure is not None:
+            raise failure
+        return output
+
+    async def _note_start(self, name: str, position: int, tries: int) -> None:
+        """Note an attempt of a step. Shielded, and bounded: a worker stopping under the step must not
+        cancel the note that counts it, nor wait long for it. A lost lease or a cancellation it learns
+        of is left in ``interrupt``, for the attempt's end to act on."""
+
+        async def note() -> tuple[bool, bool, None]:
+            if self.starts is not None:  # the worker's batch of notes
+                return (*await self.starts.note(self.workflow_id, self.attempt, position, tries), None)
+            [(owner, cancel)] = await self.store.start_steps([(self.workflow_id, self.attempt, position, tries)])
+            return owner, cancel, None
+
+        with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
+            await self.fenced(note, f"start step {name!r}")
 
     async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
         """One attempt of the step, cut short at its timeout (which fails the attempt)."""

@@ -15,12 +15,14 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from .. import telemetry
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
-from ..telemetry import tracer
 from .execution import Execution, current_execution
+from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
 from .registry import WorkflowSpec
 from .runtime import Runtime
+from .starts import StepStarts
 from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
 
@@ -28,8 +30,9 @@ log = logging.getLogger("pgflow.execution")
 
 
 async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
-                  limiter: anyio.CapacityLimiter, writer: StreamWriter | None = None,
-                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None) -> None:
+                  limiter: anyio.CapacityLimiter, writer: StreamWriter, finisher: Finisher,
+                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None,
+                  starts: StepStarts | None = None) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
@@ -45,14 +48,12 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
             journal={} if first else await store.journal(claimed.id),
-            token=anyio.lowlevel.current_token(), writer=writer,
+            token=anyio.lowlevel.current_token(), writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
             loaded_at=loaded_at,
         )
-        with tracer.start_as_current_span(
-            f"workflow {workflow.name}", attributes={"pgflow.workflow_id": claimed.id,
-                                                     "pgflow.attempt": claimed.attempt},
-        ):
+        with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
+                               claimed.waited) as span:
             began = time.monotonic()
             runs.info("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.attempt)
             outcome = refused(claimed)
@@ -67,8 +68,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             cancellers.pop(claimed.id, None)
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
-        if outcome is not None:
-            if await _finish(runtime, store, execution, *outcome, freed=freed):
+            if outcome is not None and await _finish(finisher, execution, *outcome, freed=freed):
+                telemetry.ended(span, workflow.name, claimed.queue, outcome[0], outcome[2])
                 log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
@@ -78,7 +79,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             try:
                 if await retrying(lambda: store.release(claimed.id, claimed.attempt),
                                   f"giving {claimed.id} back to the queue"):
-                    runtime.ping([f"q:{workflow.queue}"])
+                    runtime.ping([f"q:{claimed.queue}"])  # its own queue (with_options may have moved it)
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
@@ -148,30 +149,24 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
     except CancelRequested:
         return "cancelled", None, None
     except ChunkRefused as exc:
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None
     except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
+        telemetry.failed(exc)
         return "failed", None, describe(exc)
     finally:
         current_execution.reset(reset)
 
 
-async def _finish(runtime: Runtime, store: Store, execution: Execution, status: str,
-                  output: bytes | None, error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
-    """Record the end (True when it was this execution's to record); ``freed`` are pings for
-    workers waiting on a limited queue's free slot."""
-    keys = {f"wf:{execution.workflow_id}", *freed}
-    # Tried again while the server is away or drops the statement: an end not recorded would leave the
-    # workflow to its lease. (A first try that committed unseen makes the second find the workflow
-    # ended, which reads as a lost lease: nothing is recorded twice.)
-    with runtime.carrying(keys) as pings:
-        recorded = await retrying(
-            lambda: store.finish(execution.workflow_id, execution.attempt, status, output, error, pings),
-            f"recording the end of {execution.workflow_id}")
-    if recorded:
-        runtime.announced(keys, pings)
+async def _finish(finisher: Finisher, execution: Execution, status: str, output: bytes | None,
+                  error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
+    """Record the end (True when it was this execution's to record), in the worker's next batch of
+    ends; ``freed`` are pings for workers waiting on a limited queue's free slot."""
+    if await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
+                             {f"wf:{execution.workflow_id}", *freed}):
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",
                 execution.workflow_id, execution.attempt, status)

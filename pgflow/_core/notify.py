@@ -7,7 +7,8 @@ table on a slow poll and whenever the listener reconnects. Waiters in the pingin
 directly, with no round trip.
 
 Keys name what changed: ``wf:<id>`` (a workflow finished or was cancelled), ``q:<queue>`` (work was
-enqueued), ``s:<id>:<key>`` (a stream grew). ``*`` wakes everybody.
+enqueued, or fell due), ``s:<id>:<key>`` (a stream grew), ``e:<id>`` (a workflow set an event),
+``m:<id>`` (a message was sent to a workflow). ``*`` wakes everybody.
 
 Everything here belongs to one event loop and is only touched from it: no locks.
 """

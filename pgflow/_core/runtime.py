@@ -53,6 +53,8 @@ class Stats:
     fetch_queries: int = 0
     stream_batches: int = 0
     stream_chunks: int = 0
+    end_batches: int = 0  # statements that recorded workflow ends (each records every end ready)
+    ends: int = 0
 
     def __add__(self, other: Stats) -> Stats:
         summed = Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)})
@@ -73,6 +75,8 @@ class Runtime:
         self.listener: Listener | None = None
         self.writers: set[StreamWriter] = set()  # the stream writers of the workers on this loop
         self.retired_writes = (0, 0)  # batches and chunks of the writers of workers that have stopped
+        self.end_batches = 0  # batches of ends recorded by the finishers of the workers on this loop
+        self.ends = 0
         self._store: Store | None = None
         self._opening = anyio.Lock()
         self._root: asyncio.Task[None] | None = None
@@ -245,7 +249,14 @@ class Runtime:
             fetch_queries=self.fetcher.queries,
             stream_batches=self.retired_writes[0] + sum(w.batches for w in self.writers),
             stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
+            end_batches=self.end_batches,
+            ends=self.ends,
         )
+
+    def count_ends(self, ends: int) -> None:
+        """A finisher on this loop recorded a batch of ``ends`` workflow ends."""
+        self.end_batches += 1
+        self.ends += ends
 
     def retire(self, writer: StreamWriter) -> None:
         self.writers.discard(writer)

@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
+from .. import telemetry
 from ..errors import WorkflowConflict
 from .registry import WorkflowSpec
 from .runtime import Runtime
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
-                  priority: int | None = None, delay: float = 0.0, parent: str | None = None) -> bool:
+                  priority: int | None = None, delay: float = 0.0, parent: str | None = None,
+                  traceparent: str | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
-    workflow of another name raises WorkflowConflict."""
+    workflow of another name raises WorkflowConflict. ``traceparent``: the caller's trace, stored."""
     return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
                                priority=workflow.priority if priority is None else priority, delay=delay,
-                               max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent)
+                               max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
+                               traceparent=traceparent)
 
 
 async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
                         delay: float, max_attempts: int | None, timeout: float | None,
-                        parent: str | None = None) -> bool:
+                        parent: str | None = None, traceparent: str | None = None) -> bool:
     """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
     workflow whose body starts it, cancelled with it."""
     await runtime.store()
     keys = {f"q:{queue}"}
     with runtime.carrying(keys) as pings:
         created, found = await runtime.db(lambda store: store.enqueue(
-            id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent,
+            id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent,
         ))
     if found != name:
         raise WorkflowConflict(
@@ -34,12 +37,13 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     if created:
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
         runtime.announced(keys, pings)
+        telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: name, telemetry.QUEUE: queue})
     return created
 
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
                        queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                       parent: str | None = None) -> None:
+                       parent: str | None = None, traceparent: str | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
@@ -49,10 +53,12 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     with runtime.carrying(keys) as pings:
         found = await runtime.db(lambda store: store.enqueue_many(
             ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-            parent,
+            parent, traceparent,
         ))
-    if any(created for created, _ in found):
+    created = sum(1 for new, _ in found if new)
+    if created:
         runtime.announced(keys, pings)
+        telemetry.workflows_started.add(created, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
     taken = [(id, name) for id, (_, name) in zip(ids, found, strict=True) if name != workflow.name]
     if taken:
         id, name = taken[0]

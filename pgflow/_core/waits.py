@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 import anyio
 
@@ -22,7 +22,6 @@ from .execution import Execution
 SLEEP = "pgflow.sleep"
 SET_EVENT = "pgflow.set_event:"  # + the key
 RECV = "pgflow.recv:"  # + the topic
-SEND = "pgflow.send"  # the position a send from a workflow body takes (its idempotency key)
 
 
 def check_seconds(seconds: object, what: str) -> float:
@@ -37,7 +36,7 @@ async def sleep(execution: Execution, seconds: float) -> None:
     """Sleep until the wake-up time journaled on the first run: in the worker slot when the time left
     is short, otherwise with the slot given back."""
     position, record = execution.entry(SLEEP, "sleep")
-    if record is None or record.wake_at is None or record.remaining is None:
+    if record is None:
         store = execution.store
 
         async def journal() -> tuple[bool, bool, tuple[float, datetime]]:
@@ -47,7 +46,8 @@ async def sleep(execution: Execution, seconds: float) -> None:
 
         left, until = await execution.fenced(journal, "journal a sleep")
     else:
-        left, until = execution.seconds_left(record.remaining or 0.0), record.wake_at
+        left = execution.seconds_left(record.remaining) if record.remaining is not None else 0.0
+        until = record.wake_at or datetime.now(UTC)
     await hold(execution, left, until, f"sleeping (position {position})")
 
 

@@ -28,11 +28,14 @@ from ..version import __version__
 from .checks import check_queue
 from .connecting import linked, where
 from .executor import execute
+from .finisher import Finisher
 from .maintenance import Maintenance, Service, every, schedule
 from .notify import Waiter
+from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
 from .starting import enqueue
+from .starts import StepStarts
 from .store import Claimed, Store
 from .streams.writer import StreamWriter
 
@@ -74,7 +77,10 @@ class Worker:
         self._store: Store | None = None
         self._wake: Waiter | None = None
         self._writer: StreamWriter | None = None
+        self._finisher: Finisher | None = None
+        self._starts: StepStarts | None = None
         self._maintenance: Maintenance | None = None
+        self._warned_names: set[str] = set()
 
     async def __aenter__(self) -> Worker:
         # Made here, not in __init__: anyio needs a running loop to make them.
@@ -92,6 +98,11 @@ class Worker:
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
         runtime.writers.add(self._writer)
+        # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
+        # next claim goes out beside that batch instead of after it.
+        self._finisher = Finisher(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
+                                  queued=self._slot_freed, recorded=runtime.count_ends)
+        self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
@@ -153,12 +164,15 @@ class Worker:
     async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
-        assert self._writer is not None and self._maintenance is not None
+        assert self._writer is not None and self._finisher is not None and self._maintenance is not None
+        assert self._starts is not None
         with self._running_scope:
             try:
                 async with anyio.create_task_group() as tasks:
                     self._tasks = tasks
                     tasks.start_soon(self._writer.run)
+                    tasks.start_soon(self._finisher.run)
+                    tasks.start_soon(self._starts.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     task_status.started()
@@ -188,11 +202,25 @@ class Worker:
             services["retention"] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
                                           lambda: prune(store, retention),
                                           "deleting old finished workflows", shielded=False)
+        services["names"] = every(max(5.0, 3 * self.lease), self._warn_unserved,
+                                  "looking for queued workflows nobody runs")
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
                                                          catch_up=3 * self.lease)
         return services
+
+    async def _warn_unserved(self) -> None:
+        """Warn, once per name, of queued workflows whose name no live worker registered: they would
+        wait forever, silently (a deploy that renamed a workflow, a worker serving the wrong module).
+        ``pgflow status`` reports the same names."""
+        assert self._store is not None
+        for name, count in await self._store.unserved(max(30.0, 3 * self.heartbeat)):
+            if name not in self._warned_names:
+                self._warned_names.add(name)
+                log.warning("%d queued workflows are named %r, which no live worker runs: they wait until a"
+                            " worker that registers that name starts (a renamed workflow? a worker serving"
+                            " another module?)", count, name)
 
     def _start_tick(self, spec: WorkflowSpec) -> Callable[[datetime], Awaitable[object]]:
         async def start(tick: datetime) -> object:
@@ -204,6 +232,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         assert self._store is not None and self._wake is not None and self._tasks is not None
+        assert self._finisher is not None
         assert self._runtime is not None and self._runtime.config is not None
         poll = self._runtime.config.poll_interval
         names = sorted(self.registry.workflows)
@@ -211,7 +240,7 @@ class Worker:
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             self._wake.arm()
-            free = self.concurrency - len(self.running)
+            free = self.concurrency - len(self.running) + self._finisher.pending
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
             # workflow may have work waiting for it.
@@ -268,8 +297,9 @@ class Worker:
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
-            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer, freed,
-                          self._cancellers)
+            assert self._writer is not None and self._finisher is not None
+            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
+                          self._finisher, freed, self._cancellers, self._starts)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -283,6 +313,10 @@ class Worker:
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
             if self._slot_wanted or freed:
                 self._wake.wake()
+
+    def _slot_freed(self) -> None:
+        if self._slot_wanted and self._wake is not None:
+            self._wake.wake()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
@@ -311,13 +345,10 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-async def prune(store: Store, older_than: float, batch: int = 500) -> int:
-    """The retention service's pass: small batches, with a pause between them so the pruning never
-    crowds out the work it runs beside."""
-    deleted = 0
-    while (gone := await store.prune(older_than, batch)) == batch:
-        deleted += gone
-        await anyio.sleep(0.05)
-    if deleted + gone:
-        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted + gone, older_than)
-    return deleted + gone
+async def prune(store: Store, older_than: float, batch: int = PRUNE_BATCH) -> int:
+    """The retention service's pass: small batches, paced so the pruning never crowds out the work
+    it runs beside."""
+    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
+    if deleted:
+        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    return deleted

@@ -14,15 +14,16 @@ from .statements import Statements
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
 # round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
 CLAIM = (
-    "WITH queued AS (SELECT c.id, c.priority, c.due_at FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at"
+    "   FROM unnest(%(queues)s::text[]) AS q(queue)"
     "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
     "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
     "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-    " expired AS (SELECT id, priority, due_at FROM {s}.workflows"
+    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at FROM {s}.workflows"
     "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
     "   AND name = ANY(%(names)s)"
     "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " chosen AS (SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+    " chosen AS (SELECT id, ready_at FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
     "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
     # The claim's commit waits for the disk like any other. (It once did not, on the grounds that a
     # claim lost in a crash leaves the row claimable again; but the claimed execution runs on, and
@@ -34,9 +35,11 @@ CLAIM = (
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
     "  FROM chosen WHERE w.id = chosen.id"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
-    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run)"
-    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, NULL::float8 FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
+    "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited)"
+    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, NULL::float8"
+    " FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
     "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
     "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
@@ -53,6 +56,9 @@ class Claimed:
     attempt: int
     max_attempts: int | None
     seconds_left: float | None  # until the workflow's timeout; None without one
+    queue: str
+    traceparent: str | None  # the caller's trace, when it had one
+    waited: float  # seconds from being due (or its lease running out) to this claim
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
     run: int = 1
@@ -121,9 +127,11 @@ class ClaimStatements(Statements):
         ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
             "lease": lease})
         rows = await cur.fetchall()
-        due = rows[-1][7]
-        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), run)
-                   for id, name, inputs, attempt, max_attempts, left, run, _ in rows[:-1]]
+        due = rows[-1][-1]
+        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), queue,
+                           traceparent, float(waited), run)
+                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, _
+                   in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,

@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from psycopg import AsyncConnection
+
 from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
-          " error->>'type'")
+          " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
+          " CASE WHEN status = 'queued' THEN waiting_for END")
 
 
 class ManagementStatements(Statements):
@@ -67,6 +70,10 @@ class ManagementStatements(Statements):
                 "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
                 " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
                 " 2147483647)"), {"id": workflow_id})
+            # Attempts of steps that ended unrecorded (cut short by a cancellation, a timeout)
+            # are not carried into the new run's count.
+            await conn.execute(self._sql("DELETE FROM {s}.step_attempts WHERE workflow_id = %s"),
+                               (workflow_id,))
             await conn.execute(self._sql(
                 "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = now(),"
                 " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
@@ -145,18 +152,27 @@ class ManagementStatements(Statements):
             cur = await conn.execute("SELECT pg_notification_queue_usage()")
             row = await cur.fetchone()
             usage = float(row[0]) if row else 0.0
-            cur = await conn.execute(self._sql(
-                "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(coalesce("
-                " (SELECT array_agg(DISTINCT n) FROM {s}.workers, unnest(names) AS n"
-                "  WHERE heartbeat_at > now() - make_interval(secs => %s)), '{}'))"
-                " GROUP BY name ORDER BY name"), (silent_after,))
-            orphans = [(str(n), int(c)) for n, c in await cur.fetchall()]
+            orphans = await self._unserved(conn, silent_after)
             cur = await conn.execute(
                 "SELECT pid, extract(epoch FROM now() - state_change) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
                 " AND state_change < now() - make_interval(secs => %s) ORDER BY pid", (stuck_after,))
             stuck = [(int(p), float(s)) for p, s in await cur.fetchall()]
             return usage, orphans, stuck
+
+    async def unserved(self, silent_after: float) -> list[tuple[str, int]]:
+        """Queued workflow names no worker with a heartbeat in the last ``silent_after`` seconds
+        runs, with their counts."""
+        async with self.pool.connection() as conn:
+            return await self._unserved(conn, silent_after)
+
+    async def _unserved(self, conn: AsyncConnection[Any], silent_after: float) -> list[tuple[str, int]]:
+        cur = await conn.execute(self._sql(
+            "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(coalesce("
+            " (SELECT array_agg(DISTINCT n) FROM {s}.workers, unnest(names) AS n"
+            "  WHERE heartbeat_at > now() - make_interval(secs => %s)), '{}'))"
+            " GROUP BY name ORDER BY name"), (silent_after,))
+        return [(str(n), int(c)) for n, c in await cur.fetchall()]
 
     async def prune(self, older_than: float, batch: int) -> int:
         """Delete up to ``batch`` workflows that finished more than ``older_than`` seconds ago, with
@@ -168,6 +184,7 @@ class ManagementStatements(Statements):
                 "   AND finished_at < now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
                 " chunks AS (DELETE FROM {s}.streams WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+                " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
                 " SELECT count(*) FROM gone"), (older_than, batch))
             row = await cur.fetchone()

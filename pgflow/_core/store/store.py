@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from . import migrations
 from .claims import ClaimStatements
+from .ends import EndStatements
 from .management import ManagementStatements
 from .streams import StreamStatements
 from .waits import WaitStatements
@@ -59,7 +60,7 @@ class WorkflowRow:
     error: dict[str, Any] | None
 
 
-class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStatements):
+class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -76,21 +77,22 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
-        parent: str | None = None,
+        parent: str | None = None, traceparent: str | None = None,
     ) -> tuple[bool, str]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
-        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it."""
+        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it, ``traceparent``
+        the starting caller's trace."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s, %s)"
                 " ON CONFLICT (id) DO NOTHING RETURNING name)"
                 " SELECT true, name FROM new"
                 " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
                 " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, id, *pings))
+            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, traceparent, id, *pings))
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -101,6 +103,7 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS, parent: str | None = None,
+        traceparent: str | None = None,
     ) -> list[tuple[bool, str]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow)."""
@@ -108,14 +111,15 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id)"
-                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s FROM asked ORDER BY n"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s, %s"
+                "  FROM asked ORDER BY n"
                 "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
                 " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, *pings))
+            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, traceparent, *pings))
             rows = await cur.fetchall()
         found: list[tuple[bool, str]] = [(False, "")] * len(ids)
         created_here: set[str] = set()
@@ -229,6 +233,30 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
+    async def start_steps(self, notes: Sequence[tuple[str, int, int, int]]) -> list[tuple[bool, bool]]:
+        """Note, for each (workflow id, attempt, position, tries), that the execution holding that
+        attempt starts its ``tries``-th attempt of the step at ``position``, before the step runs, so
+        an attempt cut short by a crash still counts. Returns (still owner, cancel requested) per note.
+
+        Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
+        loses nothing, and only a server crash before the step's record could forget an attempt
+        that the crash itself cut short."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[])"
+                "   WITH ORDINALITY AS a(id, attempt, position, tries, n)),"
+                " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
+                "   ON w.id = a.id AND w.attempt = a.attempt AND w.status = 'running'),"
+                " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
+                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
+                "  ORDER BY id, position, attempt, tries DESC"
+                "  ON CONFLICT (workflow_id, position, attempt)"
+                "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
+                " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"),
+                [list(column) for column in zip(*notes, strict=True)])
+            return [(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
+
     async def record_step(
         self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
@@ -242,11 +270,14 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
             "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            # The attempts every execution started, this one's included: the record counts them all.
+            " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
             " written AS (INSERT INTO {s}.steps"
             "  (workflow_id, position, name, output, error, exception, attempts, attempt, stream_ends)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
-            "   %(attempts)s, %(attempt)s, %(stream_ends)s FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
@@ -254,21 +285,6 @@ class Store(ClaimStatements, StreamStatements, ManagementStatements, WaitStateme
         )
         assert row is not None
         return row[0] is not None, bool(row[0])
-
-    async def finish(
-        self, workflow_id: str, attempt: int, status: str, output: bytes | None,
-        error: dict[str, Any] | None, pings: Pings = NO_PINGS,
-    ) -> bool:
-        """Record the end of an execution; False when the attempt no longer owns the workflow.
-        ``pings`` go out with the commit."""
-        row = await self._fetchone(
-            "WITH done AS (UPDATE {s}.workflows SET status = %s, output = %s, error = %s,"
-            "  finished_at = now(), lease_owner = NULL, lease_expires_at = NULL"
-            "  WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1)"
-            " SELECT (SELECT count(*) FROM done), (SELECT sent FROM " + SEND_PINGS + ")",
-            (status, output, _jsonb(error), workflow_id, attempt, *pings),
-        )
-        return row is not None and bool(row[0])
 
 
 

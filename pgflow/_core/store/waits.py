@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -31,14 +31,14 @@ class WaitStatements(Statements):
             {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "seconds": seconds},
         )
         assert row is not None
-        owner = row[0] is not None and row[1] is not None
-        return owner, bool(row[0]), float(row[2] or 0.0), row[1]
+        return row[0] is not None, bool(row[0]), float(row[2] or 0.0), row[1] or datetime.now(UTC)
 
     async def suspend(self, workflow_id: str, attempt: int, until: datetime,
                       topic: str | None = None) -> tuple[str, str] | None:
-        """Give a running workflow's slot back until ``until``: queued again, due then, its lease
-        released; its next claim does not count against its attempt budget (``attempt_base`` moves
-        with it). A workflow waiting for a message on ``topic`` that is already there is due at once,
+        """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
+        comes first, when the claim fails it): queued again, due then, its lease released; its
+        next claim does not count against its attempt budget (``attempt_base`` moves with it).
+        A workflow waiting for a message on ``topic`` that is already there is due at once,
         and a cancellation asked for meanwhile ends it as cancelled instead. Returns (queue, status
         now), or None when ``attempt`` no longer holds the workflow.
 
@@ -58,7 +58,7 @@ class WaitStatements(Statements):
                 " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
                 " finished_at = CASE WHEN cancel_requested THEN now() END,"
                 " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
-                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN now() ELSE %(until)s END,"
+                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN now() ELSE least(%(until)s, deadline_at) END,"
                 " waiting_for = %(topic)s, attempt_base = attempt_base + 1,"
                 " lease_owner = NULL, lease_expires_at = NULL"
                 " WHERE id = %(id)s RETURNING queue, status"

@@ -24,6 +24,7 @@ from typing import Protocol
 import anyio
 import psycopg
 
+from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from ..store import Store, retrying, unreachable
 
@@ -169,6 +170,8 @@ class StreamWriter:
             return
         self.batches += 1
         self.chunks += len(batch)
+        telemetry.chunks_written.add(len(batch))
+        telemetry.batch_sizes.record(len(batch))
         for p in batch:
             owner = p.owner
             if (owner.workflow_id, owner.attempt) in fenced:

@@ -1,0 +1,55 @@
+"""Group commit of the notes that step attempts are starting, one batcher per worker.
+
+Every step attempt notes its start before it runs (so an attempt cut short by a crash is counted),
+and that note is a round trip the step waits for. Alone, a note goes out at once; while one batch
+is out, the notes of every other execution in the worker gather and go in the next one, so a busy
+worker pays one statement for many step starts instead of one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+
+from .store import Store
+
+Note = tuple[str, int, int, int]  # workflow id, its execution's attempt, step position, tries so far
+
+
+class StepStarts:
+    def __init__(self, store: Store, max_batch: int = 1000) -> None:
+        self._store = store
+        self._max_batch = max_batch
+        self._queue: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]] = []
+        self._wake = anyio.Event()
+
+    async def note(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
+        """Note the start and return (still owner, cancel requested) once its batch committed. A
+        failed batch raises its error in every note of it; each caller retries its own."""
+        done: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
+        self._queue.append(((workflow_id, attempt, position, tries), done))
+        self._wake.set()
+        return await done
+
+    async def run(self) -> None:
+        """Send the gathered notes, one batch at a time, for as long as the worker runs."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._queue:
+                batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
+                with anyio.CancelScope(shield=True):  # a batch cut off halfway would answer nobody
+                    await self._send(batch)
+
+    async def _send(self, batch: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]]) -> None:
+        try:
+            answers = await self._store.start_steps([note for note, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - every waiter gets it, and decides
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, done), answer in zip(batch, answers, strict=True):
+            if not done.done():  # its step may have been cancelled meanwhile
+                done.set_result(answer)
