@@ -42,6 +42,7 @@ from benchmarks.harness import Proc, RunFailed, log
 STATES = ["empty", "filled", "backlog"]
 FILLED = int(os.environ.get("BENCH_FLAT_FILLED", "1000000"))
 BACKLOG = int(os.environ.get("BENCH_FLAT_BACKLOG", "100000"))
+DATABASE = os.environ.get("BENCH_DB_PREFIX", "bench_") + "flat"  # tests use a prefix of their own
 
 
 def copies(conn: Any, schema: str, template: str, n: int, prefix: str, status: str, queue: str | None = None) -> None:
@@ -231,7 +232,7 @@ class Flat:
 def main(a: argparse.Namespace) -> dict[str, Any]:
     dsn = harness.resolve_dsn(a.dsn)
     info = harness.server_info(dsn)
-    db = harness.recreate_database(dsn, "bench_flat")
+    db = harness.recreate_database(dsn, DATABASE)
     logdir = Path(tempfile.mkdtemp(prefix="bench-flat-"))
     bench = Flat(a, db, logdir)
     log(f"flat: PostgreSQL {info['server_version']}; filled {FILLED:,}, backlog {BACKLOG:,}, drain {bench.tasks:,};"
@@ -252,7 +253,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                 else:
                     log(f"  [{repeat + 1}] {state:<8} FAILED: {str(r.get('error'))[:400]}")
     finally:
-        harness.drop_database(dsn, "bench_flat")
+        harness.drop_database(dsn, DATABASE)
     figures: dict[str, dict[str, Any]] = {}
     for state in STATES:
         ok = [r for r in runs if r["state"] == state and r.get("ok")]

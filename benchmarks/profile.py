@@ -20,6 +20,7 @@ CATEGORIES = [
     ("start-up (imports, before the first claim)", r"importlib\._bootstrap"),
     ("claim statement (ClaimStatements.claim)", r"^ClaimStatements\.\w*claim"),
     ("finish statement (Store.finish)", r"^Store\.finish "),
+    ("batched ends (finisher.py)", r"\(finisher\.py"),
     ("other store statements", r"\(store/"),
     ("pings / notify / listen", r"\((notify|listener)\.py"),
     ("heartbeat", r"_heartbeat_loop "),

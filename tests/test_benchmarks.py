@@ -106,3 +106,27 @@ def test_side_by_side_compares_runs_of_the_same_repeat() -> None:
     assert ratios["tasks_per_s"]["median"] == pytest.approx(0.875)
     summary = tasks.summarize(runs, ["pgflow", "celery"])
     assert summary["pgflow"]["tasks_per_s"] == 200 and summary["celery"]["p50_ms"] == 6.5
+
+
+@pytest.mark.slow
+def test_flat_compares_filled_and_backlogged_tables_with_empty_ones(dsn: str, tmp_path: Path) -> None:
+    prefix = f"bt{uuid.uuid4().hex[:8]}_"
+    env = {**os.environ, "BENCH_DB_PREFIX": prefix, "BENCH_FLAT_FILLED": "3000", "BENCH_FLAT_BACKLOG": "2000",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "flat", "--dsn", dsn, "--json", "--tasks", "200",
+                           "--output", str(tmp_path / "flat.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert set(out["systems"]) == {"empty", "filled", "backlog"}
+    report = json.loads((tmp_path / "flat.json").read_text())
+    runs = {r["state"]: r for r in report["runs"]}
+    # The fill really is in the tables: 3,000 finished copies and their 2 chunks each, or the backlog.
+    assert runs["filled"]["rows"] == {"workflows": 3000 + 200 + 1, "streams": 2 * 3000 + 2}
+    assert runs["backlog"]["rows"]["workflows"] == 2000 + 1
+    for r in runs.values():
+        assert r["tasks_per_s"] > 0 and r["chunks_per_s"] > 0
+        assert any("Update on workflows" in line for line in r["claim_plan"])
+    assert set(report["ratios_to_empty"]) >= {"filled/tasks_per_s", "backlog/chunks_per_s"}
+    assert databases(dsn, prefix) == []
+    assert processes_with(prefix) == []
