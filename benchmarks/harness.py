@@ -233,7 +233,8 @@ def plot(benchmark: str, figures: dict[str, dict[str, Any]], path: Path, title: 
         for i, (system, value) in enumerate(zip(systems, values, strict=True)):
             if value is not None:
                 ax.bar(i, value, color=colours(i % 10), label=system)
-                ax.annotate(f"{value:,.0f}" if value >= 100 else f"{value:.1f}", (i, value), ha="center",
+                label = f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+                ax.annotate(label, (i, value), ha="center",
                             va="bottom", fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xticks(range(len(systems)), systems, rotation=45, ha="right", fontsize=8)
