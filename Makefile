@@ -20,7 +20,8 @@ help:
 	@echo "  make web     run the web example (examples/web/app.py) on http://127.0.0.1:8000"
 	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
-	@echo "  make bench   install the [bench] extra (DBOS) and run benchmarks/streams.py"
+	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
+	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
 	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
 	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
 
@@ -60,8 +61,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests
 	$(PY) -m mypy
 
+BENCH ?= tasks
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/streams.py
+	$(PY) -m benchmarks $(BENCH) $(BENCH_ARGS)
 
 clean:
 	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.

@@ -1,0 +1,1 @@
+"""pgflow's benchmarks: ``python -m benchmarks NAME`` (see benchmarks/README.md)."""

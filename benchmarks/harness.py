@@ -1,0 +1,245 @@
+"""What every benchmark of ``python -m benchmarks`` shares: the server it runs on, processes that are always
+stopped, per-system databases, medians and percentiles, and the results file with its plot."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def log(*parts: Any) -> None:
+    """Progress goes to stderr: stdout is kept for --json."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def answers(dsn: str, timeout: float = 3.0) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=int(timeout), autocommit=True) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def resolve_dsn(given: str | None) -> str:
+    """--dsn, else the PostgreSQL 15 of these machines when it answers, else $PGFLOW_DSN."""
+    if given:
+        return given
+    if answers(DEFAULT_DSN):
+        return DEFAULT_DSN
+    env = os.environ.get("PGFLOW_DSN")
+    if env:
+        return env
+    raise SystemExit(f"no server: {DEFAULT_DSN} does not answer and PGFLOW_DSN is not set; pass --dsn")
+
+
+def with_database(dsn: str, name: str) -> str:
+    import psycopg.conninfo
+
+    return psycopg.conninfo.make_conninfo(dsn, dbname=name) if "://" not in dsn else _url_with(dsn, name)
+
+
+def _url_with(dsn: str, name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def recreate_database(admin_dsn: str, name: str) -> str:
+    """Drop (forcing out any session left) and create database ``name``; return its DSN."""
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_info(dsn: str) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'),"
+                           " current_setting('synchronous_commit'), current_setting('max_connections')").fetchone()
+    assert row is not None
+    return {"server_version": row[0], "fsync": row[1], "synchronous_commit": row[2], "max_connections": row[3]}
+
+
+def pg_major(info: dict[str, Any]) -> str:
+    major = str(info.get("server_version") or "").split(".")[0].split()[0]
+    return f"pg{major}" if major.isdigit() else "pg"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "pgflow"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""), **extra}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Proc:
+    """A subprocess in its own process group, logging to a file, stopped (SIGTERM, then SIGKILL of its
+    whole group) by ``stop``; use it as a context manager so that happens in a ``finally``."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name, self.log_path = name, log_path
+        with log_path.open("ab") as out:
+            self.popen = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def check(self, what: str) -> None:
+        if not self.alive():
+            raise RunFailed(f"{self.name} exited ({self.popen.returncode}) while waiting for {what}:\n{self.tail()}")
+
+    def stop(self, wait: float = 10.0) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(wait)
+        with contextlib.suppress(ProcessLookupError):  # whatever of the group is left (children, threads)
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RunFailed(Exception):
+    """One run failed (a process died, a deadline passed): reported, and the other runs go on."""
+
+
+def run_json(argv: list[str], env: dict[str, str], timeout: float, log_path: Path) -> dict[str, Any]:
+    """Run a client process to its end (killed at the deadline) and return the JSON of its last line."""
+    with log_path.open("ab") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=err, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise RunFailed(f"{' '.join(argv[2:5])} overran its {timeout:.0f} s deadline") from exc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = out.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise RunFailed(f"{' '.join(argv[2:5])} exited {proc.returncode}:\n{tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def save(benchmark: str, info: dict[str, Any], report: dict[str, Any], figures: dict[str, dict[str, Any]],
+         output: str | None = None) -> Path:
+    """Write the report as JSON under benchmarks/results/ (or ``output``) and its plot beside it."""
+    RESULTS.mkdir(exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
+    out = Path(output) if output else RESULTS / f"{benchmark}-{stamp}-{pg_major(info)}.json"
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    with contextlib.suppress(ImportError):
+        plot(benchmark, figures, out.with_suffix(".png"), f"{benchmark} on PostgreSQL {info.get('server_version')}"
+             f", {report.get('date', '')}")
+    return out
+
+
+def plot(benchmark: str, figures: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """One grouped bar chart: a group per figure, a bar per system, each figure on its own axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = list(figures)
+    names = [n for n in dict.fromkeys(k for f in figures.values() for k, v in f.items()
+                                       if isinstance(v, (int, float)) and not isinstance(v, bool))]
+    if not systems or not names:
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names) + 1, 4.2), squeeze=False)
+    colours = plt.get_cmap("tab10")
+    for ax, name in zip(axes[0], names, strict=True):
+        values = [figures[s].get(name) for s in systems]
+        for i, (system, value) in enumerate(zip(systems, values, strict=True)):
+            if value is not None:
+                ax.bar(i, value, color=colours(i % 10), label=system)
+                label = f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+                ax.annotate(label, (i, value), ha="center",
+                            va="bottom", fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(range(len(systems)), systems, rotation=45, ha="right", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    fig.suptitle(title + "  (medians; _per_s: higher is better, _ms/_s: lower is better)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
