@@ -45,7 +45,7 @@ class StreamRead:
     when its answer is in (or when it is the one to run the query)."""
 
     __slots__ = ("workflow_id", "key", "offset", "_fetcher", "_signal", "asked", "in_flight", "again",
-                 "runs_fetch", "chunks", "ended", "error", "closed", "outage")
+                 "runs_fetch", "chunks", "held", "ended", "error", "closed", "outage")
 
     def __init__(self, fetcher: ChunkFetcher, workflow_id: str, key: str, offset: int) -> None:
         self.workflow_id = workflow_id
@@ -58,6 +58,7 @@ class StreamRead:
         self.again = False  # pinged since its query began: ask again once the answer is taken
         self.runs_fetch = False  # this reader's task is to run the query for everyone asked
         self.chunks: Chunks | None = None  # fetched, not yet taken by the reader
+        self.held = False  # taken: its consumer is busy with it (this reader's task is not waiting)
         self.ended = False
         self.error: BaseException | None = None
         self.closed = False
@@ -96,7 +97,7 @@ class ChunkFetcher:
         """Have ``read`` fetched by the next query (or again after the one it is in)."""
         if read.closed or read.asked or read.ended or read.error is not None:
             return
-        if read.in_flight or read.chunks is not None:
+        if read.in_flight or read.chunks is not None or read.held:
             read.again = True
             return
         read.asked = True
@@ -221,7 +222,9 @@ async def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str
                 raise read.error
             chunks, read.chunks = read.chunks, None
             if chunks:
+                read.held = True  # asked while held, it would have to run the next query for everyone
                 yield chunks
+                read.held = False
                 fetcher.idle(read)
             elif read.ended:
                 return
