@@ -14,6 +14,8 @@ import pytest
 
 import pgflow
 
+from .servers import EmbeddedServer
+
 pytestmark = pytest.mark.anyio
 
 WAIT = 60.0
@@ -280,6 +282,7 @@ async def test_the_worker_warns_once_per_name_of_queued_workflows_nobody_runs(
     (lambda dsn: dsn.replace("postgres@", "no_such_role_xyz@"), "does not exist"),
     (lambda dsn: "postgresql://127.0.0.1:1/test", "nothing accepts connections"),
     (lambda dsn: "postgresql://[not a host", "malformed"),
+    (lambda dsn: "postgresql://postgres@no-such-host.invalid:5432/test", "does not resolve"),
 ])
 def test_errors_waiting_cannot_fix_raise_configuration_error_within_3_seconds(
     schema: str, dsn_of: Any, words: str,
@@ -296,3 +299,29 @@ def test_errors_waiting_cannot_fix_raise_configuration_error_within_3_seconds(
             pass
     except psycopg.OperationalError:
         pytest.skip("no PostgreSQL 15 at 127.0.0.1:5432 to compare with")
+
+
+def test_a_wrong_password_raises_configuration_error_within_3_seconds(embedded_server: EmbeddedServer,
+                                                                      schema: str) -> None:
+    """The test servers trust every connection; for this test one role of the embedded server must
+    give a password (a line of its own at the top of pg_hba.conf, taken out again afterwards)."""
+    hba = embedded_server.pgdata / "pg_hba.conf"
+    before = hba.read_text()
+    with psycopg.connect(embedded_server.dsn, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS pgflow_password_probe")
+        conn.execute("CREATE ROLE pgflow_password_probe LOGIN PASSWORD 'the-right-one'")
+        hba.write_text("local all pgflow_password_probe scram-sha-256\n" + before)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        dsn = embedded_server.dsn.replace("postgres@", "pgflow_password_probe:secret-but-wrong@", 1)
+        t0 = time.monotonic()
+        with pytest.raises(pgflow.ConfigurationError, match="password authentication failed") as raised:
+            with pgflow.App(dsn, schema=schema) as app:
+                app.migrate()
+        assert time.monotonic() - t0 < 3.0
+        assert "check the password" in str(raised.value) and "secret-but-wrong" not in str(raised.value)
+    finally:
+        hba.write_text(before)
+        with psycopg.connect(embedded_server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute("DROP ROLE IF EXISTS pgflow_password_probe")

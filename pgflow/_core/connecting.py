@@ -20,6 +20,7 @@ _EXPLANATIONS = (
     ("no password supplied", "the server wants a password: put it in the DSN, PGPASSWORD or ~/.pgpass"),
     ("does not exist", "check the database and user names in the DSN"),
     ("could not translate host name", "the host name does not resolve: check the DSN's host"),
+    ("failed to resolve host", "the host name does not resolve: check the DSN's host"),  # psycopg's own lookup
     ("connection refused", "nothing accepts connections there: is PostgreSQL running, on that port?"),
     ("no such file or directory", "no server socket there: is PostgreSQL running, with that socket directory?"),
     ("timeout expired", f"no answer within {CONNECT_TIMEOUT} s: check the host, the port and any firewall"),
