@@ -19,9 +19,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import psycopg
 
+from .batches import GroupCommit
 from .store import Store, retrying, unreachable
 
 
@@ -49,27 +49,24 @@ class _End:
             self.done.set_result(None)
 
 
-class Finisher:
+class Finisher(GroupCommit[_End]):
     """Group commit for the ends of every execution in one worker. ``queued`` is called when an end
     joins the queue (its workflow's slot is free), ``recorded`` with the size of each batch written."""
+
+    drains = True  # the ends of workflows whose bodies are done: a stopping worker records them
 
     def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
                  wake: Callable[[set[str]], None], queued: Callable[[], None] = lambda: None,
                  recorded: Callable[[int], None] = lambda ends: None, max_batch: int = 1000,
                  max_in_flight: int = 2) -> None:
+        super().__init__(max_batch, max_in_flight)
         self._store = store
         self._queued = queued
         self._recorded = recorded
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
-        self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._queue: list[_End] = []
-        self._wake = anyio.Event()
-        self._in_flight = 0
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
-        self._stopped = False
 
     async def finish(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
                      error: dict[str, Any] | None, keys: set[str]) -> bool:
@@ -78,46 +75,14 @@ class Finisher:
         end = _End(workflow_id, attempt, status, output, error, keys)
         self.pending += 1
         try:
-            if self._stopped:  # no loop sends batches any more: this end goes alone
-                await self._flush([end])
-            else:
-                self._queue.append(end)
-                self._wake.set()
-                self._queued()
-                await end.done
+            await self._submit(end)
+            self._queued()
+            await end.done
         finally:
             self.pending -= 1
         if end.failure is not None:
             raise end.failure
         return end.recorded
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Send batches until cancelled; then the ends still queued go out too, since their workflows
-        are done and only wait to be recorded (a worker stopping at once must not lose them)."""
-        try:
-            async with anyio.create_task_group() as flushes:
-                task_status.started()
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    while self._queue and self._in_flight < self._max_in_flight:
-                        batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
-                        self._in_flight += 1
-                        flushes.start_soon(self._flush_then_free, batch)
-        finally:
-            self._stopped = True
-            with anyio.CancelScope(shield=True):
-                while self._queue:
-                    batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
-                    await self._flush(batch)
-
-    async def _flush_then_free(self, batch: list[_End]) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._flush(batch)
-        finally:
-            self._in_flight -= 1
-            self._wake.set()
 
     async def _flush(self, batch: list[_End]) -> None:
         keys = set().union(*(end.keys for end in batch))

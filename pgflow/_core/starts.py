@@ -10,52 +10,29 @@ from __future__ import annotations
 
 import asyncio
 
-import anyio
-
+from .batches import GroupCommit
 from .store import Store
 
 Note = tuple[str, int, int, int]  # workflow id, its execution's attempt, step position, tries so far
 
 
-class StepStarts:
+class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
+    """One batch of notes at a time: while it is out, the next gathers."""
+
+    drains = True  # a step cut short by the worker stopping waits for its note, which counts it
+
     def __init__(self, store: Store, max_batch: int = 1000) -> None:
+        super().__init__(max_batch, max_in_flight=1)
         self._store = store
-        self._max_batch = max_batch
-        self._queue: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]] = []
-        self._wake = anyio.Event()
-        self._stopped = False
 
     async def note(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
         """Note the start and return (still owner, cancel requested) once its batch committed. A
         failed batch raises its error in every note of it; each caller retries its own."""
         done: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
-        note = (workflow_id, attempt, position, tries)
-        if self._stopped:  # no loop sends batches any more: this note goes alone
-            await self._send([(note, done)])
-        else:
-            self._queue.append((note, done))
-            self._wake.set()
+        await self._submit(((workflow_id, attempt, position, tries), done))
         return await done
 
-    async def run(self) -> None:
-        """Send the gathered notes, one batch at a time, for as long as the worker runs; then those
-        still queued (a step cut short by the worker stopping waits for its note, which counts it)."""
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._queue:
-                    batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
-                    with anyio.CancelScope(shield=True):  # a batch cut off halfway would answer nobody
-                        await self._send(batch)
-        finally:
-            self._stopped = True
-            with anyio.CancelScope(shield=True):
-                while self._queue:
-                    batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
-                    await self._send(batch)
-
-    async def _send(self, batch: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]]) -> None:
+    async def _flush(self, batch: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]]) -> None:
         try:
             answers = await self._store.start_steps([note for note, _ in batch])
         except Exception as exc:  # noqa: BLE001 - every waiter gets it, and decides

@@ -21,11 +21,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-import anyio
 import psycopg
 
 from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
+from ..batches import GroupCommit
 from ..store import Store, retrying, unreachable
 
 log = logging.getLogger("pgflow.streams")
@@ -66,20 +66,19 @@ class _Pending:
             self.done.set_result(None)
 
 
-class StreamWriter:
-    """Group commit for the chunks of every execution in one worker."""
+class StreamWriter(GroupCommit[_Pending]):
+    """Group commit for the chunks of every execution in one worker. A stream's chunks never ride in
+    two batches in flight at once: each batch commits a stream's chunks in order, after every earlier
+    one, so a reader never sees a gap, and a batch that fails leaves nothing of its streams committed
+    behind it."""
 
     def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
                  wake: Callable[[set[str]], None], max_batch: int = 5000, max_in_flight: int = 2) -> None:
+        super().__init__(max_batch, max_in_flight)
         self._store = store
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
-        self._max_batch = max_batch
-        self._max_in_flight = max_in_flight
-        self._queue: list[_Pending] = []
-        self._wake = anyio.Event()
-        self._in_flight = 0
         self._busy: set[tuple[str, str]] = set()  # (workflow, key) with a chunk in a batch in flight
         self.batches = 0
         self.chunks = 0
@@ -87,30 +86,10 @@ class StreamWriter:
     async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
         """Queue one chunk and return once its batch has committed."""
         pending = _Pending(owner, key, position, value)
-        self._queue.append(pending)
-        self._wake.set()
+        self._put(pending)
         await pending.done
         if pending.error is not None:
             raise pending.error
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Send batches, up to ``max_in_flight`` at once so that the database commits one batch while
-        this process gathers the next. A stream's chunks never ride in two batches in flight at once:
-        each batch commits a stream's chunks in order, after every earlier one, so a reader never
-        sees a gap, and a batch that fails leaves nothing of its streams committed behind it."""
-        async with anyio.create_task_group() as flushes:
-            task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._queue and self._in_flight < self._max_in_flight:
-                    batch = self._take_batch()
-                    if not batch:
-                        break
-                    streams = {(p.owner.workflow_id, p.key) for p in batch}
-                    self._busy |= streams
-                    self._in_flight += 1
-                    flushes.start_soon(self._flush_then_free, batch, streams)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -124,16 +103,11 @@ class StreamWriter:
             else:
                 batch.append(p)
         self._queue = waiting
+        self._busy |= {(p.owner.workflow_id, p.key) for p in batch}
         return batch
 
-    async def _flush_then_free(self, batch: list[_Pending], streams: set[tuple[str, str]]) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._flush(batch)
-        finally:
-            self._busy -= streams
-            self._in_flight -= 1
-            self._wake.set()
+    def _sent(self, batch: list[_Pending]) -> None:
+        self._busy -= {(p.owner.workflow_id, p.key) for p in batch}
 
     async def _flush(self, batch: list[_Pending]) -> None:
         """Write a batch. A batch refused by the server for its content (not an outage) is split
