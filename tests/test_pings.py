@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
@@ -41,7 +42,10 @@ def noop_app(dsn: str, schema: str) -> tuple[pgflow.App, pgflow.Workflow[[], Non
     return app, noop
 
 
-async def test_sequential_starts_each_send_their_ping_at_once(dsn: str, schema: str) -> None:
+async def queue_pings(dsn: str, schema: str, start: Callable[[pgflow.Workflow[[], None]], Awaitable[object]],
+                      within: float) -> tuple[float, list[float]]:
+    """Run ``start`` with a no-op workflow of an App whose notifier interval is ``INTERVAL``, and
+    return when it began and when each NOTIFY naming the queue arrived within ``within`` seconds."""
     app, noop = noop_app(dsn, schema)
     try:
         await app.migrate_async()
@@ -49,31 +53,30 @@ async def test_sequential_starts_each_send_their_ping_at_once(dsn: str, schema: 
         conn = await listen(dsn, schema)
         async with conn:
             began = time.monotonic()
-            for n in range(3):
-                await noop.with_options(id=f"seq-{n}").start_async()
-            # Each start committed before the next began: each carried its own ping, so all three
-            # arrive long before one notifier interval has passed.
-            await collect(conn, seen, began + INTERVAL * 0.8)
-        pings = [at for at, keys in seen if "q:default" in keys]
-        assert len(pings) == 3, seen
-        assert max(pings) - began < INTERVAL * 0.8
+            await start(noop)
+            await collect(conn, seen, began + within)
+        return began, [at for at, keys in seen if "q:default" in keys]
     finally:
         await app.close_async()
+
+
+async def test_sequential_starts_each_send_their_ping_at_once(dsn: str, schema: str) -> None:
+    async def one_after_another(noop: pgflow.Workflow[[], None]) -> None:
+        for n in range(3):
+            await noop.with_options(id=f"seq-{n}").start_async()
+
+    began, pings = await queue_pings(dsn, schema, one_after_another, INTERVAL * 0.8)
+    # Each start committed before the next began: each carried its own ping, so all three arrive
+    # long before one notifier interval has passed.
+    assert len(pings) == 3, pings
+    assert max(pings) - began < INTERVAL * 0.8
 
 
 async def test_concurrent_starts_share_pings(dsn: str, schema: str) -> None:
-    app, noop = noop_app(dsn, schema)
-    try:
-        await app.migrate_async()
-        seen: list[tuple[float, list[str]]] = []
-        conn = await listen(dsn, schema)
-        async with conn:
-            began = time.monotonic()
-            await asyncio.gather(*(noop.with_options(id=f"con-{n}").start_async() for n in range(20)))
-            await collect(conn, seen, began + INTERVAL * 1.7)
-        pings = [keys for _, keys in seen if "q:default" in keys]
-        # One start carries its ping while the others are under way; theirs wait for the notifier,
-        # which sends them together after its interval.
-        assert 1 <= len(pings) <= 3, seen
-    finally:
-        await app.close_async()
+    async def all_at_once(noop: pgflow.Workflow[[], None]) -> None:
+        await asyncio.gather(*(noop.with_options(id=f"con-{n}").start_async() for n in range(20)))
+
+    _, pings = await queue_pings(dsn, schema, all_at_once, INTERVAL * 1.7)
+    # One start carries its ping while the others are under way; theirs wait for the notifier,
+    # which sends them together after its interval.
+    assert 1 <= len(pings) <= 3, pings
