@@ -54,11 +54,18 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
-        async def ended() -> WorkflowRow | None:
-            row = await self._row()
-            return row if row.status in ENDED else None
+        runtime = self._client.runtime()
+        seen: WorkflowRow | None = None
 
-        row = await self._client.runtime().wait_for([f"wf:{self.id}"], ended, timeout)
+        async def ended() -> WorkflowRow | None:
+            nonlocal seen
+            end = None if seen is None else runtime.waiters.take_end(seen)  # its ping carried it: no read
+            if end is not None:
+                return end
+            seen = await self._row()
+            return seen if seen.status in ENDED else None
+
+        row = await runtime.wait_for([f"wf:{self.id}"], ended, timeout)
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)

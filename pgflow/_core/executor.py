@@ -169,7 +169,7 @@ async def _finish(finisher: Finisher, execution: Execution, status: str, output:
     it stops) rather than giving a finished workflow back to be run again."""
     with anyio.CancelScope(shield=True):
         recorded = await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
-                                         {f"wf:{execution.workflow_id}", *freed})
+                                         set(freed))
     if recorded:
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",

@@ -56,6 +56,7 @@ class WorkflowRow:
     id: str
     name: str
     status: str
+    attempt: int  # claims so far: an end read of attempt N is newer than a row read before it ran
     output: bytes | None
     error: dict[str, Any] | None
 
@@ -141,7 +142,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     async def workflow(self, id: str) -> WorkflowRow | None:
         row = await self._fetchone(
-            "SELECT id, name, status, output, error FROM {s}.workflows WHERE id = %s", (id,)
+            "SELECT id, name, status, attempt, output, error FROM {s}.workflows WHERE id = %s", (id,)
         )
         return None if row is None else WorkflowRow(*row)
 
