@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 from ._core.checks import MAX_ID_BYTES, check_reader, check_text
 from ._core.client import Client
 from ._core.execution import journaling
+from ._core.news import as_started
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, take
 from .codec import decode, encode
@@ -59,8 +60,13 @@ class WorkflowHandle(Generic[R]):
 
         async def ended() -> WorkflowRow | None:
             nonlocal seen
-            end = None if seen is None else runtime.waiters.take_end(seen)  # its ping carried it: no read
-            if end is not None:
+            news = runtime.waiters.news
+            if seen is None:
+                known, end = news.first_look(self.id)  # started here, and every ping since heard
+                if known:
+                    seen = as_started(self.id)
+                    return end
+            elif end := news.take_end(seen):  # its ping carried its end
                 return end
             seen = await self._row()
             return seen if seen.status in ENDED else None

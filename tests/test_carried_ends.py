@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import pgflow
-from pgflow._core.notify import Waiters
+from pgflow._core.news import EndNews
 from pgflow._core.store import WorkflowRow
 from pgflow._core.store.ends import CARRY_AT_MOST
 
@@ -56,19 +56,62 @@ async def test_results_come_with_their_end_pings(app: pgflow.App, worker_app: pg
     assert 1 <= app.stats().results_from_pings <= len(sizes) - 1
 
 
-async def test_a_late_ping_does_not_answer_for_a_later_run() -> None:
-    waiters = Waiters()
+async def test_a_wait_needs_no_read_for_a_workflow_started_while_listening(app: pgflow.App,
+                                                                           worker_app: pgflow.App) -> None:
+    gate = asyncio.Event()
+
+    async def gated(n: int) -> int:
+        if n == 0:
+            await gate.wait()
+        return n
+
+    worker_app.workflow(name="carried.gated")(gated)
+    caller = app.workflow(name="carried.gated")(gated)
+    await worker_app.migrate_async()
+    async with worker_app.worker():
+        first = await caller.start_async(0)  # started before anything listened: its wait reads
+        waiting = asyncio.create_task(first.result_async(timeout=60))
+        while app.stats().listeners_connected == 0:
+            await asyncio.sleep(0.02)
+        before = app.stats().results_from_pings
+        quick = await caller.start_async(1)  # its end pings a listener that already listened
+        assert await quick.result_async(timeout=60) == 1
+        assert app.stats().results_from_pings == before + 1
+        gate.set()
+        assert await waiting == 0
+
+
+def test_a_late_ping_does_not_answer_for_a_later_run() -> None:
+    news = EndNews()
     end = 'o:["w1", "wf.name", "failed", 3, null, {"type": "ValueError", "message": "old"}]'
-    with waiters.watching(["wf:w1"]):
-        # The end of attempt 3 arrives after the workflow was resumed: its row, read meanwhile, is
-        # queued again at attempt 3. That end is not the resumed run's.
-        waiters.wake([end])
-        assert waiters.take_end(WorkflowRow("w1", "wf.name", "queued", 3, None, None)) is None
-        # Read while attempt 3 ran, the same end is the answer.
-        waiters.wake([end])
-        taken = waiters.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None))
-        assert taken is not None and taken.status == "failed" and taken.error == {"type": "ValueError",
-                                                                                    "message": "old"}
-    # Nobody waits: nothing is kept.
-    waiters.wake([end])
-    assert waiters.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None)) is None
+    news.watch("w1")
+    # The end of attempt 3 arrives after the workflow was resumed: its row, read meanwhile, is queued
+    # again at attempt 3. That end is not the resumed run's.
+    news.hear([end])
+    assert news.take_end(WorkflowRow("w1", "wf.name", "queued", 3, None, None)) is None
+    # Read while attempt 3 ran, the same end is the answer.
+    news.hear([end])
+    taken = news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None))
+    assert taken is not None and taken.status == "failed" and taken.error == {"type": "ValueError", "message": "old"}
+    # Nobody waits any more: nothing is kept.
+    news.unwatch("w1")
+    news.hear([end])
+    assert news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None)) is None
+
+
+def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
+    news = EndNews()
+    end = 'o:["quiet-end", "wf.name", "succeeded", 1, "bnVsbA==", null]'
+    news.started(["quiet", "quiet-end", "pinged", "deaf"], news.epoch)
+    news.started(["unheard"], None)  # the listener did not listen when it was started
+    news.hear([end, "wf:quiet-end", "wf:pinged"])  # "pinged": cancelled, say; its end rode on nothing
+    assert news.first_look("quiet") == (True, None)  # nothing heard: it has not ended
+    known, got = news.first_look("quiet-end")
+    assert known and got is not None and got.output == b"null"
+    assert news.first_look("pinged") == (False, None)
+    assert news.first_look("unheard") == (False, None)
+    epoch = news.epoch
+    news.forget()  # the listener stopped: pings may have passed this loop by
+    assert news.first_look("deaf") == (False, None)
+    news.started(["late"], epoch)  # sent before the listener stopped, created after
+    assert news.first_look("late") == (False, None)

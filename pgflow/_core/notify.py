@@ -18,14 +18,12 @@ Everything here belongs to one event loop and is only touched from it: no locks.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -33,14 +31,13 @@ import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from .store import WorkflowRow, unreachable
+from .news import ENDED, EndNews
+from .store import unreachable
 
 log = logging.getLogger("pgflow.notify")
 
 T = TypeVar("T")
 WAKE_ALL = "*"
-CARRIED_END = "o:"
-ENDED_PREFIX = "wf:"
 PAYLOAD_LIMIT = 7900  # Postgres refuses payloads of 8000 bytes or more; keep a margin for framing.
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" ping is cheaper
 OUTAGE_LIMIT = 60.0  # seconds a waiter tolerates a database it cannot reach
@@ -132,9 +129,7 @@ class Waiters:
         self._by_key: dict[str, set[Wakeable]] = {}
         self._on_wait = on_wait
         self.ticks = PollTicks()
-        self._ends_watched = 0  # keys "wf:<id>" waited on: carried ends are read only when some are
-        self._ended: dict[str, WorkflowRow] = {}  # carried ends of workflows waited on, until taken
-        self.ends_taken = 0
+        self.news = EndNews()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -143,8 +138,8 @@ class Waiters:
         waiting = self._by_key.get(key)
         if waiting is None:
             waiting = self._by_key[key] = set()
-            if key.startswith(ENDED_PREFIX):
-                self._ends_watched += 1
+            if key.startswith(ENDED):
+                self.news.watch(key[len(ENDED):])
         waiting.add(waiter)
         self._on_wait()
 
@@ -154,26 +149,13 @@ class Waiters:
             waiting.discard(waiter)
             if not waiting:
                 del self._by_key[key]
-                if key.startswith(ENDED_PREFIX):
-                    self._ends_watched -= 1
-                    self._ended.pop(key[len(ENDED_PREFIX):], None)
+                if key.startswith(ENDED):
+                    self.news.unwatch(key[len(ENDED):])
 
-    def take_end(self, seen: WorkflowRow) -> WorkflowRow | None:
-        """The end of a waited-on workflow that a ping carried since its row was ``seen``, if one did."""
-        end = self._ended.pop(seen.id, None)
-        if end is None or not supersedes(end, seen):
-            return None
-        self.ends_taken += 1
-        return end
-
-    def wake(self, keys: Iterable[str]) -> None:
-        if self._ends_watched:
-            for key in keys:
-                if key.startswith(CARRIED_END):
-                    end = carried_end(key)
-                    if end is not None and ENDED_PREFIX + end.id in self._by_key:
-                        self._ended[end.id] = end
+    def wake(self, keys: Collection[str]) -> None:
+        self.news.hear(keys)
         if WAKE_ALL in keys:
+            self.news.forget()
             for waiting in self._by_key.values():
                 for waiter in waiting:
                     waiter.wake()
@@ -247,22 +229,6 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
         if left <= 0:
             return None
         await waiter.wait(left if left < poll else None)
-
-
-def carried_end(key: str) -> WorkflowRow | None:
-    """The workflow end an ``o:`` ping carries (None for one that does not parse)."""
-    try:
-        id, name, status, attempt, output, error = msgspec.json.decode(
-            key[len(CARRIED_END):], type=tuple[str, str, str, int, str | None, dict[str, Any] | None])
-        return WorkflowRow(id, name, status, attempt, None if output is None else base64.b64decode(output), error)
-    except (msgspec.DecodeError, binascii.Error):
-        return None
-
-
-def supersedes(end: WorkflowRow, seen: WorkflowRow) -> bool:
-    """Whether a carried ``end`` happened after the row was ``seen``: a ping can arrive late, after
-    the workflow was resumed (queued again, same attempt), and must not pass for the new run's end."""
-    return end.attempt > seen.attempt or (end.attempt == seen.attempt and seen.status == "running")
 
 
 def payloads_for(token: str, keys: set[str]) -> list[str]:

@@ -163,6 +163,13 @@ class Runtime:
         self.waiters.wake(keys)
         self.hub.wake_elsewhere(self, keys)
 
+    def hearing(self) -> int | None:
+        """While this loop's listener listens, the epoch of what it heard (see ``EndNews``); None
+        when it does not, so pings may pass it by."""
+        if self.ping_token() is None or self.listener is None or not self.listener.connected:
+            return None
+        return self.waiters.news.epoch
+
     def ping_token(self) -> str | None:
         """What this process's pings are signed with; None when it pings no other process."""
         if self.config is None or self.config.notify == "off":
@@ -258,7 +265,7 @@ class Runtime:
             stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
             end_batches=self.end_batches,
             ends=self.ends,
-            results_from_pings=self.waiters.ends_taken,
+            results_from_pings=self.waiters.news.taken,
         )
 
     def count_ends(self, ends: int) -> None:
