@@ -77,8 +77,8 @@ class Finisher(GroupCommit[_End]):
         end = _End(workflow_id, attempt, status, output, error, keys)
         self.pending += 1
         try:
+            self._queued()  # its slot is free: the next claim may go out beside this end's batch
             await self._submit(end)
-            self._queued()
             await end.done
         finally:
             self.pending -= 1
