@@ -29,12 +29,12 @@ from .store import Store, retrying, unreachable
 class _End:
     """An end waiting for its batch; ``recorded`` says whether the execution still owned it."""
 
-    __slots__ = ("workflow_id", "attempt", "status", "output", "error", "keys", "done", "recorded", "failure")
+    __slots__ = ("workflow_id", "lease", "status", "output", "error", "keys", "done", "recorded", "failure")
 
-    def __init__(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
+    def __init__(self, workflow_id: str, lease: int, status: str, output: bytes | None,
                  error: dict[str, Any] | None, keys: set[str]) -> None:
         self.workflow_id = workflow_id
-        self.attempt = attempt
+        self.lease = lease
         self.status = status
         self.output = output
         self.error = error
@@ -70,11 +70,12 @@ class Finisher(GroupCommit[_End]):
         self._wake_local = wake
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
 
-    async def finish(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
+    async def finish(self, workflow_id: str, lease: int, status: str, output: bytes | None,
                      error: dict[str, Any] | None, keys: set[str]) -> bool:
-        """Record an end once its batch has committed; False when the attempt no longer owned the
-        workflow. ``keys`` are pinged with the commit, besides the end's own ``wf:`` ping."""
-        end = _End(workflow_id, attempt, status, output, error, keys)
+        """Record an end once its batch has committed; False when its claim (``lease``, the claim's
+        token) no longer held the workflow. ``keys`` are pinged with the commit, besides the end's own
+        ``wf:`` ping."""
+        end = _End(workflow_id, lease, status, output, error, keys)
         self.pending += 1
         try:
             self._queued()  # its slot is free: the next claim may go out beside this end's batch
@@ -91,7 +92,7 @@ class Finisher(GroupCommit[_End]):
         pings = self._payloads(keys)
         try:
             recorded = await retrying(lambda: self._store.finish_many(
-                [e.workflow_id for e in batch], [e.attempt for e in batch], [e.status for e in batch],
+                [e.workflow_id for e in batch], [e.lease for e in batch], [e.status for e in batch],
                 [e.output for e in batch], [e.error for e in batch], self._channel, pings, self._token,
             ), f"recording the end of {len(batch)} workflows")
         except Exception as exc:  # noqa: BLE001 - given to the ends it concerns
@@ -105,7 +106,7 @@ class Finisher(GroupCommit[_End]):
             return
         self._recorded(len(batch))
         for end in batch:
-            told = recorded.get((end.workflow_id, end.attempt))
+            told = recorded.get((end.workflow_id, end.lease))
             if told is not None:
                 keys.update(told)
             end.resolve(recorded=told is not None)

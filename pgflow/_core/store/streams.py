@@ -38,7 +38,7 @@ class StreamStatements(Statements):
             return {str(key): int(end) for key, end in await cur.fetchall()}
 
     async def write_chunks(
-        self, workflow_ids: list[str], attempts: list[int], keys: list[str], positions: list[int],
+        self, workflow_ids: list[str], leases: list[int], keys: list[str], positions: list[int],
         values: list[bytes | None], channel: str, pings: list[str], again: bool = False,
     ) -> tuple[set[tuple[str, int]], set[str]]:
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
@@ -46,31 +46,32 @@ class StreamStatements(Statements):
         ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
         transaction.
 
-        Each chunk is written only if its execution still holds its workflow (fencing). Returns the
-        (workflow id, attempt) pairs that were fenced out and the ids whose cancellation was requested.
+        Each chunk is written only if its execution still holds its workflow (fencing by the claim's
+        token, ``leases``). Returns the (workflow id, lease) pairs that were fenced out and the ids
+        whose cancellation was requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
         """
-        document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, attempts, keys, positions, values,
+        document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, leases, keys, positions, values,
                                                               strict=True)])
-        owners = sorted(set(zip(workflow_ids, attempts, strict=True)))
+        owners = sorted(set(zip(workflow_ids, leases, strict=True)))
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 # One JSON document for the whole batch: msgspec encodes it far faster than psycopg
                 # dumps five arrays element by element. The owners come apart, in id order (the order
                 # rows are locked in everywhere), so the workflows are found by their primary key,
                 # not by a scan of every running workflow.
-                "WITH owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
+                "WITH owners AS (SELECT w.id, w.lease_token, w.cancel_requested FROM {s}.workflows w"
                 "   WHERE w.id = ANY(%b::text[]) AND w.status = 'running' ORDER BY w.id FOR SHARE),"
                 " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
                 "   SELECT b.w, b.k, b.p, decode(b.v, 'base64')"
-                "   FROM json_to_recordset(%b::json) AS b(w text, a int, k text, p int, v text)"
-                "   JOIN owners o ON o.id = b.w AND o.attempt = b.a"
+                "   FROM json_to_recordset(%b::json) AS b(w text, a int8, k text, p int, v text)"
+                "   JOIN owners o ON o.id = b.w AND o.lease_token = b.a"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT a.id, a.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
-                " FROM unnest(%b::text[], %b::int[]) AS a(id, attempt)"
-                " LEFT JOIN owners o ON o.id = a.id AND o.attempt = a.attempt"
+                " SELECT a.id, a.lease, o.id IS NULL, coalesce(o.cancel_requested, false)"
+                " FROM unnest(%b::text[], %b::int8[]) AS a(id, lease)"
+                " LEFT JOIN owners o ON o.id = a.id AND o.lease_token = a.lease"
                 " WHERE o.id IS NULL OR o.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"

@@ -43,6 +43,7 @@ class Owner(Protocol):
 
     workflow_id: str
     attempt: int
+    lease: int
     interrupt: ExecutionInterrupted | None
 
 
@@ -124,7 +125,7 @@ class StreamWriter(GroupCommit[_Pending]):
             nonlocal tries
             tries += 1
             return self._store.write_chunks(
-                [p.owner.workflow_id for p in batch], [p.owner.attempt for p in batch],
+                [p.owner.workflow_id for p in batch], [p.owner.lease for p in batch],
                 [p.key for p in batch], [p.position for p in batch], [p.value for p in batch],
                 self._channel, pings, again=tries > 1)
 
@@ -148,7 +149,7 @@ class StreamWriter(GroupCommit[_Pending]):
         telemetry.batch_sizes.record(len(batch))
         for p in batch:
             owner = p.owner
-            if (owner.workflow_id, owner.attempt) in fenced:
+            if (owner.workflow_id, owner.lease) in fenced:
                 owner.interrupt = LeaseLost(f"workflow {owner.workflow_id!r} attempt {owner.attempt} lost its lease")
                 p.resolve(owner.interrupt)
                 continue
