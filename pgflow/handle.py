@@ -57,9 +57,10 @@ class WorkflowHandle(Generic[R]):
 
         runtime = self._client.runtime()
         seen: WorkflowRow | None = None
+        read = False
 
         async def ended() -> WorkflowRow | None:
-            nonlocal seen
+            nonlocal seen, read
             news = runtime.waiters.news
             if seen is None:
                 known, end = news.first_look(self.id)  # started here, and every ping since heard
@@ -68,10 +69,15 @@ class WorkflowHandle(Generic[R]):
                     return end
             elif end := news.take_end(seen):  # its ping carried its end
                 return end
-            seen = await self._row()
+            seen, read = await self._row(), True
             return seen if seen.status in ENDED else None
 
         row = await runtime.wait_for([f"wf:{self.id}"], ended, timeout)
+        if row is None and not read:
+            # Never read (its pings said nothing yet): a timeout is only told after one look at the
+            # row, which an end whose ping is still on its way would already show.
+            row = await self._row()
+            row = row if row.status in ENDED else None
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)

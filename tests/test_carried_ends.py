@@ -4,8 +4,11 @@ no read of the row, and a ping that arrives late cannot pass for a later run's e
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 import pgflow
@@ -115,3 +118,41 @@ def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
     assert news.first_look("deaf") == (False, None)
     news.started(["late"], epoch)  # sent before the listener stopped, created after
     assert news.first_look("late") == (False, None)
+
+
+async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, worker_app: pgflow.App, dsn: str,
+                                                              schema: str) -> None:
+    async def quick(n: int) -> int:
+        return n
+
+    worker_app.workflow(name="carried.quick")(quick)
+    caller = app.workflow(name="carried.quick")(quick)
+    await worker_app.migrate_async()
+    stop, serving = threading.Event(), threading.Event()
+
+    async def serve() -> None:  # on a thread and loop of its own, like another process
+        async with worker_app.worker():
+            serving.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        serving.wait(30)
+        parked = await caller.with_options(queue="nobody.serves").start_async(0)
+        waiting = asyncio.create_task(parked.result_async(timeout=60))  # keeps the listener listening
+        while app.stats().listeners_connected == 0:
+            await asyncio.sleep(0.02)
+        handle = await caller.start_async(1)  # started while the listener listens
+        # This loop is blocked until the worker ended it: the end's ping cannot be heard meanwhile.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while conn.execute(f'SELECT status FROM "{schema}".workflows WHERE id = %s',
+                               (handle.id,)).fetchone() != ("succeeded",):
+                time.sleep(0.01)
+        # Its ping not heard yet, "look once" still finds it ended.
+        assert await handle.result_async(timeout=0) == 1
+        waiting.cancel()
+    finally:
+        stop.set()
+        thread.join(30)
