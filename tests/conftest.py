@@ -24,6 +24,12 @@ from .servers import EmbeddedServer, external_pg15_dsn
 _embedded: EmbeddedServer | None = None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here, beside the fixtures, rather than in pyproject.toml's list of markers.
+    config.addinivalue_line("markers", "chaos: a long fault-suite case, run by `make chaos` and left out of"
+                                       " `make test` (which keeps a quick case of every fault)")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     dsn = external_pg15_dsn()
     if dsn is None:
