@@ -31,7 +31,7 @@ async def test_the_load_survives_each_fault_alone(server: tuple[str, Any], tmp_p
         pytest.skip("restarts only the embedded PostgreSQL 18")
     if embedded is None and fault not in ("kill", "freeze", "refuse"):
         pytest.skip("on PostgreSQL 15 only the faults that differ by server version; the rest run on 18")
-    check(await run_chaos(dsn, tmp_path, Settings(seconds=6.0, every=2.0, faults=(fault,)), embedded))
+    check(await run_chaos(dsn, tmp_path, Settings(seconds=4.5, every=1.5, faults=(fault,)), embedded))
 
 
 @pytest.mark.chaos
