@@ -21,7 +21,7 @@ workflow was ended twice; this process's threads, tasks and connections are back
 the memory of the workers that lived through the run stayed flat.
 
 ``make soak`` runs it for 5 minutes on a PostgreSQL 18 of its own (``python -m tests.chaos --help``);
-tests/test_chaos.py runs short cases of each fault in ``make test``.
+tests/test_chaos.py runs short cases of each fault in ``make test``, and the mixed case in ``make chaos``.
 """
 
 from __future__ import annotations

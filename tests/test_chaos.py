@@ -1,9 +1,9 @@
-"""The fault suite's quick cases (issue 11): each fault alone, then all of them mixed, under the mixed
-load of tests/apps/chaos.py, with every invariant checked at the end (see tests/chaos.py; ``make
-soak`` runs the same harness for minutes). ``make test`` runs each fault alone; the mixed case (15 s of
-every fault in turn, on both servers) is marked ``chaos`` and runs in ``make chaos``. Faults are real: SIGKILL and SIGSTOP of worker processes,
-backends terminated and statements cancelled on the server, the server restarted, a TCP proxy that
-freezes or resets links, every connection slot taken."""
+"""The fault suite's quick cases (issue 11): each fault alone under the mixed load of
+tests/apps/chaos.py, with every invariant checked at the end (see tests/chaos.py; ``make soak`` runs the
+same harness for minutes). ``make test`` runs each fault alone; the mixed case (15 s of every fault in
+turn, on both servers) is marked ``chaos`` and runs in ``make chaos``. Faults are real: SIGKILL and
+SIGSTOP of worker processes, backends terminated and statements cancelled on the server, the server
+restarted, a TCP proxy that freezes or resets links, every connection slot taken."""
 
 from __future__ import annotations
 
