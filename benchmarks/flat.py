@@ -16,7 +16,8 @@ In each state, after ANALYZE (a table that large has statistics in production):
             through the API) and one worker process at concurrency 16: workflows/s from the first start
             to the N-th finish, from started_at/finished_at. In the backlog state the N are the first N
             of the 100,000 (the worker is stopped after them; the rest stay queued throughout).
-  streams   then streams.py's pgflow design (256 streams, 500 chunks each, written by one process and
+  streams   then streams.py's pgflow design (256 streams, 500 chunks each, or
+            $BENCH_FLAT_STREAMS and $BENCH_FLAT_CHUNKS, written by one process and
             read by another) in the same schema: chunks/s, write-to-read p50/p99. Before it, the
             backlog left queued is moved to a queue no worker serves, so the streams' worker does not
             have to skip it (a worker serving only some of a queue's workflow names is another case).
@@ -42,6 +43,9 @@ from benchmarks.harness import Proc, RunFailed, log
 STATES = ["empty", "filled", "backlog"]
 FILLED = int(os.environ.get("BENCH_FLAT_FILLED", "1000000"))
 BACKLOG = int(os.environ.get("BENCH_FLAT_BACKLOG", "100000"))
+# The streams part's size (streams.py's own defaults unless set; the harness's test sets them small).
+STREAMS = int(os.environ.get("BENCH_FLAT_STREAMS", "256"))
+CHUNKS = int(os.environ.get("BENCH_FLAT_CHUNKS", str(streams.DEFAULT_CHUNKS["pgflow"])))
 DATABASE = os.environ.get("BENCH_DB_PREFIX", "bench_") + "flat"  # tests use a prefix of their own
 
 
@@ -198,7 +202,8 @@ class Flat:
         return {"tasks_per_s": n / (float(last) - float(first)), "window_s": float(last) - float(first)}
 
     def streams_run(self, schema: str, repeat: int) -> dict[str, Any]:
-        sa = streams.parse(["--dsn", self.db, "--designs", "pgflow", "--timeout", str(self.a.timeout)])
+        sa = streams.parse(["--dsn", self.db, "--designs", "pgflow", "--timeout", str(self.a.timeout),
+                            "--streams", str(STREAMS), "--chunks", str(CHUNKS)])
         orch = FlatStreams(sa, self.db, self.logdir, None)
         orch.fixed_schema = schema
         record = asyncio.run(orch.stream_run("pgflow", repeat))
@@ -270,7 +275,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
               "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "server": info,
               "versions": {"pgflow_commit": harness.commit()}, "repeats": a.repeats,
               "settings": {"filled": FILLED, "backlog": BACKLOG, "tasks": bench.tasks, "concurrency": 16,
-                           "streams": 256, "chunks": streams.DEFAULT_CHUNKS["pgflow"]},
+                           "streams": STREAMS, "chunks": CHUNKS},
               "runs": runs, "machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg()}}
     for name, r in ratios.items():
         log(f"  {name}: {r['median']:.2f}x of empty  (per repeat {', '.join(f'{v:.2f}' for v in r['per_repeat'])})")

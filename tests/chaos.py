@@ -21,7 +21,7 @@ workflow was ended twice; this process's threads, tasks and connections are back
 the memory of the workers that lived through the run stayed flat.
 
 ``make soak`` runs it for 5 minutes on a PostgreSQL 18 of its own (``python -m tests.chaos --help``);
-tests/test_chaos.py runs short cases of each fault in ``make test``.
+tests/test_chaos.py runs short cases of each fault in ``make test``, and the mixed case in ``make chaos``.
 """
 
 from __future__ import annotations
@@ -148,6 +148,24 @@ class Chaos:
         self.workers.append(proc)
         return proc
 
+    async def _await_the_workers(self) -> None:
+        """Until every first worker has registered, so that the load and the faults meet a running
+        fleet: a worker that cannot reach the server as it starts up exits (the CLI's answer to a bad
+        DSN), and a restart in a loaded machine's first seconds would otherwise leave no worker at all."""
+        pids = {proc.pid for proc in self.workers}
+        with anyio.fail_after(60):
+            while True:
+                dead = [proc for proc in self.workers if not proc.alive()]
+                if dead:
+                    raise RuntimeError("a worker exited as it started:\n" + "\n".join(p.describe() for p in dead))
+                try:
+                    rows = await _query(self.dsn, f'SELECT pid FROM "{self.schema}".workers')
+                except psycopg.errors.UndefinedTable:
+                    rows = []  # not migrated yet
+                if pids <= {int(pid) for (pid,) in rows}:
+                    return
+                await anyio.sleep(0.05)
+
     # -- the run ---------------------------------------------------------------------------------------
 
     async def run(self) -> Report:
@@ -163,6 +181,7 @@ class Chaos:
         try:
             for _ in range(self.settings.workers):
                 self._start_worker()
+            await self._await_the_workers()
             async with anyio.create_task_group() as readers:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._load, app, mixed, readers)

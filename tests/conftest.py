@@ -24,6 +24,31 @@ from .servers import EmbeddedServer, external_pg15_dsn
 _embedded: EmbeddedServer | None = None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here, beside the fixtures, rather than in pyproject.toml's list of markers.
+    config.addinivalue_line("markers", "chaos: a long fault-suite case, run by `make chaos` and left out of"
+                                       " `make test` (which keeps a quick case of every fault)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``PGFLOW_TEST_SERVER=pg15`` keeps only the tests on PostgreSQL 15, ``pg18`` all the others (those on
+    the embedded server and those that use no server): ``make test`` runs the two halves side by side, as
+    two sessions, since the suite mostly waits (on leases, sleeps, processes) rather than computes."""
+    half = os.environ.get("PGFLOW_TEST_SERVER")
+    if not half:
+        return
+    if half not in ("pg15", "pg18"):
+        raise pytest.UsageError(f"PGFLOW_TEST_SERVER is pg15 or pg18, not {half!r}")
+
+    def on_pg15(item: pytest.Item) -> bool:
+        callspec = getattr(item, "callspec", None)
+        return callspec is not None and callspec.params.get("server") == "pg15"
+
+    kept = [item for item in items if on_pg15(item) == (half == "pg15")]
+    config.hook.pytest_deselected(items=[item for item in items if on_pg15(item) != (half == "pg15")])
+    items[:] = kept
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     dsn = external_pg15_dsn()
     if dsn is None:

@@ -90,8 +90,9 @@ def test_json_is_one_object_of_the_medians(dsn: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_run_past_its_deadline_fails_and_leaves_no_process(dsn: str, tmp_path: Path) -> None:
     prefix = f"bt{uuid.uuid4().hex[:8]}_"
-    # 20,000 tasks cannot be enqueued in 3 s: the client is killed at the deadline.
-    done = run(dsn, prefix, tmp_path, "--json", "--tasks", "20000", "--timeout", "3")
+    # 20,000 tasks cannot be enqueued in 3 s: the client is killed at the deadline. One repeat: its c16
+    # and c64 runs both meet the deadline (three repeats would only meet it six times, 18 s of waiting).
+    done = run(dsn, prefix, tmp_path, "--json", "--tasks", "20000", "--timeout", "3", "--repeats", "1")
     assert done.returncode == 1
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"] and not any(r["ok"] for r in report["runs"])
@@ -122,10 +123,13 @@ def test_side_by_side_compares_runs_of_the_same_repeat() -> None:
 @pytest.mark.slow
 def test_flat_compares_filled_and_backlogged_tables_with_empty_ones(dsn: str, tmp_path: Path) -> None:
     prefix = f"bt{uuid.uuid4().hex[:8]}_"
+    # Small on purpose (the harness's shape is tested, not its speed): one repeat of each state, and
+    # 16 streams of 20 chunks instead of streams.py's 256 of 500.
     env = {**os.environ, "BENCH_DB_PREFIX": prefix, "BENCH_FLAT_FILLED": "3000", "BENCH_FLAT_BACKLOG": "2000",
+           "BENCH_FLAT_STREAMS": "16", "BENCH_FLAT_CHUNKS": "20",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "benchmarks", "flat", "--dsn", dsn, "--json", "--tasks", "200",
-                           "--output", str(tmp_path / "flat.json")],
+                           "--repeats", "1", "--output", str(tmp_path / "flat.json")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
@@ -138,6 +142,7 @@ def test_flat_compares_filled_and_backlogged_tables_with_empty_ones(dsn: str, tm
     for r in runs.values():
         assert r["tasks_per_s"] > 0 and r["chunks_per_s"] > 0
         assert any("Update on workflows" in line for line in r["claim_plan"])
+    assert report["settings"]["streams"] == 16 and report["settings"]["chunks"] == 20
     assert set(report["ratios_to_empty"]) >= {"filled/tasks_per_s", "backlog/chunks_per_s"}
     assert databases(dsn, prefix) == []
     assert processes_with(prefix) == []

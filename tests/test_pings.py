@@ -18,7 +18,7 @@ import pgflow
 
 pytestmark = pytest.mark.anyio
 
-INTERVAL = 3.0  # long enough that a ping held back for the interval is plain to see
+INTERVAL = 2.0  # long enough that a ping held back for the interval is plain to see
 
 
 async def listen(dsn: str, schema: str) -> psycopg.AsyncConnection:

@@ -24,6 +24,7 @@ from pgflow._core.store import migrations
 
 from .apps import crashy, failing
 from .processes import WAIT, Proc, Processes, lines, result_of, wait_until
+from .test_fleet import query
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
-    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
+    app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
+    kind: str,
 ) -> None:
     wf = crashy.build(app)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
@@ -45,6 +47,12 @@ def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
     a = procs.worker("worker-A", "tests.apps.crashy:app", worker_env)
     handle = wf.flows[kind].start(str(effects), str(gate), 4)
     wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+    # The attempt's note goes out as the step's body starts, beside it (pgflow/_core/execution.py):
+    # the kill comes once it is in, so that the count below is of an attempt the record knew had begun.
+    def noted() -> bool:
+        return bool(query(dsn, f'SELECT 1 FROM "{schema}".step_attempts WHERE workflow_id = %s AND position = 1',
+                          (handle.id,)))
+    wait_until(noted, "step 2's start to be noted", procs, a)
 
     a.popen.send_signal(signal.SIGKILL)
     assert a.wait_exit() == -signal.SIGKILL

@@ -210,7 +210,7 @@ async def test_higher_priority_runs_first(app: pgflow.App) -> None:
 
 
 async def test_delayed_workflow_waits_for_its_due_time(app: pgflow.App, dsn: str, schema: str) -> None:
-    delay = 3.0
+    delay = 2.0
     runs: list[str] = []
 
     @app.workflow(name="starting.later")

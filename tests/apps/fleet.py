@@ -194,7 +194,7 @@ def build(app: pgflow.App) -> SimpleNamespace:
     def slow_sync(path: str, gate: str) -> int:
         return held_sync(path, gate)
 
-    @app.workflow(timeout=6.0)
+    @app.workflow(timeout=3.0)  # the test kills its worker a moment after the step starts, then waits it out
     async def deadline_flow(path: str, gate: str) -> int:
         return await held_async(path, gate)
 

@@ -130,5 +130,8 @@ def wait_for_file_sync(path: str | Path) -> None:
         time.sleep(0.05)
 
 
-app = pgflow.App()  # env-configured; connects lazily, so only a worker process serving it connects
+# Env-configured; connects lazily, so only a worker process serving it connects. PRIMS_SUSPEND_AFTER lets
+# the sleep test's workers give a sleeper's slot back after half a second, so that its sleep can be short
+# and still be a suspended one (5.0: the App's default).
+app = pgflow.App(suspend_after=float(os.environ.get("PRIMS_SUSPEND_AFTER", "5.0")))
 flows = build(app)
