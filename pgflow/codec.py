@@ -41,6 +41,15 @@ def encode(value: object, what: str) -> bytes:
         raise SerializationError(f"{what} cannot be stored: it is nested too deeply") from exc
 
 
+def encode_quietly(value: object) -> bytes | None:
+    """Encode one value, or None when it cannot be: the hot path of a stream write, which builds
+    no error message unless it needs one (``encode`` then says why)."""
+    try:
+        return _encoder.encode(value)
+    except Exception:  # noqa: BLE001 - whatever it was, ``encode`` reports it properly
+        return None
+
+
 def decode(data: bytes, type_: Any = Any) -> Any:
     """Decode a stored value, rebuilding it as ``type_`` where that is more than ``Any``."""
     if type_ is Any:

@@ -98,6 +98,7 @@ class Execution:
     stream_ends: dict[str, int] = field(default_factory=dict)
     stream_cursor: dict[str, int] = field(default_factory=dict)
     closed_streams: set[str] = field(default_factory=set)
+    stream_pings: dict[str, str] = field(default_factory=dict)  # the writer's name for each stream
     next_position: int = 0
     interrupt: ExecutionInterrupted | None = field(default=None)
     # Step calls made in an async workflow and not yet started; one still unstarted when the body

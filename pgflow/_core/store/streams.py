@@ -15,6 +15,11 @@ class _Chunk(msgspec.Struct, array_like=False):
     v: bytes | None
 
 
+class _Owner(msgspec.Struct, array_like=False):
+    id: str
+    attempt: int
+
+
 class _Ask(msgspec.Struct, array_like=False):
     i: int
     workflow_id: str
@@ -23,6 +28,15 @@ class _Ask(msgspec.Struct, array_like=False):
 
 
 _ROWS = _ASKS = msgspec.json.Encoder()
+
+# The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
+# rows the writers named (``asked``: id, attempt) that are still running under the same execution,
+# locked FOR SHARE (in id order, as rows are locked everywhere) so no claim can take a workflow over
+# between this check and the commit. ``token`` is what a writer's execution is compared on.
+_FENCE = (
+    " fence AS (SELECT w.id, w.attempt AS token, w.cancel_requested FROM asked a JOIN {s}.workflows w ON w.id = a.id"
+    "   WHERE w.status = 'running' ORDER BY w.id FOR SHARE OF w),"
+)
 
 
 class StreamStatements(Statements):
@@ -54,29 +68,25 @@ class StreamStatements(Statements):
         """
         document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, attempts, keys, positions, values,
                                                               strict=True)])
-        owners = sorted(set(zip(workflow_ids, attempts, strict=True)))
+        owners = _ROWS.encode([_Owner(w, a) for w, a in sorted(set(zip(workflow_ids, attempts, strict=True)))])
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                # One JSON document for the whole batch: msgspec encodes it far faster than psycopg
-                # dumps five arrays element by element. The owners come apart, in id order (the order
-                # rows are locked in everywhere), so the workflows are found by their primary key,
-                # not by a scan of every running workflow.
-                "WITH owners AS (SELECT w.id, w.attempt, w.cancel_requested FROM {s}.workflows w"
-                "   WHERE w.id = ANY(%b::text[]) AND w.status = 'running' ORDER BY w.id FOR SHARE),"
+                # Two JSON documents, the chunks and their owners: msgspec encodes them far faster
+                # than psycopg dumps arrays element by element (in Python, for binary arrays).
+                "WITH asked AS MATERIALIZED (SELECT * FROM json_to_recordset(%b::json) AS o(id text, attempt int)),"
+                + _FENCE +
                 " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
                 "   SELECT b.w, b.k, b.p, decode(b.v, 'base64')"
                 "   FROM json_to_recordset(%b::json) AS b(w text, a int, k text, p int, v text)"
-                "   JOIN owners o ON o.id = b.w AND o.attempt = b.a"
+                "   JOIN fence f ON f.id = b.w AND f.token = b.a"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT a.id, a.attempt, o.id IS NULL, coalesce(o.cancel_requested, false)"
-                " FROM unnest(%b::text[], %b::int[]) AS a(id, attempt)"
-                " LEFT JOIN owners o ON o.id = a.id AND o.attempt = a.attempt"
-                " WHERE o.id IS NULL OR o.cancel_requested"
+                " SELECT a.id, a.attempt, f.id IS NULL, coalesce(f.cancel_requested, false)"
+                " FROM asked a LEFT JOIN fence f ON f.id = a.id AND f.token = a.attempt"
+                " WHERE f.id IS NULL OR f.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), ([w for w, _ in owners], document.decode(), [w for w, _ in owners], [a for _, a in owners],
-                channel, pings))
+            ), (owners.decode(), document.decode(), channel, pings))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}

@@ -44,20 +44,24 @@ class Owner(Protocol):
     workflow_id: str
     attempt: int
     interrupt: ExecutionInterrupted | None
+    stream_pings: dict[str, str]  # per key, the ping naming the stream (made once per stream)
 
 
 class _Pending:
     """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
-    thing to wait on, and there is one per chunk)."""
+    thing to wait on, and there is one per chunk). ``stream`` is the stream's ping key, which also
+    names the stream in the writer's bookkeeping (one string per stream, not a tuple per chunk)."""
 
-    __slots__ = ("owner", "key", "position", "value", "done", "error")
+    __slots__ = ("owner", "key", "position", "value", "stream", "done", "error")
 
-    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
+    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None, stream: str,
+                 done: asyncio.Future[None]) -> None:
         self.owner = owner
         self.key = key
         self.position = position
         self.value = value
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.stream = stream
+        self.done = done
         self.error: BaseException | None = None
 
     def resolve(self, error: BaseException | None = None) -> None:
@@ -79,15 +83,19 @@ class StreamWriter(GroupCommit[_Pending]):
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
-        self._busy: set[tuple[str, str]] = set()  # (workflow, key) with a chunk in a batch in flight
+        self._busy: set[str] = set()  # the streams (ping keys) with a chunk in a batch in flight
         self.batches = 0
         self.chunks = 0
 
     async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
         """Queue one chunk and return once its batch has committed."""
-        pending = _Pending(owner, key, position, value)
+        stream = owner.stream_pings.get(key)
+        if stream is None:
+            stream = owner.stream_pings[key] = f"s:{owner.workflow_id}:{key}"
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = _Pending(owner, key, position, value, stream, done)
         self._put(pending)
-        await pending.done
+        await done
         if pending.error is not None:
             raise pending.error
 
@@ -95,28 +103,29 @@ class StreamWriter(GroupCommit[_Pending]):
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
         limit = self._max_batch
+        busy = self._busy
         for p in self._queue:
             if p.owner.interrupt is not None:
                 p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
-            elif len(batch) >= limit or (p.owner.workflow_id, p.key) in self._busy:
+            elif len(batch) >= limit or p.stream in busy:
                 waiting.append(p)
             else:
                 batch.append(p)
         self._queue = waiting
-        self._busy |= {(p.owner.workflow_id, p.key) for p in batch}
+        busy.update([p.stream for p in batch])
         return batch
 
     def _sent(self, batch: list[_Pending]) -> None:
-        self._busy -= {(p.owner.workflow_id, p.key) for p in batch}
+        self._busy.difference_update([p.stream for p in batch])
 
     async def _flush(self, batch: list[_Pending]) -> None:
         """Write a batch. A batch refused by the server for its content (not an outage) is split
         and its halves written apart, so one execution's bad chunk interrupts that execution only;
         a later half skips the executions an earlier half interrupted, so no stream gets a gap."""
-        batch = [p for p in batch if not self._poisoned(p)]
+        batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
-        keys = {f"s:{p.owner.workflow_id}:{p.key}" for p in batch}
+        keys = {p.stream for p in batch}
         pings = self._payloads(keys)
         tries = 0
 
@@ -146,6 +155,12 @@ class StreamWriter(GroupCommit[_Pending]):
         self.chunks += len(batch)
         telemetry.chunks_written.add(len(batch))
         telemetry.batch_sizes.record(len(batch))
+        if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
+            for p in batch:
+                if not p.done.done():  # its writer may have been cancelled meanwhile
+                    p.done.set_result(None)
+            self._wake_local(keys)
+            return
         for p in batch:
             owner = p.owner
             if (owner.workflow_id, owner.attempt) in fenced:
