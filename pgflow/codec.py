@@ -20,7 +20,7 @@ import msgspec
 from .errors import SerializationError
 
 _encoder = msgspec.msgpack.Encoder()
-_untyped = msgspec.msgpack.Decoder()
+_untyped = untyped = msgspec.msgpack.Decoder()  # ``untyped.decode``: the decoding of a value read as Any
 
 
 def encode(value: object, what: str) -> bytes:

@@ -41,7 +41,7 @@ from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
 from .store import StepRecord, Store, retrying, unreachable
-from .streams.writer import StreamWriter
+from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
@@ -98,7 +98,7 @@ class Execution:
     stream_ends: dict[str, int] = field(default_factory=dict)
     stream_cursor: dict[str, int] = field(default_factory=dict)
     closed_streams: set[str] = field(default_factory=set)
-    stream_pings: dict[str, str] = field(default_factory=dict)  # the writer's name for each stream
+    named_streams: dict[str, Stream] = field(default_factory=dict)  # what the writer knows of each stream
     next_position: int = 0
     interrupt: ExecutionInterrupted | None = field(default=None)
     # Step calls made in an async workflow and not yet started; one still unstarted when the body

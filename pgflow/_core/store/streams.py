@@ -1,4 +1,9 @@
-"""The SQL of streams: reading the ends once per execution, group-committed writes, shared reads."""
+"""The SQL of streams: reading the ends once per execution, naming streams by id, group-committed
+writes, shared reads.
+
+A stream is named once in ``stream_ids`` (workflow, key) -> id, and its chunks are keyed (stream id,
+position): a bigint key instead of two text columns in every index entry of the hot insert.
+"""
 
 from __future__ import annotations
 
@@ -7,35 +12,29 @@ import msgspec
 from .statements import Statements
 
 
-class _Chunk(msgspec.Struct, array_like=False):
-    w: str
-    a: int
-    k: str
-    p: int
-    v: bytes | None
-
-
-class _Owner(msgspec.Struct, array_like=False):
-    id: str
-    attempt: int
-
-
 class _Ask(msgspec.Struct, array_like=False):
     i: int
+    sid: int | None
     workflow_id: str
     key: str
     start: int
 
 
-_ROWS = _ASKS = msgspec.json.Encoder()
+_ASKS = msgspec.json.Encoder()
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
-# rows the writers named (``asked``: id, attempt) that are still running under the same execution,
-# locked FOR SHARE (in id order, as rows are locked everywhere) so no claim can take a workflow over
-# between this check and the commit. ``token`` is what a writer's execution is compared on.
+# rows the writers named (``asked``: ordinal i, id, attempt, in id order, the order rows are locked in
+# everywhere) that are still running under the same execution. Each row is locked FOR SHARE, so no
+# claim can take the workflow over between this check and the commit, and then checked: the status
+# and the token (``attempt``) are tested outside the locking subquery, on the row as it is once
+# locked, so only the primary key can find it: a partial index on running rows, unanalysed on a new
+# table, made a plan that scanned every running row once per chunk owner (the LIMIT, a no-op on a
+# primary key, keeps the planner from pushing the status test down to where that index matches).
 _FENCE = (
-    " fence AS (SELECT w.id, w.attempt AS token, w.cancel_requested FROM asked a JOIN {s}.workflows w ON w.id = a.id"
-    "   WHERE w.status = 'running' ORDER BY w.id FOR SHARE OF w),"
+    " fence AS (SELECT a.i, w.id, w.cancel_requested FROM asked a CROSS JOIN LATERAL"
+    "   (SELECT w.id, w.attempt, w.status, w.cancel_requested FROM {s}.workflows w WHERE w.id = a.id"
+    "    LIMIT 1 FOR SHARE) w"
+    "   WHERE w.status = 'running' AND w.attempt = a.attempt),"
 )
 
 
@@ -47,18 +46,42 @@ class StreamStatements(Statements):
         positions are then assigned in memory rather than by a max()+1 query per write."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT key, max(position) + 1 FROM {s}.streams WHERE workflow_id = %s GROUP BY key"
+                "SELECT i.key, (SELECT max(position) + 1 FROM {s}.chunks WHERE stream_id = i.id)"
+                " FROM {s}.stream_ids i WHERE i.workflow_id = %s"
             ), (workflow_id,))
-            return {str(key): int(end) for key, end in await cur.fetchall()}
+            return {str(key): int(end) for key, end in await cur.fetchall() if end is not None}
+
+    async def stream_ids(self, workflow_ids: list[str], keys: list[str]) -> dict[tuple[str, str], int]:
+        """The ids of these (workflow, key) streams, naming those that have none yet. A stream named
+        by a concurrent statement still uncommitted when this one began is missing from one answer;
+        it is asked again (its row is committed by then: our insert waited for it)."""
+        found: dict[tuple[str, str], int] = {}
+        asked = sorted(set(zip(workflow_ids, keys, strict=True)))
+        async with self.pool.connection() as conn:
+            while asked:
+                cur = await conn.execute(self._sql(
+                    "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::text[]) AS a(workflow_id, key)),"
+                    " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT workflow_id, key FROM asked"
+                    "   ORDER BY workflow_id, key ON CONFLICT DO NOTHING RETURNING id, workflow_id, key)"
+                    " SELECT id, workflow_id, key FROM named"
+                    " UNION ALL SELECT i.id, i.workflow_id, i.key FROM asked a"
+                    "   JOIN {s}.stream_ids i ON i.workflow_id = a.workflow_id AND i.key = a.key"
+                ), ([w for w, _ in asked], [k for _, k in asked]), binary=True)
+                for id, workflow_id, key in await cur.fetchall():
+                    found[(workflow_id, key)] = id
+                asked = [stream for stream in asked if stream not in found]
+        return found
 
     async def write_chunks(
-        self, workflow_ids: list[str], attempts: list[int], keys: list[str], positions: list[int],
-        values: list[bytes | None], channel: str, pings: list[str], again: bool = False,
+        self, owners: list[tuple[str, int]], chunk_owners: list[int], stream_ids: list[int],
+        positions: list[int], values: list[bytes | None], channel: str, pings: list[str],
+        again: bool = False,
     ) -> tuple[set[tuple[str, int]], set[str]]:
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
-        transaction.
+        transaction. ``owners`` are the (workflow id, attempt) of the executions writing, in id
+        order; ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
         Each chunk is written only if its execution still holds its workflow (fencing). Returns the
         (workflow id, attempt) pairs that were fenced out and the ids whose cancellation was requested.
@@ -66,71 +89,74 @@ class StreamStatements(Statements):
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
         """
-        document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, attempts, keys, positions, values,
-                                                              strict=True)])
-        owners = _ROWS.encode([_Owner(w, a) for w, a in sorted(set(zip(workflow_ids, attempts, strict=True)))])
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                # Two JSON documents, the chunks and their owners: msgspec encodes them far faster
-                # than psycopg dumps arrays element by element (in Python, for binary arrays).
-                "WITH asked AS MATERIALIZED (SELECT * FROM json_to_recordset(%b::json) AS o(id text, attempt int)),"
+                # Binary arrays: the cheapest form for the server to take rows apart.
+                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY"
+                "   AS a(id, attempt, i) ORDER BY id),"
                 + _FENCE +
-                " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
-                "   SELECT b.w, b.k, b.p, decode(b.v, 'base64')"
-                "   FROM json_to_recordset(%b::json) AS b(w text, a int, k text, p int, v text)"
-                "   JOIN fence f ON f.id = b.w AND f.token = b.a"
+                " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
+                "   SELECT b.s, b.p, b.v FROM unnest(%b::int8[], %b::int8[], %b::int[], %b::bytea[]) AS b(o, s, p, v)"
+                "   JOIN fence f ON f.i = b.o"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
                 " SELECT a.id, a.attempt, f.id IS NULL, coalesce(f.cancel_requested, false)"
-                " FROM asked a LEFT JOIN fence f ON f.id = a.id AND f.token = a.attempt"
+                " FROM asked a LEFT JOIN fence f ON f.i = a.i"
                 " WHERE f.id IS NULL OR f.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), (owners.decode(), document.decode(), channel, pings))
+            ), ([w for w, _ in owners], [a for _, a in owners], chunk_owners, stream_ids, positions, values,
+                channel, pings))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
         return fenced, cancelled
 
     async def read_streams(
-        self, workflow_ids: list[str], keys: list[str], offsets: list[int], limit: int,
-    ) -> list[tuple[str | None, bool, list[tuple[int, bytes | None]]]]:
-        """For each (workflow, key, offset) asked: up to ``limit`` chunks from the offset on, and when
-        there are none, the workflow's status (None when there is no such workflow) and whether the
-        stream is closed; all in one query. (With chunks, the status is "running" as far as the reader
-        cares: it asks again.)
+        self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
+        limit: int,
+    ) -> list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]]:
+        """For each (stream id if known, workflow, key, offset) asked: the stream's id (None while it
+        has none), up to ``limit`` chunks from the offset on, and when there are none, the
+        workflow's status (None when there is no such workflow) and whether the stream is closed;
+        all in one query. (With chunks, the status is "running" as far as the reader cares: it asks
+        again.)
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
+        asks = _ASKS.encode([_Ask(i, *ask) for i, ask in
+                             enumerate(zip(stream_ids, workflow_ids, keys, offsets, strict=True), 1)])
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 # Only a read that found nothing needs the workflow's status and whether the stream
                 # was closed before its offset (the close marker is always a stream's last chunk):
                 # scalar subqueries under CASE, so the others skip both lookups, and the planner
                 # cannot turn them into a scan of the whole workflows table.
-                "SELECT r.i,"
+                "SELECT r.i, s.id,"
                 " CASE WHEN c.position IS NULL THEN"
                 "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END,"
-                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.streams"
-                "  WHERE workflow_id = r.workflow_id AND key = r.key ORDER BY position DESC LIMIT 1), false)"
+                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
+                "  WHERE stream_id = s.id ORDER BY position DESC LIMIT 1), false)"
                 "  ELSE false END,"
                 " c.position, c.value"
-                " FROM json_to_recordset(%b::json) AS r(i int, workflow_id text, key text, start int)"
-                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.streams"
-                "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
-                "   ORDER BY position LIMIT %s) c ON true"
+                " FROM json_to_recordset(%b::json) AS r(i int, sid bigint, workflow_id text, key text, start int)"
+                " CROSS JOIN LATERAL (SELECT coalesce(r.sid, (SELECT id FROM {s}.stream_ids"
+                "   WHERE workflow_id = r.workflow_id AND key = r.key)) AS id) s"
+                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
+                "   WHERE stream_id = s.id AND position >= r.start ORDER BY position LIMIT %s) c ON true"
                 " ORDER BY r.i, c.position"
-            ), (_ASKS.encode([_Ask(i, *ask) for i, ask in enumerate(zip(workflow_ids, keys, offsets, strict=True), 1)])
-                .decode(), limit), binary=True)
-            found: list[tuple[str | None, bool, list[tuple[int, bytes | None]]]] = [
-                (None, False, []) for _ in workflow_ids
-            ]
-            for i, status, closed, position, value in await cur.fetchall():
-                chunks = found[i - 1][2]
-                if position is None:
-                    found[i - 1] = (status, bool(closed), chunks)
-                else:
-                    chunks.append((int(position), value))
-                    found[i - 1] = ("running", False, chunks)
-            return found
+            ), (asks.decode(), limit), binary=True)
+            rows = await cur.fetchall()
+        found: list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]] = [
+            (None, None, False, []) for _ in workflow_ids
+        ]
+        for i, sid, status, closed, position, value in rows:
+            entry = found[i - 1]
+            if position is None:
+                found[i - 1] = (sid, status, bool(closed), entry[3])
+            else:
+                if entry[1] is None:
+                    entry = found[i - 1] = (sid, "running", False, entry[3])
+                entry[3].append((position, value))
+        return found

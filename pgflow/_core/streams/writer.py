@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import psycopg
@@ -44,17 +44,28 @@ class Owner(Protocol):
     workflow_id: str
     attempt: int
     interrupt: ExecutionInterrupted | None
-    stream_pings: dict[str, str]  # per key, the ping naming the stream (made once per stream)
+    named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
+
+
+class Stream:
+    """One stream of an execution as the writer knows it: its ping key, made once, and its id in
+    the table once it is known (asked for with the first batch that holds a chunk of it). The
+    object itself names the stream in the writer's bookkeeping: no tuple per chunk."""
+
+    __slots__ = ("ping", "id")
+
+    def __init__(self, ping: str) -> None:
+        self.ping = ping
+        self.id: int | None = None
 
 
 class _Pending:
     """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
-    thing to wait on, and there is one per chunk). ``stream`` is the stream's ping key, which also
-    names the stream in the writer's bookkeeping (one string per stream, not a tuple per chunk)."""
+    thing to wait on, and there is one per chunk)."""
 
     __slots__ = ("owner", "key", "position", "value", "stream", "done", "error")
 
-    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None, stream: str,
+    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None, stream: Stream,
                  done: asyncio.Future[None]) -> None:
         self.owner = owner
         self.key = key
@@ -83,15 +94,15 @@ class StreamWriter(GroupCommit[_Pending]):
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
-        self._busy: set[str] = set()  # the streams (ping keys) with a chunk in a batch in flight
+        self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
         self.batches = 0
         self.chunks = 0
 
     async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
         """Queue one chunk and return once its batch has committed."""
-        stream = owner.stream_pings.get(key)
+        stream = owner.named_streams.get(key)
         if stream is None:
-            stream = owner.stream_pings[key] = f"s:{owner.workflow_id}:{key}"
+            stream = owner.named_streams[key] = Stream(f"s:{owner.workflow_id}:{key}")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pending = _Pending(owner, key, position, value, stream, done)
         self._put(pending)
@@ -125,16 +136,33 @@ class StreamWriter(GroupCommit[_Pending]):
         batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
-        keys = {p.stream for p in batch}
+        keys = {p.stream.ping for p in batch}
         pings = self._payloads(keys)
         tries = 0
 
-        def write() -> Awaitable[tuple[set[tuple[str, int]], set[str]]]:
+        async def write() -> tuple[set[tuple[str, int]], set[str]]:
             nonlocal tries
             tries += 1
-            return self._store.write_chunks(
-                [p.owner.workflow_id for p in batch], [p.owner.attempt for p in batch],
-                [p.key for p in batch], [p.position for p in batch], [p.value for p in batch],
+            unnamed = [p for p in batch if p.stream.id is None]
+            if unnamed:
+                ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
+                for p in unnamed:
+                    p.stream.id = ids[(p.owner.workflow_id, p.key)]
+            # The executions of the batch, each named once; a chunk names its own by its index.
+            index: dict[Owner, int] = {}
+            owners: list[tuple[str, int]] = []
+            chunk_owners: list[int] = []
+            stream_ids: list[int] = []
+            for p in batch:
+                n = index.get(p.owner)
+                if n is None:
+                    owners.append((p.owner.workflow_id, p.owner.attempt))
+                    n = index[p.owner] = len(owners)
+                chunk_owners.append(n)
+                assert p.stream.id is not None
+                stream_ids.append(p.stream.id)
+            return await self._store.write_chunks(
+                owners, chunk_owners, stream_ids, [p.position for p in batch], [p.value for p in batch],
                 self._channel, pings, again=tries > 1)
 
         try:
