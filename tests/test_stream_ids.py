@@ -98,3 +98,18 @@ async def test_a_fork_gets_streams_of_its_own_and_pruning_removes_them_all(app: 
     assert await app.prune_async(older_than=timedelta(days=7)) == 2
     assert await query(app.dsn, f"SELECT (SELECT count(*) FROM {s}.stream_ids), (SELECT count(*) FROM {s}.chunks)") \
         == [(0, 0)]
+
+
+async def test_packed_arrays_reach_the_server_as_the_values_they_were(dsn: str) -> None:
+    from psycopg import AsyncConnection
+
+    from pgflow._core.store import arrays
+
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        arrays.ready(conn)
+        cur = await conn.execute(
+            "SELECT %b::int[], %b::int8[], %b::bytea[], %b::text[], %b::int[], %b::bytea[]",
+            (arrays.int4s([1, -2, 2**31 - 1]), arrays.int8s([2**40, -1]), arrays.byteas([b"ab", None, b""]),
+             arrays.texts(["héllo", "", "\u2603"]), arrays.int4s([]), arrays.byteas([])))
+        assert await cur.fetchone() == ([1, -2, 2**31 - 1], [2**40, -1], [b"ab", None, b""], ["héllo", "", "\u2603"],
+                                        [], [])

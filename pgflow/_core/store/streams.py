@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from . import arrays
 from .statements import Statements
 
 
@@ -90,8 +91,10 @@ class StreamStatements(Statements):
         skips chunks already there, at the price of a speculative insertion per row.
         """
         async with self.pool.connection() as conn:
+            arrays.ready(conn)
             cur = await conn.execute(self._sql(
-                # Binary arrays: the cheapest form for the server to take rows apart.
+                # Binary arrays, packed here (arrays.py): the cheapest form for the server to take
+                # rows apart, and for this process to make.
                 "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY"
                 "   AS a(id, attempt, i) ORDER BY id),"
                 + _FENCE +
@@ -105,8 +108,9 @@ class StreamStatements(Statements):
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), ([w for w, _ in owners], [a for _, a in owners], chunk_owners, stream_ids, positions, values,
-                channel, pings))
+            ), (arrays.texts([w for w, _ in owners]), arrays.int4s([a for _, a in owners]),
+                arrays.int8s(chunk_owners), arrays.int8s(stream_ids), arrays.int4s(positions),
+                arrays.byteas(values), channel, pings))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
