@@ -95,6 +95,7 @@ class StreamWriter(GroupCommit[_Pending]):
         self._payloads = payloads
         self._wake_local = wake
         self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
+        self._loop = asyncio.get_running_loop()
         self.batches = 0
         self.chunks = 0
 
@@ -103,9 +104,14 @@ class StreamWriter(GroupCommit[_Pending]):
         stream = owner.named_streams.get(key)
         if stream is None:
             stream = owner.named_streams[key] = Stream(f"s:{owner.workflow_id}:{key}")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._loop.create_future()
         pending = _Pending(owner, key, position, value, stream, done)
-        self._put(pending)
+        queue = self._queue
+        queue.append(pending)
+        if len(queue) == 1:
+            # Only the first chunk of a queue wakes the sender: while the queue holds more, a batch
+            # in flight wakes it when it is done (that is why they wait), so one set per batch is enough.
+            self._wake.set()
         await done
         if pending.error is not None:
             raise pending.error
