@@ -7,21 +7,8 @@ position): a bigint key instead of two text columns in every index entry of the 
 
 from __future__ import annotations
 
-import msgspec
-
 from . import arrays
 from .statements import Statements
-
-
-class _Ask(msgspec.Struct, array_like=False):
-    i: int
-    sid: int | None
-    workflow_id: str
-    key: str
-    start: int
-
-
-_ASKS = msgspec.json.Encoder()
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
 # rows the writers named (``asked``: ordinal i, id, attempt, in id order, the order rows are locked in
@@ -129,14 +116,14 @@ class StreamStatements(Statements):
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
-        asks = _ASKS.encode([_Ask(i, *ask) for i, ask in
-                             enumerate(zip(stream_ids, workflow_ids, keys, offsets, strict=True), 1)])
         async with self.pool.connection() as conn:
+            arrays.ready(conn)
             cur = await conn.execute(self._sql(
                 # Only a read that found nothing needs the workflow's status and whether the stream
                 # was closed before its offset (the close marker is always a stream's last chunk):
                 # scalar subqueries under CASE, so the others skip both lookups, and the planner
-                # cannot turn them into a scan of the whole workflows table.
+                # cannot turn them into a scan of the whole workflows table. A stream id 0 is one
+                # not known yet (ids start at 1).
                 "SELECT r.i, s.id,"
                 " CASE WHEN c.position IS NULL THEN"
                 "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END,"
@@ -144,13 +131,15 @@ class StreamStatements(Statements):
                 "  WHERE stream_id = s.id ORDER BY position DESC LIMIT 1), false)"
                 "  ELSE false END,"
                 " c.position, c.value"
-                " FROM json_to_recordset(%b::json) AS r(i int, sid bigint, workflow_id text, key text, start int)"
-                " CROSS JOIN LATERAL (SELECT coalesce(r.sid, (SELECT id FROM {s}.stream_ids"
+                " FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
+                "   AS r(sid, workflow_id, key, start, i)"
+                " CROSS JOIN LATERAL (SELECT coalesce(nullif(r.sid, 0), (SELECT id FROM {s}.stream_ids"
                 "   WHERE workflow_id = r.workflow_id AND key = r.key)) AS id) s"
                 " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
                 "   WHERE stream_id = s.id AND position >= r.start ORDER BY position LIMIT %s) c ON true"
                 " ORDER BY r.i, c.position"
-            ), (asks.decode(), limit), binary=True)
+            ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
+                arrays.int4s(offsets), limit), binary=True)
             rows = await cur.fetchall()
         found: list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]] = [
             (None, None, False, []) for _ in workflow_ids
