@@ -142,33 +142,41 @@ class StreamWriter(GroupCommit[_Pending]):
         batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
-        keys = {p.stream.ping for p in batch}
+        # One pass over the batch for what the statement sends: the executions of the batch, each
+        # named once (a chunk names its own by its index), and each chunk's columns.
+        keys: set[str] = set()
+        index: dict[Owner, int] = {}
+        owners: list[tuple[str, int]] = []
+        chunk_owners: list[int] = []
+        positions: list[int] = []
+        values: list[bytes | None] = []
+        unnamed: list[_Pending] = []
+        for p in batch:
+            owner, stream = p.owner, p.stream
+            keys.add(stream.ping)
+            n = index.get(owner)
+            if n is None:
+                owners.append((owner.workflow_id, owner.attempt))
+                n = index[owner] = len(owners)
+            chunk_owners.append(n)
+            positions.append(p.position)
+            values.append(p.value)
+            if stream.id is None:
+                unnamed.append(p)
         pings = self._payloads(keys)
         tries = 0
 
         async def write() -> tuple[set[tuple[str, int]], set[str]]:
             nonlocal tries
             tries += 1
-            unnamed = [p for p in batch if p.stream.id is None]
-            if unnamed:
+            if unnamed:  # the first chunks of their streams: the streams are named first
                 ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
                 for p in unnamed:
                     p.stream.id = ids[(p.owner.workflow_id, p.key)]
-            # The executions of the batch, each named once; a chunk names its own by its index.
-            index: dict[Owner, int] = {}
-            owners: list[tuple[str, int]] = []
-            chunk_owners: list[int] = []
-            stream_ids: list[int] = []
-            for p in batch:
-                n = index.get(p.owner)
-                if n is None:
-                    owners.append((p.owner.workflow_id, p.owner.attempt))
-                    n = index[p.owner] = len(owners)
-                chunk_owners.append(n)
-                assert p.stream.id is not None
-                stream_ids.append(p.stream.id)
+            stream_ids = [p.stream.id for p in batch]
+            assert None not in stream_ids
             return await self._store.write_chunks(
-                owners, chunk_owners, stream_ids, [p.position for p in batch], [p.value for p in batch],
+                owners, chunk_owners, stream_ids, positions, values,  # type: ignore[arg-type]
                 self._channel, pings, again=tries > 1)
 
         try:
