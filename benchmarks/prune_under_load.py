@@ -148,7 +148,7 @@ class Child:
 
 
 def fill(dsn: str, schema: str, workflows: int, chunks: int) -> float:
-    """Old finished workflows with a step and ``chunks`` chunks each, in three statements; seconds."""
+    """Old finished workflows with a step and ``chunks`` chunks each, in four statements; seconds."""
     began = time.monotonic()
     s = f'"{schema}"'
     with psycopg.connect(dsn, autocommit=True) as conn:
