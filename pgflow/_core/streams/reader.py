@@ -71,7 +71,8 @@ class StreamRead:
         self.outage = Outage()
 
     def wake(self) -> None:
-        self._fetcher.ask(self)
+        if not self.asked:
+            self._fetcher.ask(self)
 
     def signal(self) -> None:
         if self._signal is not None and not self._signal.done():
@@ -228,6 +229,15 @@ class ChunkFetcher:
                 continue
             read.sid = sid
             read.outage.over()
+            if chunks:  # the usual answer, first: the reader is woken with its chunks in hand
+                read.offset = chunks[-1][0] + 1
+                read.chunks = chunks
+                if len(chunks) >= READ_BATCH:
+                    read.again = True  # more are waiting: no need for a ping
+                signal = read._signal
+                if signal is not None and not signal.done():
+                    signal.set_result(None)
+                continue
             if status is None:
                 read.error = UnknownWorkflow(f"no workflow with id {read.workflow_id!r}")
             elif chunks:
