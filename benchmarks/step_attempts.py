@@ -27,7 +27,7 @@ from pgflow._core.store import Store  # noqa: E402
 real_steps, real_note = Store.start_steps, StepStarts.note
 
 
-async def noop(self: Store, notes: list[tuple[str, int, int, int]]) -> list[tuple[bool, bool]]:
+async def noop(self: Store, notes: list[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
     return [(True, False)] * len(notes)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 from ._core.checks import MAX_ID_BYTES, check_reader, check_text
 from ._core.client import Client
 from ._core.execution import journaling
+from ._core.news import as_started
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, take
 from .codec import decode, encode
@@ -54,11 +55,23 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
-        async def ended() -> WorkflowRow | None:
-            row = await self._row()
-            return row if row.status in ENDED else None
+        runtime = self._client.runtime()
+        seen: WorkflowRow | None = None
 
-        row = await self._client.runtime().wait_for([f"wf:{self.id}"], ended, timeout)
+        async def ended() -> WorkflowRow | None:
+            nonlocal seen
+            news = runtime.waiters.news
+            if seen is None:
+                known, end = news.first_look(self.id)  # started here, and every ping since heard
+                if known:
+                    seen = as_started(self.id)
+                    return end
+            elif end := news.take_end(seen):  # its ping carried its end
+                return end
+            seen = await self._row()
+            return seen if seen.status in ENDED else None
+
+        row = await runtime.wait_for([f"wf:{self.id}"], ended, timeout)
         if row is None:
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)

@@ -167,6 +167,12 @@ class Starter(Generic[P, R]):
                                 f"got {call!r:.80}")
             inputs.append(encode(tuple(call), {}))
         if ids is None:
+            parent = journaling()
+            if parent is not None:
+                # One journal position for the whole call, as ``start`` takes one per child: a parent
+                # replayed after a crash or a resume finds the children it started.
+                position = parent.take_position()
+                return [f"{parent.workflow_id}.{position}.{n}" for n in range(len(inputs))], inputs
             return [str(uuid.uuid4()) for _ in inputs], inputs
         if isinstance(ids, str) or len(ids) != len(inputs):
             raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")

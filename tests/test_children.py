@@ -42,6 +42,31 @@ async def test_fan_out_and_gather(app: pgflow.App, dsn: str, schema: str) -> Non
     assert len([r for r in rows if r[1] == two.id]) == 3
 
 
+async def test_a_replayed_parent_finds_the_children_start_many_started(app: pgflow.App, dsn: str,
+                                                                       schema: str) -> None:
+    runs: list[int] = []
+
+    @app.workflow(name="kids.double")
+    async def double(x: int) -> int:
+        return 2 * x
+
+    @app.workflow(name="kids.flaky_parent")
+    async def flaky_parent() -> int:
+        runs.append(1)
+        handles = await double.start_many_async([(1,), (2,), (3,)])
+        if len(runs) == 1:
+            raise RuntimeError("the first run fails after starting its children")
+        return sum(await asyncio.gather(*(h.result_async() for h in handles)))
+
+    parent = await flaky_parent.start_async()
+    with pytest.raises(pgflow.WorkflowFailed):
+        await run_to_end(app, parent)
+    await parent.resume_async()  # the body runs again from the top: start_many is replayed
+    assert await run_to_end(app, parent) == 2 + 4 + 6
+    rows = await query(dsn, f'SELECT id FROM "{schema}".workflows WHERE parent_id = %s', parent.id)
+    assert sorted(r[0] for r in rows) == [f"{parent.id}.0.{n}" for n in range(3)]  # started once
+
+
 async def test_a_childs_failure_as_its_parent_sees_it(app: pgflow.App) -> None:
     @app.workflow(name="kids.broken")
     async def broken(x: int) -> int:

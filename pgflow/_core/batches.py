@@ -35,9 +35,13 @@ class GroupCommit(ABC, Generic[T]):
         self._wake.set()
 
     async def _submit(self, item: T) -> None:
-        """Queue the item, or, once ``run`` has stopped, write it alone now."""
+        """Write the item now, in the caller's task, when it would go alone anyway (nothing queued,
+        room in flight) or once ``run`` has stopped; otherwise queue it for the next batch."""
         if self._stopped:
             await self._flush([item])
+        elif not self._queue and self._in_flight < self._max_in_flight:
+            self._in_flight += 1
+            await self._send([item])  # no hop through ``run`` and a task of its own
         else:
             self._put(item)
 
@@ -75,7 +79,8 @@ class GroupCommit(ABC, Generic[T]):
         finally:
             self._sent(batch)
             self._in_flight -= 1
-            self._wake.set()
+            if self._queue:
+                self._wake.set()
 
     def _sent(self, batch: list[T]) -> None:
         """A batch is done (written or failed): what it held back may go."""

@@ -83,12 +83,13 @@ def running(what: str) -> Execution:
 
 @dataclass(eq=False)
 class Execution:
-    """One run of one workflow by one worker, identified by its attempt (the fencing token)."""
+    """One run of one workflow by one worker, identified by its claim's token (``lease``)."""
 
     runtime: Runtime
     store: Store
     workflow_id: str
-    attempt: int  # the fencing token: every claim of the workflow takes a new one
+    attempt: int  # the claim's number (a claim lost in a server crash leaves it to be handed out again)
+    lease: int  # the claim's token, never handed out twice: it fences every write of this run
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
@@ -206,8 +207,9 @@ class Execution:
 
         async def note() -> tuple[bool, bool, None]:
             if self.starts is not None:  # the worker's batch of notes
-                return (*await self.starts.note(self.workflow_id, self.attempt, position, tries), None)
-            [(owner, cancel)] = await self.store.start_steps([(self.workflow_id, self.attempt, position, tries)])
+                return (*await self.starts.note(self.workflow_id, self.attempt, self.lease, position, tries), None)
+            [(owner, cancel)] = await self.store.start_steps(
+                [(self.workflow_id, self.attempt, self.lease, position, tries)])
             return owner, cancel, None
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
@@ -240,7 +242,8 @@ class Execution:
 
         async def record() -> tuple[bool, bool, None]:
             return (*await self.store.record_step(
-                self.workflow_id, self.attempt, position, name, output, error, exception, attempts, ends), None)
+                self.workflow_id, self.attempt, self.lease, position, name, output, error, exception, attempts,
+                ends), None)
 
         try:
             await self.fenced(record, f"record step {name!r}")

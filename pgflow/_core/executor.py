@@ -46,7 +46,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         first = claimed.attempt == 1
         loaded_at = time.monotonic()
         execution = Execution(
-            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt,
+            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt, lease=claimed.lease,
             journal={} if first else await store.journal(claimed.id),
             token=anyio.lowlevel.current_token(), writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
@@ -77,7 +77,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
-                if await retrying(lambda: store.release(claimed.id, claimed.attempt),
+                if await retrying(lambda: store.release(claimed.id, claimed.lease),
                                   f"giving {claimed.id} back to the queue"):
                     runtime.ping([f"q:{claimed.queue}"])  # its own queue (with_options may have moved it)
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
@@ -90,7 +90,7 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
     """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
     with anyio.CancelScope(shield=True):
         try:
-            found = await retrying(lambda: store.suspend(claimed.id, claimed.attempt, pause.until, pause.topic),
+            found = await retrying(lambda: store.suspend(claimed.id, claimed.lease, pause.until, pause.topic),
                                    f"suspending {claimed.id}")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
@@ -168,8 +168,8 @@ async def _finish(finisher: Finisher, execution: Execution, status: str, output:
     is done, and a worker stopping now waits for its end (the finisher sends what it still holds when
     it stops) rather than giving a finished workflow back to be run again."""
     with anyio.CancelScope(shield=True):
-        recorded = await finisher.finish(execution.workflow_id, execution.attempt, status, output, error,
-                                         {f"wf:{execution.workflow_id}", *freed})
+        recorded = await finisher.finish(execution.workflow_id, execution.lease, status, output, error,
+                                         set(freed))
     if recorded:
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",

@@ -4,8 +4,9 @@ Recording an end is an UPDATE and a commit, and for short workflows it is most o
 worker running 16 no-ops at once would commit 16 times for 16 ends. So the ends of every execution
 in a worker are gathered while earlier batches commit (two may be in flight) and written in one
 statement, as stream chunks are, and each execution still awaits its own batch's commit before it
-counts as finished. A batch carries its pings (one NOTIFY with the ``wf:`` keys of its workflows, sent
-by its commit).
+counts as finished. A batch carries its pings, sent by its commit: the statement itself pings each
+end it recorded, with the end in the ping when it is small, so the caller waiting for it is answered
+without reading the row; the ends refused (lost leases) ping nobody.
 
 A batch that cannot be written because the server is away is tried again (``retrying``); past that,
 every end in it fails as its single end would have, and the execution gives its workflow back. A
@@ -28,12 +29,12 @@ from .store import Store, retrying, unreachable
 class _End:
     """An end waiting for its batch; ``recorded`` says whether the execution still owned it."""
 
-    __slots__ = ("workflow_id", "attempt", "status", "output", "error", "keys", "done", "recorded", "failure")
+    __slots__ = ("workflow_id", "lease", "status", "output", "error", "keys", "done", "recorded", "failure")
 
-    def __init__(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
+    def __init__(self, workflow_id: str, lease: int, status: str, output: bytes | None,
                  error: dict[str, Any] | None, keys: set[str]) -> None:
         self.workflow_id = workflow_id
-        self.attempt = attempt
+        self.lease = lease
         self.status = status
         self.output = output
         self.error = error
@@ -55,7 +56,7 @@ class Finisher(GroupCommit[_End]):
 
     drains = True  # the ends of workflows whose bodies are done: a stopping worker records them
 
-    def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
+    def __init__(self, store: Store, channel: str, token: str | None, payloads: Callable[[set[str]], list[str]],
                  wake: Callable[[set[str]], None], queued: Callable[[], None] = lambda: None,
                  recorded: Callable[[int], None] = lambda ends: None, max_batch: int = 1000,
                  max_in_flight: int = 2) -> None:
@@ -64,19 +65,21 @@ class Finisher(GroupCommit[_End]):
         self._queued = queued
         self._recorded = recorded
         self._channel = channel
+        self._token = token  # None: the ends ping no other process (notify="off")
         self._payloads = payloads
         self._wake_local = wake
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
 
-    async def finish(self, workflow_id: str, attempt: int, status: str, output: bytes | None,
+    async def finish(self, workflow_id: str, lease: int, status: str, output: bytes | None,
                      error: dict[str, Any] | None, keys: set[str]) -> bool:
-        """Record an end once its batch has committed; False when the attempt no longer owned the
-        workflow. ``keys`` are pinged with the commit."""
-        end = _End(workflow_id, attempt, status, output, error, keys)
+        """Record an end once its batch has committed; False when its claim (``lease``, the claim's
+        token) no longer held the workflow. ``keys`` are pinged with the commit, besides the end's own
+        ``wf:`` ping."""
+        end = _End(workflow_id, lease, status, output, error, keys)
         self.pending += 1
         try:
+            self._queued()  # its slot is free: the next claim may go out beside this end's batch
             await self._submit(end)
-            self._queued()
             await end.done
         finally:
             self.pending -= 1
@@ -89,8 +92,8 @@ class Finisher(GroupCommit[_End]):
         pings = self._payloads(keys)
         try:
             recorded = await retrying(lambda: self._store.finish_many(
-                [e.workflow_id for e in batch], [e.attempt for e in batch], [e.status for e in batch],
-                [e.output for e in batch], [e.error for e in batch], self._channel, pings,
+                [e.workflow_id for e in batch], [e.lease for e in batch], [e.status for e in batch],
+                [e.output for e in batch], [e.error for e in batch], self._channel, pings, self._token,
             ), f"recording the end of {len(batch)} workflows")
         except Exception as exc:  # noqa: BLE001 - given to the ends it concerns
             if not isinstance(exc, psycopg.Error) or unreachable(exc) or len(batch) == 1:
@@ -103,5 +106,8 @@ class Finisher(GroupCommit[_End]):
             return
         self._recorded(len(batch))
         for end in batch:
-            end.resolve(recorded=(end.workflow_id, end.attempt) in recorded)
+            told = recorded.get((end.workflow_id, end.lease))
+            if told is not None:
+                keys.update(told)
+            end.resolve(recorded=told is not None)
         self._wake_local(keys)

@@ -53,6 +53,8 @@ class Listener:
                     backoff = FIRST_BACKOFF
                 log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, backoff)
             finally:
+                if self.connected:  # pings from now on pass this loop by
+                    self._waiters.news.forget()
                 self.connected = False
                 self.backend_pid = None
             await anyio.sleep(backoff)

@@ -8,7 +8,9 @@ directly, with no round trip.
 
 Keys name what changed: ``wf:<id>`` (a workflow finished or was cancelled), ``q:<queue>`` (work was
 enqueued, or fell due), ``s:<id>:<key>`` (a stream grew), ``e:<id>`` (a workflow set an event),
-``m:<id>`` (a message was sent to a workflow). ``*`` wakes everybody.
+``m:<id>`` (a message was sent to a workflow). ``*`` wakes everybody. One kind carries truth: ``o:``
+and the end of a workflow (see ``store/ends.py``), sent only by the commit that recorded that end,
+so a caller waiting for its result takes it from the ping instead of reading the row.
 
 Everything here belongs to one event loop and is only touched from it: no locks.
 """
@@ -21,7 +23,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -29,6 +31,7 @@ import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .news import ENDED, EndNews
 from .store import unreachable
 
 log = logging.getLogger("pgflow.notify")
@@ -126,12 +129,18 @@ class Waiters:
         self._by_key: dict[str, set[Wakeable]] = {}
         self._on_wait = on_wait
         self.ticks = PollTicks()
+        self.news = EndNews()
 
     def __len__(self) -> int:
         return len(self._by_key)
 
     def add(self, key: str, waiter: Wakeable) -> None:
-        self._by_key.setdefault(key, set()).add(waiter)
+        waiting = self._by_key.get(key)
+        if waiting is None:
+            waiting = self._by_key[key] = set()
+            if key.startswith(ENDED):
+                self.news.watch(key[len(ENDED):])
+        waiting.add(waiter)
         self._on_wait()
 
     def remove(self, key: str, waiter: Wakeable) -> None:
@@ -140,9 +149,13 @@ class Waiters:
             waiting.discard(waiter)
             if not waiting:
                 del self._by_key[key]
+                if key.startswith(ENDED):
+                    self.news.unwatch(key[len(ENDED):])
 
-    def wake(self, keys: Iterable[str]) -> None:
+    def wake(self, keys: Collection[str]) -> None:
+        self.news.hear(keys)
         if WAKE_ALL in keys:
+            self.news.forget()
             for waiting in self._by_key.values():
                 for waiter in waiting:
                     waiter.wake()

@@ -55,6 +55,7 @@ class Stats:
     stream_chunks: int = 0
     end_batches: int = 0  # statements that recorded workflow ends (each records every end ready)
     ends: int = 0
+    results_from_pings: int = 0  # results taken from the end their ping carried, with no read of the row
 
     def __add__(self, other: Stats) -> Stats:
         summed = Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)})
@@ -162,6 +163,19 @@ class Runtime:
         self.waiters.wake(keys)
         self.hub.wake_elsewhere(self, keys)
 
+    def hearing(self) -> int | None:
+        """While this loop's listener listens, the epoch of what it heard (see ``EndNews``); None
+        when it does not, so pings may pass it by."""
+        if self.ping_token() is None or self.listener is None or not self.listener.connected:
+            return None
+        return self.waiters.news.epoch
+
+    def ping_token(self) -> str | None:
+        """What this process's pings are signed with; None when it pings no other process."""
+        if self.config is None or self.config.notify == "off":
+            return None
+        return self.hub.token
+
     def payloads(self, keys: set[str]) -> list[str]:
         """The NOTIFY payloads that tell other processes of ``keys`` (none with notify="off")."""
         if self.config is None or self.config.notify == "off":
@@ -251,6 +265,7 @@ class Runtime:
             stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
             end_batches=self.end_batches,
             ends=self.ends,
+            results_from_pings=self.waiters.news.taken,
         )
 
     def count_ends(self, ends: int) -> None:

@@ -26,6 +26,7 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     workflow whose body starts it, cancelled with it."""
     await runtime.store()
     keys = {f"q:{queue}"}
+    hearing = runtime.hearing()
     with runtime.carrying(keys) as pings:
         created, found = await runtime.db(lambda store: store.enqueue(
             id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent,
@@ -35,6 +36,7 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
             f"workflow id {id!r} already belongs to a workflow {found!r}, not {name!r}; choose another id"
         )
     if created:
+        runtime.waiters.news.started([id], hearing)
         # Delayed ones too: an idle worker re-reads when the next workflow falls due.
         runtime.announced(keys, pings)
         telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: name, telemetry.QUEUE: queue})
@@ -50,12 +52,14 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     priority = workflow.priority if priority is None else priority
     await runtime.store()
     keys = {f"q:{queue}"}
+    hearing = runtime.hearing()
     with runtime.carrying(keys) as pings:
         found = await runtime.db(lambda store: store.enqueue_many(
             ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
             parent, traceparent,
         ))
     created = sum(1 for new, _ in found if new)
+    runtime.waiters.news.started((id for id, (new, _) in zip(ids, found, strict=True) if new), hearing)
     if created:
         runtime.announced(keys, pings)
         telemetry.workflows_started.add(created, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})

@@ -13,7 +13,7 @@ import asyncio
 from .batches import GroupCommit
 from .store import Store
 
-Note = tuple[str, int, int, int]  # workflow id, its execution's attempt, step position, tries so far
+Note = tuple[str, int, int, int, int]  # workflow id, its execution's attempt and lease, step position, tries
 
 
 class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
@@ -25,11 +25,11 @@ class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
         super().__init__(max_batch, max_in_flight=1)
         self._store = store
 
-    async def note(self, workflow_id: str, attempt: int, position: int, tries: int) -> tuple[bool, bool]:
+    async def note(self, workflow_id: str, attempt: int, lease: int, position: int, tries: int) -> tuple[bool, bool]:
         """Note the start and return (still owner, cancel requested) once its batch committed. A
         failed batch raises its error in every note of it; each caller retries its own."""
         done: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
-        await self._submit(((workflow_id, attempt, position, tries), done))
+        await self._submit(((workflow_id, attempt, lease, position, tries), done))
         return await done
 
     async def _flush(self, batch: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]]) -> None:

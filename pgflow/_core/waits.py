@@ -41,7 +41,7 @@ async def sleep(execution: Execution, seconds: float) -> None:
 
         async def journal() -> tuple[bool, bool, tuple[float, datetime]]:
             owner, cancel, left, wake_at = await store.record_wake(
-                execution.workflow_id, execution.attempt, position, SLEEP, seconds)
+                execution.workflow_id, execution.attempt, execution.lease, position, SLEEP, seconds)
             return owner, cancel, (left, wake_at)
 
         left, until = await execution.fenced(journal, "journal a sleep")
@@ -72,7 +72,8 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
     store = execution.store
 
     async def publish() -> tuple[bool, bool, None]:
-        owner, cancel = await store.set_event(execution.workflow_id, execution.attempt, position, name, key, value)
+        owner, cancel = await store.set_event(execution.workflow_id, execution.attempt, execution.lease, position,
+                                              name, key, value)
         return owner, cancel, None
 
     await execution.fenced(publish, f"publish event {key!r}")
@@ -96,7 +97,7 @@ async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None
     async def receive(final: bool) -> tuple[bool, bytes | None, float, datetime]:
         async def statement() -> tuple[bool, bool, tuple[bool, bytes | None, float, datetime]]:
             owner, cancel, taken, value, left, deadline = await store.receive(
-                execution.workflow_id, execution.attempt, position, name, topic, timeout, final)
+                execution.workflow_id, execution.attempt, execution.lease, position, name, topic, timeout, final)
             return owner, cancel, (taken, value, left, deadline)
 
         return await execution.fenced(statement, f"receive a message on {topic!r}")

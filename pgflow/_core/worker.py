@@ -100,8 +100,8 @@ class Worker:
         runtime.writers.add(self._writer)
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.
-        self._finisher = Finisher(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
-                                  queued=self._slot_freed, recorded=runtime.count_ends)
+        self._finisher = Finisher(self._store, runtime.config.channel, runtime.ping_token(), runtime.payloads,
+                                  runtime.wake_here, queued=self._slot_freed, recorded=runtime.count_ends)
         self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,15 +26,17 @@ CLAIM = (
     "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
     " chosen AS (SELECT id, ready_at FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
     "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-    # The claim's commit waits for the disk like any other. (It once did not, on the grounds that a
-    # claim lost in a crash leaves the row claimable again; but the claimed execution runs on, and
-    # its attempt number, the fencing token, is then handed out a second time: two executions of
-    # one attempt, both able to write. The fault suite found it.)
+    # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
+    # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
+    # new with every claim; the attempt number is handed out again). A limited queue's claim does
+    # wait, for its token bucket's sake.
+    " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
     " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+    "  lease_token = %(token)s,"
     "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
     "  started_at = coalesce(w.started_at, now()),"
     "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
-    "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen))"
+    "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen)) AND EXISTS (SELECT FROM lazy)"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
     "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited)"
@@ -59,6 +62,7 @@ class Claimed:
     queue: str
     traceparent: str | None  # the caller's trace, when it had one
     waited: float  # seconds from being due (or its lease running out) to this claim
+    lease: int  # the claim's token, which fences every write of the execution
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
     run: int = 1
@@ -96,7 +100,7 @@ class ClaimStatements(Statements):
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
-                return (*await self._claim(conn, owner, [queue], names, limit, lease), None)
+                return (*await self._claim(conn, owner, [queue], names, limit, lease, durable=True), None)
             concurrency, rate_limit, period, tokens = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
@@ -107,7 +111,8 @@ class ClaimStatements(Statements):
                 limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            claimed, due = await self._claim(conn, owner, [queue], names, limit, lease) if limit > 0 else ([], None)
+            claimed, due = (await self._claim(conn, owner, [queue], names, limit, lease, durable=True)
+                            if limit > 0 else ([], None))
             if rate_limit is None:
                 return claimed, due, None
             left = float(tokens) - len(claimed)
@@ -117,7 +122,8 @@ class ClaimStatements(Statements):
             return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
-                     names: Sequence[str], limit: int, lease: float) -> tuple[list[Claimed], float | None]:
+                     names: Sequence[str], limit: int, lease: float,
+                     durable: bool = False) -> tuple[list[Claimed], float | None]:
         """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
         workflow of these queues falls due (None when none waits), in the same round trip.
 
@@ -125,11 +131,11 @@ class ClaimStatements(Statements):
         scans are merged: a worker serving many queues reads no more rows than one serving one."""
         cur = await conn.execute(self._sql(CLAIM
         ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
-            "lease": lease})
+            "lease": lease, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         rows = await cur.fetchall()
         due = rows[-1][-1]
         claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), queue,
-                           traceparent, float(waited), run)
+                           traceparent, float(waited), token, run)
                    for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, _
                    in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))

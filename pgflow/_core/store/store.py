@@ -56,6 +56,7 @@ class WorkflowRow:
     id: str
     name: str
     status: str
+    attempt: int  # claims so far: an end read of attempt N is newer than a row read before it ran
     output: bytes | None
     error: dict[str, Any] | None
 
@@ -141,7 +142,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     async def workflow(self, id: str) -> WorkflowRow | None:
         row = await self._fetchone(
-            "SELECT id, name, status, output, error FROM {s}.workflows WHERE id = %s", (id,)
+            "SELECT id, name, status, attempt, output, error FROM {s}.workflows WHERE id = %s", (id,)
         )
         return None if row is None else WorkflowRow(*row)
 
@@ -214,12 +215,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             ), (silent_for,))
             return int(cur.rowcount)
 
-    async def release(self, id: str, attempt: int) -> bool:
+    async def release(self, id: str, lease: int) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting."""
         row = await self._fetchone(
             "UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE id = %s AND attempt = %s AND status = 'running' RETURNING 1",
-            (id, attempt),
+            " WHERE id = %s AND lease_token = %s AND status = 'running' RETURNING 1",
+            (id, lease),
         )
         return row is not None
 
@@ -233,9 +234,9 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
-    async def start_steps(self, notes: Sequence[tuple[str, int, int, int]]) -> list[tuple[bool, bool]]:
-        """Note, for each (workflow id, attempt, position, tries), that the execution holding that
-        attempt starts its ``tries``-th attempt of the step at ``position``, before the step runs, so
+    async def start_steps(self, notes: Sequence[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
+        """Note, for each (workflow id, attempt, claim lease, position, tries), that the execution
+        holding that lease starts its ``tries``-th attempt of the step at ``position``, before the step runs, so
         an attempt cut short by a crash still counts. Returns (still owner, cancel requested) per note.
 
         Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
@@ -243,10 +244,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         that the crash itself cut short."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::int[])"
-                "   WITH ORDINALITY AS a(id, attempt, position, tries, n)),"
+                "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int8[], %s::int[], %s::int[])"
+                "   WITH ORDINALITY AS a(id, attempt, lease, position, tries, n)),"
                 " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
-                "   ON w.id = a.id AND w.attempt = a.attempt AND w.status = 'running'),"
+                "   ON w.id = a.id AND w.lease_token = a.lease AND w.status = 'running'),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
                 " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
                 "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
@@ -258,18 +259,18 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             return [(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
 
     async def record_step(
-        self, workflow_id: str, attempt: int, position: int, name: str, output: bytes | None,
+        self, workflow_id: str, attempt: int, lease: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, exception: bytes | None, attempts: int,
         stream_ends: dict[str, int] | None = None,
     ) -> tuple[bool, bool]:
-        """Record a finished step for the execution holding ``attempt``.
+        """Record a finished step for the execution holding ``attempt`` under the claim ``lease``.
 
         Returns (still owner, cancel requested). The workflow row is share-locked for the insert, so a
         takeover cannot slip in between the fencing check and the write.
         """
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             # The attempts every execution started, this one's included: the record counts them all.
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
             "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
@@ -279,7 +280,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
-            {"id": workflow_id, "attempt": attempt, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
              "stream_ends": _jsonb(stream_ends or None)},
         )

@@ -11,18 +11,18 @@ from . import arrays
 from .statements import Statements
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
-# rows the writers named (``asked``: ordinal i, id, attempt, in id order, the order rows are locked in
+# rows the writers named (``asked``: ordinal i, id, lease, in id order, the order rows are locked in
 # everywhere) that are still running under the same execution. Each row is locked FOR SHARE, so no
 # claim can take the workflow over between this check and the commit, and then checked: the status
-# and the token (``attempt``) are tested outside the locking subquery, on the row as it is once
+# and the token (``lease_token``, the claim's) are tested outside the locking subquery, on the row as it is once
 # locked, so only the primary key can find it: a partial index on running rows, unanalysed on a new
 # table, made a plan that scanned every running row once per chunk owner (the LIMIT, a no-op on a
 # primary key, keeps the planner from pushing the status test down to where that index matches).
 _FENCE = (
     " fence AS (SELECT a.i, w.id, w.cancel_requested FROM asked a CROSS JOIN LATERAL"
-    "   (SELECT w.id, w.attempt, w.status, w.cancel_requested FROM {s}.workflows w WHERE w.id = a.id"
+    "   (SELECT w.id, w.lease_token, w.status, w.cancel_requested FROM {s}.workflows w WHERE w.id = a.id"
     "    LIMIT 1 FOR SHARE) w"
-    "   WHERE w.status = 'running' AND w.attempt = a.attempt),"
+    "   WHERE w.status = 'running' AND w.lease_token = a.lease),"
 )
 
 
@@ -68,11 +68,12 @@ class StreamStatements(Statements):
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
-        transaction. ``owners`` are the (workflow id, attempt) of the executions writing, in id
+        transaction. ``owners`` are the (workflow id, lease) of the executions writing, in id
         order; ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
-        Each chunk is written only if its execution still holds its workflow (fencing). Returns the
-        (workflow id, attempt) pairs that were fenced out and the ids whose cancellation was requested.
+        Each chunk is written only if its execution still holds its workflow (fencing by the claim's
+        token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out and the ids
+        whose cancellation was requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
@@ -82,20 +83,20 @@ class StreamStatements(Statements):
             cur = await conn.execute(self._sql(
                 # Binary arrays, packed here (arrays.py): the cheapest form for the server to take
                 # rows apart, and for this process to make.
-                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int[]) WITH ORDINALITY"
-                "   AS a(id, attempt, i) ORDER BY id),"
+                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int8[]) WITH ORDINALITY"
+                "   AS a(id, lease, i) ORDER BY id),"
                 + _FENCE +
                 " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
                 "   SELECT b.s, b.p, b.v FROM unnest(%b::int8[], %b::int8[], %b::int[], %b::bytea[]) AS b(o, s, p, v)"
                 "   JOIN fence f ON f.i = b.o"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT a.id, a.attempt, f.id IS NULL, coalesce(f.cancel_requested, false)"
+                " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
                 " FROM asked a LEFT JOIN fence f ON f.i = a.i"
                 " WHERE f.id IS NULL OR f.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), (arrays.texts([w for w, _ in owners]), arrays.int4s([a for _, a in owners]),
+            ), (arrays.texts([w for w, _ in owners]), arrays.int8s([lease for _, lease in owners]),
                 arrays.int8s(chunk_owners), arrays.int8s(stream_ids), arrays.int4s(positions),
                 arrays.byteas(values), channel, pings))
             rows = await cur.fetchall()

@@ -13,13 +13,14 @@ from .statements import Statements
 class WaitStatements(Statements):
     """The statements of ``Store`` for sleeps and suspensions (the pool and schema come from it)."""
 
-    async def record_wake(self, workflow_id: str, attempt: int, position: int, name: str,
+    async def record_wake(self, workflow_id: str, attempt: int, lease: int, position: int, name: str,
                           seconds: float) -> tuple[bool, bool, float, datetime]:
         """Journal a wake-up ``seconds`` from now, on the server's clock, for the execution holding
-        ``attempt``. Returns (still owner, cancel requested, seconds left, the wake-up time)."""
+        ``attempt`` under the claim ``lease``. Returns (still owner, cancel requested, seconds left, the
+        wake-up time)."""
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             " written AS (INSERT INTO {s}.steps (workflow_id, position, name, attempts, attempt, wake_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, 1, %(attempt)s,"
             "   now() + make_interval(secs => %(seconds)s) FROM owner"
@@ -28,19 +29,20 @@ class WaitStatements(Statements):
             "  WHERE workflow_id = %(id)s AND position = %(position)s AND NOT EXISTS (SELECT FROM written))"
             " SELECT (SELECT cancel_requested FROM owner), w.wake_at, extract(epoch FROM w.wake_at - now())::float8"
             " FROM (SELECT 1) AS one LEFT JOIN wake w ON true",
-            {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "seconds": seconds},
+            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+             "seconds": seconds},
         )
         assert row is not None
         return row[0] is not None, bool(row[0]), float(row[2] or 0.0), row[1] or datetime.now(UTC)
 
-    async def suspend(self, workflow_id: str, attempt: int, until: datetime,
+    async def suspend(self, workflow_id: str, lease: int, until: datetime,
                       topic: str | None = None) -> tuple[str, str] | None:
         """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
         comes first, when the claim fails it): queued again, due then, its lease released; its
         next claim does not count against its attempt budget (``attempt_base`` moves with it).
         A workflow waiting for a message on ``topic`` that is already there is due at once,
         and a cancellation asked for meanwhile ends it as cancelled instead. Returns (queue, status
-        now), or None when ``attempt`` no longer holds the workflow.
+        now), or None when the claim ``lease`` no longer holds the workflow.
 
         The row is locked before the messages are looked at, by a statement of its own: a send that
         stores a message locks the row too, so either the send committed first and this look sees its
@@ -48,9 +50,9 @@ class WaitStatements(Statements):
         (FOR NO KEY UPDATE: the key-share lock of a message's foreign key does not hold it up.)"""
         async with self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(self._sql(
-                "SELECT 1 FROM {s}.workflows WHERE id = %s AND attempt = %s AND status = 'running'"
+                "SELECT 1 FROM {s}.workflows WHERE id = %s AND lease_token = %s AND status = 'running'"
                 " FOR NO KEY UPDATE"
-            ), (workflow_id, attempt))
+            ), (workflow_id, lease))
             if await cur.fetchone() is None:
                 return None
             cur = await conn.execute(self._sql(
@@ -97,7 +99,7 @@ class WaitStatements(Statements):
         row = await cur.fetchone()
         return None if row is None else str(row[0])
 
-    async def receive(self, workflow_id: str, attempt: int, position: int, name: str, topic: str,
+    async def receive(self, workflow_id: str, attempt: int, lease: int, position: int, name: str, topic: str,
                       timeout: float, final: bool) -> tuple[bool, bool, bool, bytes | None, float, datetime]:
         """For the execution holding ``attempt``: take the oldest unconsumed message of ``topic`` and
         journal it at ``position``, in one statement, so a message is consumed exactly when its
@@ -108,7 +110,7 @@ class WaitStatements(Statements):
         deadline, the deadline)."""
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             " msg AS (SELECT id FROM {s}.messages WHERE workflow_id = %(id)s AND topic = %(topic)s"
             "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
             "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
@@ -128,20 +130,20 @@ class WaitStatements(Statements):
             "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
             " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
             "  at, extract(epoch FROM at - now())::float8 FROM deadline",
-            {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "topic": topic,
-             "timeout": timeout, "final": final},
+            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+             "topic": topic, "timeout": timeout, "final": final},
         )
         assert row is not None
         return row[0] is not None, bool(row[0]), bool(row[1]), row[2], float(row[4] or 0.0), row[3]
 
-    async def set_event(self, workflow_id: str, attempt: int, position: int, name: str, key: str,
+    async def set_event(self, workflow_id: str, attempt: int, lease: int, position: int, name: str, key: str,
                         value: bytes) -> tuple[bool, bool]:
         """Publish ``value`` under ``key`` for the execution holding ``attempt``, and journal it at
         ``position`` in the same statement (a position already journaled publishes nothing).
         Returns (still owner, cancel requested)."""
         row = await self._fetchone(
             "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'running' FOR SHARE),"
+            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             " written AS (INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(value)s, 1, %(attempt)s FROM owner"
             "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
@@ -149,8 +151,8 @@ class WaitStatements(Statements):
             "  SELECT %(id)s, %(key)s, %(value)s FROM written"
             "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = now() RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)",
-            {"id": workflow_id, "attempt": attempt, "position": position, "name": name, "key": key,
-             "value": value},
+            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+             "key": key, "value": value},
         )
         assert row is not None
         return row[0] is not None, bool(row[0])

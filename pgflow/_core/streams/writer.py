@@ -43,6 +43,7 @@ class Owner(Protocol):
 
     workflow_id: str
     attempt: int
+    lease: int
     interrupt: ExecutionInterrupted | None
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
 
@@ -156,7 +157,7 @@ class StreamWriter(GroupCommit[_Pending]):
             keys.add(stream.ping)
             n = index.get(owner)
             if n is None:
-                owners.append((owner.workflow_id, owner.attempt))
+                owners.append((owner.workflow_id, owner.lease))
                 n = index[owner] = len(owners)
             chunk_owners.append(n)
             positions.append(p.position)
@@ -205,7 +206,7 @@ class StreamWriter(GroupCommit[_Pending]):
             return
         for p in batch:
             owner = p.owner
-            if (owner.workflow_id, owner.attempt) in fenced:
+            if (owner.workflow_id, owner.lease) in fenced:
                 owner.interrupt = LeaseLost(f"workflow {owner.workflow_id!r} attempt {owner.attempt} lost its lease")
                 p.resolve(owner.interrupt)
                 continue

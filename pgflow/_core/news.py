@@ -1,0 +1,123 @@
+"""What pings told one event loop about workflow ends, so that a caller waiting for a result can
+do without reading the workflow's row.
+
+Two things are kept, both bounded:
+
+- the end an ``o:`` ping carried (the end statement sends it with its commit; see ``store/ends.py``)
+  of a workflow somebody on this loop waits on, until that waiter takes it;
+- the workflows started on this loop while its listener was listening, with what was heard of them
+  since. One of which nothing was heard has not ended (its end would have pinged this loop), so the
+  first look of a wait for its result needs no read either.
+
+Whatever may have made this loop miss a ping (its listener stopping or reconnecting, a ping that
+wakes everybody) forgets the starts: their waits read the row, as any other.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from .store import WorkflowRow
+
+CARRIED_END = "o:"
+ENDED = "wf:"
+MAX_STARTS = 10_000  # starts remembered; the oldest are forgotten first (their waits read the row)
+
+_HEARD = "heard"  # a start whose workflow was pinged without its end: its wait reads the row
+
+
+class EndNews:
+    def __init__(self) -> None:
+        self._watched: dict[str, int] = {}  # workflow id -> keys "wf:<id>" waited on
+        self._ended: dict[str, WorkflowRow] = {}  # carried ends of watched workflows, until taken
+        self._started: dict[str, WorkflowRow | str | None] = {}  # see the module's docstring
+        self.epoch = 0  # moves on whenever the starts are forgotten
+        self.taken = 0  # ends a wait took from here instead of reading the row
+
+    def watch(self, workflow_id: str) -> None:
+        self._watched[workflow_id] = self._watched.get(workflow_id, 0) + 1
+
+    def unwatch(self, workflow_id: str) -> None:
+        left = self._watched.get(workflow_id, 0) - 1
+        if left > 0:
+            self._watched[workflow_id] = left
+        else:
+            self._watched.pop(workflow_id, None)
+            self._ended.pop(workflow_id, None)
+
+    def started(self, workflow_ids: Iterable[str], epoch: int | None) -> None:
+        """Workflows created by a statement sent while the listener listened, at ``epoch`` (None:
+        it did not listen, and nothing is remembered)."""
+        if epoch is None or epoch != self.epoch:
+            return
+        for workflow_id in workflow_ids:
+            self._started[workflow_id] = None
+            if len(self._started) > MAX_STARTS:
+                del self._started[next(iter(self._started))]
+
+    def forget(self) -> None:
+        """Pings may have been missed: no start can be trusted to be quiet any more."""
+        self.epoch += 1
+        self._started.clear()
+
+    def hear(self, keys: Iterable[str]) -> None:
+        """Note what ``keys`` (a ping's) say about watched or started workflows."""
+        if not self._watched and not self._started:
+            return
+        for key in keys:
+            if key.startswith(CARRIED_END):
+                end = carried_end(key)
+                if end is None:
+                    continue
+                if end.id in self._watched:
+                    self._ended[end.id] = end
+                if end.id in self._started:
+                    self._started[end.id] = end
+            elif key.startswith(ENDED):
+                workflow_id = key[len(ENDED):]
+                if self._started.get(workflow_id, _HEARD) is None:
+                    self._started[workflow_id] = _HEARD
+
+    def first_look(self, workflow_id: str) -> tuple[bool, WorkflowRow | None]:
+        """(known, end) for a wait on ``workflow_id`` about to look for the first time (its waiter
+        already registered): known when it was started here and everything since was heard; end,
+        then, when it ended, None when it has not."""
+        news = self._started.pop(workflow_id, _HEARD)
+        if isinstance(news, WorkflowRow):
+            self.taken += 1
+            return True, news
+        return news is None, None
+
+    def take_end(self, seen: WorkflowRow) -> WorkflowRow | None:
+        """The end of a watched workflow that a ping carried since its row was ``seen``, if one did."""
+        end = self._ended.pop(seen.id, None)
+        if end is None or not supersedes(end, seen):
+            return None
+        self.taken += 1
+        return end
+
+
+def as_started(workflow_id: str) -> WorkflowRow:
+    """The row of a workflow as its start wrote it (what a wait that needed no first read has seen)."""
+    return WorkflowRow(workflow_id, "", "queued", 0, None, None)
+
+
+def carried_end(key: str) -> WorkflowRow | None:
+    """The workflow end an ``o:`` ping carries (None for one that does not parse)."""
+    try:
+        id, name, status, attempt, output, error = msgspec.json.decode(
+            key[len(CARRIED_END):], type=tuple[str, str, str, int, str | None, dict[str, Any] | None])
+        return WorkflowRow(id, name, status, attempt, None if output is None else base64.b64decode(output), error)
+    except (msgspec.DecodeError, binascii.Error):
+        return None
+
+
+def supersedes(end: WorkflowRow, seen: WorkflowRow) -> bool:
+    """Whether a carried ``end`` happened after the row was ``seen``: a ping can arrive late, after
+    the workflow was resumed (queued again, same attempt), and must not pass for the new run's end."""
+    return end.attempt > seen.attempt or (end.attempt == seen.attempt and seen.status == "running")

@@ -1,0 +1,117 @@
+"""A workflow's end rides on its ping: the caller waiting for the result takes it from the ping, with
+no read of the row, and a ping that arrives late cannot pass for a later run's end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+import pgflow
+from pgflow._core.news import EndNews
+from pgflow._core.store import WorkflowRow
+from pgflow._core.store.ends import CARRY_AT_MOST
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def worker_app(dsn: str, schema: str) -> Iterator[pgflow.App]:
+    """A second App: its runtime pings the caller's through the server, as another process would."""
+    app = pgflow.App(dsn, schema=schema)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+async def test_results_come_with_their_end_pings(app: pgflow.App, worker_app: pgflow.App) -> None:
+    gate = asyncio.Event()
+    sizes = [0, 10, -1, CARRY_AT_MOST * 2]  # -1 fails; the last is too big to ride on a ping: it is read
+
+    async def echo(n: int, size: int) -> dict[str, object]:
+        await gate.wait()
+        if size < 0:
+            raise ValueError("no good")
+        return {"n": n, "text": "x" * size, "quote": '"\n\\'}
+
+    worker_app.workflow(name="carried.echo")(echo)
+    caller = app.workflow(name="carried.echo")(echo)
+    await worker_app.migrate_async()
+    handles = [await caller.start_async(n, size) for n, size in enumerate(sizes)]
+    async with worker_app.worker(concurrency=len(sizes)):
+        while [await h.status_async() for h in handles] != ["running"] * len(sizes):
+            await asyncio.sleep(0.02)
+        waiting = [asyncio.create_task(h.result_async(timeout=60)) for h in handles]
+        while app.stats().listeners_connected == 0:  # the callers' pings can reach them now
+            await asyncio.sleep(0.02)
+        gate.set()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+    failure = results.pop(2)
+    assert isinstance(failure, pgflow.WorkflowFailed) and failure.message == "no good"
+    assert results == [{"n": n, "text": "x" * size, "quote": '"\n\\'} for n, size in enumerate(sizes) if size >= 0]
+    # The small ends came with their pings (unless a first look already found one ended); the big
+    # one never does.
+    assert 1 <= app.stats().results_from_pings <= len(sizes) - 1
+
+
+async def test_a_wait_needs_no_read_for_a_workflow_started_while_listening(app: pgflow.App,
+                                                                           worker_app: pgflow.App) -> None:
+    gate = asyncio.Event()
+
+    async def gated(n: int) -> int:
+        if n == 0:
+            await gate.wait()
+        return n
+
+    worker_app.workflow(name="carried.gated")(gated)
+    caller = app.workflow(name="carried.gated")(gated)
+    await worker_app.migrate_async()
+    async with worker_app.worker():
+        first = await caller.start_async(0)  # started before anything listened: its wait reads
+        waiting = asyncio.create_task(first.result_async(timeout=60))
+        while app.stats().listeners_connected == 0:
+            await asyncio.sleep(0.02)
+        before = app.stats().results_from_pings
+        quick = await caller.start_async(1)  # its end pings a listener that already listened
+        assert await quick.result_async(timeout=60) == 1
+        assert app.stats().results_from_pings == before + 1
+        gate.set()
+        assert await waiting == 0
+
+
+def test_a_late_ping_does_not_answer_for_a_later_run() -> None:
+    news = EndNews()
+    end = 'o:["w1", "wf.name", "failed", 3, null, {"type": "ValueError", "message": "old"}]'
+    news.watch("w1")
+    # The end of attempt 3 arrives after the workflow was resumed: its row, read meanwhile, is queued
+    # again at attempt 3. That end is not the resumed run's.
+    news.hear([end])
+    assert news.take_end(WorkflowRow("w1", "wf.name", "queued", 3, None, None)) is None
+    # Read while attempt 3 ran, the same end is the answer.
+    news.hear([end])
+    taken = news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None))
+    assert taken is not None and taken.status == "failed" and taken.error == {"type": "ValueError", "message": "old"}
+    # Nobody waits any more: nothing is kept.
+    news.unwatch("w1")
+    news.hear([end])
+    assert news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None)) is None
+
+
+def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
+    news = EndNews()
+    end = 'o:["quiet-end", "wf.name", "succeeded", 1, "bnVsbA==", null]'
+    news.started(["quiet", "quiet-end", "pinged", "deaf"], news.epoch)
+    news.started(["unheard"], None)  # the listener did not listen when it was started
+    news.hear([end, "wf:quiet-end", "wf:pinged"])  # "pinged": cancelled, say; its end rode on nothing
+    assert news.first_look("quiet") == (True, None)  # nothing heard: it has not ended
+    known, got = news.first_look("quiet-end")
+    assert known and got is not None and got.output == b"null"
+    assert news.first_look("pinged") == (False, None)
+    assert news.first_look("unheard") == (False, None)
+    epoch = news.epoch
+    news.forget()  # the listener stopped: pings may have passed this loop by
+    assert news.first_look("deaf") == (False, None)
+    news.started(["late"], epoch)  # sent before the listener stopped, created after
+    assert news.first_look("late") == (False, None)
