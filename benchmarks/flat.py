@@ -75,9 +75,14 @@ def copies(conn: Any, schema: str, template: str, n: int, prefix: str, status: s
 
 
 def chunk_copies(conn: Any, schema: str, template: str, prefix: str, n: int) -> None:
-    conn.execute(f'INSERT INTO "{schema}".streams (workflow_id, key, position, value)'
-                 f" SELECT '{prefix}-' || g, c.key, c.position, c.value"
-                 f' FROM "{schema}".streams c, generate_series(1, %s) g WHERE c.workflow_id = %s', (n, template))
+    conn.execute(f'INSERT INTO "{schema}".stream_ids (workflow_id, key)'
+                 f" SELECT '{prefix}-' || g, i.key FROM \"{schema}\".stream_ids i, generate_series(1, %s) g"
+                 " WHERE i.workflow_id = %s", (n, template))
+    conn.execute(f'INSERT INTO "{schema}".chunks (stream_id, position, value)'
+                 f' SELECT n.id, c.position, c.value FROM "{schema}".stream_ids t'
+                 f' JOIN "{schema}".chunks c ON c.stream_id = t.id'
+                 f' JOIN "{schema}".stream_ids n ON n.key = t.key AND n.workflow_id LIKE %s'
+                 " WHERE t.workflow_id = %s", (f"{prefix}-%", template))
 
 
 class FlatStreams(streams.Orchestrator):
@@ -132,7 +137,8 @@ class Flat:
             copies(conn, schema, queued_id, n_queued, "task", "queued", queue="default")
             conn.execute(f'DELETE FROM "{schema}".workflows WHERE id = %s', (queued_id,))
             conn.execute(f'ANALYZE "{schema}".workflows')
-            conn.execute(f'ANALYZE "{schema}".streams')
+            conn.execute(f'ANALYZE "{schema}".stream_ids')
+            conn.execute(f'ANALYZE "{schema}".chunks')
             info["fill_s"] = time.perf_counter() - t0
             info["rows"] = {t: conn.execute(f'SELECT count(*) FROM "{schema}".{t}').fetchone()[0]
                             for t in ("workflows", "streams")}

@@ -148,7 +148,7 @@ class Child:
 
 
 def fill(dsn: str, schema: str, workflows: int, chunks: int) -> float:
-    """Old finished workflows with a step and ``chunks`` chunks each, in three statements; seconds."""
+    """Old finished workflows with a step and ``chunks`` chunks each, in four statements; seconds."""
     began = time.monotonic()
     s = f'"{schema}"'
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -164,10 +164,13 @@ def fill(dsn: str, schema: str, workflows: int, chunks: int) -> float:
             " SELECT 'old-' || g, 0, 'bench.step', '\\xc0'::bytea, 1, 1 FROM generate_series(1, %s) g",
             (workflows,))
         conn.execute(
-            f"INSERT INTO {s}.streams (workflow_id, key, position, value)"
-            " SELECT 'old-' || g, 'tokens', p, '\\x92cb41d9b0a3c4000000cd0400'::bytea"
-            " FROM generate_series(1, %s) g, generate_series(0, %s) p", (workflows, chunks - 1))
-        for table in ("workflows", "steps", "streams"):
+            f"INSERT INTO {s}.stream_ids (workflow_id, key) SELECT 'old-' || g, 'tokens'"
+            " FROM generate_series(1, %s) g", (workflows,))
+        conn.execute(
+            f"INSERT INTO {s}.chunks (stream_id, position, value)"
+            " SELECT i.id, p, '\\x92cb41d9b0a3c4000000cd0400'::bytea"
+            f" FROM {s}.stream_ids i, generate_series(0, %s) p WHERE i.workflow_id LIKE 'old-%%'", (chunks - 1,))
+        for table in ("workflows", "steps", "stream_ids", "chunks"):
             conn.execute(f"VACUUM ANALYZE {s}.{table}")
     return time.monotonic() - began
 

@@ -20,7 +20,7 @@ import msgspec
 from .errors import SerializationError
 
 _encoder = msgspec.msgpack.Encoder()
-_untyped = msgspec.msgpack.Decoder()
+_untyped = untyped = msgspec.msgpack.Decoder()  # ``untyped.decode``: the decoding of a value read as Any
 
 
 def encode(value: object, what: str) -> bytes:
@@ -39,6 +39,15 @@ def encode(value: object, what: str) -> bytes:
         ) from exc
     except RecursionError as exc:
         raise SerializationError(f"{what} cannot be stored: it is nested too deeply") from exc
+
+
+def encode_quietly(value: object) -> bytes | None:
+    """Encode one value, or None when it cannot be: the hot path of a stream write, which builds
+    no error message unless it needs one (``encode`` then says why)."""
+    try:
+        return _encoder.encode(value)
+    except Exception:  # noqa: BLE001 - whatever it was, ``encode`` reports it properly
+        return None
 
 
 def decode(data: bytes, type_: Any = Any) -> Any:

@@ -232,9 +232,9 @@ async def test_a_chunk_the_server_refuses_fails_its_own_workflow_and_no_other_in
     await app.migrate_async()
     s = f'"{app.schema}"'
     await query(dsn, f"CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS"
-                     " $$BEGIN RAISE EXCEPTION 'refused by the server'; END$$")
-    await query(dsn, f"CREATE TRIGGER refuse BEFORE INSERT ON {s}.streams FOR EACH ROW"
-                     f" WHEN (NEW.key = 'poison') EXECUTE FUNCTION {s}.refuse()")
+                     f" $$BEGIN IF (SELECT key FROM {s}.stream_ids WHERE id = NEW.stream_id) = 'poison' THEN"
+                     " RAISE EXCEPTION 'refused by the server'; END IF; RETURN NEW; END$$")
+    await query(dsn, f"CREATE TRIGGER refuse BEFORE INSERT ON {s}.chunks FOR EACH ROW EXECUTE FUNCTION {s}.refuse()")
     go = anyio.Event()
 
     @app.workflow

@@ -57,8 +57,16 @@ def check_delay(delay: object) -> float:
     return float(delay)
 
 
+_good_keys: set[str] = set()  # stream keys already checked: a writer names the same few keys again and again
+
+
 def check_key(key: str) -> None:
+    if type(key) is str and key in _good_keys:  # (a str subclass could compare equal to a good key)
+        return
     check_text(key, "a stream key", MAX_KEY_BYTES)
+    if len(_good_keys) > 1000:
+        _good_keys.clear()
+    _good_keys.add(key)
 
 
 def check_reader(key: str, offset: int) -> None:
@@ -68,7 +76,9 @@ def check_reader(key: str, offset: int) -> None:
 
 
 def encode_chunk(key: str, value: object) -> bytes:
-    data = codec.encode(value, f"a chunk of stream {key!r}")
+    data = codec.encode_quietly(value)
+    if data is None:  # it cannot be encoded: again, for the error that says why
+        data = codec.encode(value, f"a chunk of stream {key!r}")
     if len(data) > MAX_CHUNK_BYTES:
         raise ValueError(
             f"a chunk of stream {key!r} is {len(data)} bytes encoded; the limit is {MAX_CHUNK_BYTES}. "

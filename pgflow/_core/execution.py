@@ -41,7 +41,7 @@ from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
 from .store import StepRecord, Store, retrying, unreachable
-from .streams.writer import StreamWriter
+from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
@@ -99,6 +99,7 @@ class Execution:
     stream_ends: dict[str, int] = field(default_factory=dict)
     stream_cursor: dict[str, int] = field(default_factory=dict)
     closed_streams: set[str] = field(default_factory=set)
+    named_streams: dict[str, Stream] = field(default_factory=dict)  # what the writer knows of each stream
     next_position: int = 0
     interrupt: ExecutionInterrupted | None = field(default=None)
     # Step calls made in an async workflow and not yet started; one still unstarted when the body
@@ -300,25 +301,29 @@ class Execution:
         workflow body, the n-th write to a key lands at the same position on every run, so a workflow
         replayed after a crash skips the writes that were already committed instead of repeating them.
         """
-        self.check_interrupt()
+        if self.interrupt is not None:
+            raise self.interrupt
         run = inside_step.get()
         if run is not None and run.abandoned:
             raise StepTimeout(f"stream {key!r}: the step attempt writing it ran past its timeout and was abandoned")
-        if key in self.closed_streams:
+        closed = self.closed_streams
+        if closed and key in closed:
             raise ValueError(f"stream {key!r} of workflow {self.workflow_id!r} is closed")
         if value is None:
-            self.closed_streams.add(key)
+            closed.add(key)
         end = self.stream_ends.get(key, 0)
-        if not inside_step.get():
+        if run is None:
             cursor = self.stream_cursor.get(key, 0)
             self.stream_cursor[key] = cursor + 1
             if cursor < end:
                 return
         self.stream_ends[key] = end + 1
-        if self.writer is None:
+        writer = self.writer
+        if writer is None:
             raise RuntimeError("streams are written by workflows run by a worker")
-        await self.writer.write(self, key, end, value)
-        self.check_interrupt()
+        await writer.write(self, key, end, value)
+        if self.interrupt is not None:
+            raise self.interrupt
 
     def stream_offset(self, key: str) -> int:
         """Inside a step: chunks this step call has committed to ``key`` so far, earlier attempts

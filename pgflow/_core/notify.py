@@ -239,24 +239,22 @@ def payloads_for(token: str, keys: set[str]) -> list[str]:
 
 
 def pack(token: str, keys: Iterable[str]) -> list[str]:
-    """Pack keys into as few payloads under the NOTIFY limit as possible, each tagged with the
-    sending process's token."""
-    payloads: list[str] = []
-    batch: list[str] = []
-    size = len(token) + 8
-    for key in keys:
-        cost = len(msgspec.json.encode(key)) + 1
-        if cost + len(token) + 8 > PAYLOAD_LIMIT:
-            # A key too long for any payload (an enormous workflow id): wake everybody instead.
-            key, cost = WAKE_ALL, 4
-        if batch and size + cost > PAYLOAD_LIMIT:
-            payloads.append(_payload(token, batch))
-            batch, size = [], len(token) + 8
-        batch.append(key)
-        size += cost
-    if batch:
-        payloads.append(_payload(token, batch))
-    return payloads
+    """Pack keys into few payloads under the NOTIFY limit, each tagged with the sending process's
+    token. A batch's keys are encoded at once and halved until each half fits, which costs a few
+    encodings of the whole set instead of one per key (a stream batch has a key per chunk)."""
+    keys = list(keys)
+    return _halves(token, keys) if keys else []
+
+
+def _halves(token: str, keys: list[str]) -> list[str]:
+    whole = msgspec.json.encode([token, keys])
+    if len(whole) <= PAYLOAD_LIMIT:
+        return [whole.decode()]
+    if len(keys) == 1:
+        # A key too long for any payload (an enormous workflow id): wake everybody instead.
+        return [_payload(token, [WAKE_ALL])]
+    middle = len(keys) // 2
+    return _halves(token, keys[:middle]) + _halves(token, keys[middle:])
 
 
 def _payload(token: str, keys: list[str]) -> str:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -31,7 +31,7 @@ from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
 from .pool import Pool
 from .registry import Config
 from .store import NO_PINGS, Pings, Store, retrying
-from .streams.reader import ChunkFetcher, Chunks, read_batches
+from .streams.reader import ChunkFetcher, StreamRead, read_batches
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow")
@@ -196,7 +196,7 @@ class Runtime:
         assert self.config is not None
         return await until(waiter, check, timeout, self.config.poll_interval)
 
-    def read_stream(self, workflow_id: str, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
+    def read_stream(self, workflow_id: str, key: str, offset: int) -> StreamRead:
         """Batches of chunks of a stream from ``offset`` on, waiting for each, until the stream can
         grow no more. (The first fetch opens the store, which sets the poll interval before any
         reader waits for a tick.)"""

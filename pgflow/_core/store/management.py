@@ -110,11 +110,16 @@ class ManagementStatements(Statements):
             # The chunks written before the last copied step ended: a replay of the copied steps
             # skips exactly those positions, so the fork's streams have no gap.
             await conn.execute(self._sql(
-                "INSERT INTO {s}.streams (workflow_id, key, position, value)"
-                " SELECT %(new)s, c.key, c.position, c.value FROM {s}.streams c"
-                " JOIN LATERAL (SELECT stream_ends FROM {s}.steps WHERE workflow_id = %(old)s"
-                "  AND position < %(n)s ORDER BY position DESC LIMIT 1) last ON true"
-                " WHERE c.workflow_id = %(old)s AND c.position < (last.stream_ends ->> c.key)::int"),
+                "WITH copied AS (SELECT i.id, i.key, (last.stream_ends ->> i.key)::int AS upto"
+                "   FROM {s}.stream_ids i"
+                "   JOIN LATERAL (SELECT stream_ends FROM {s}.steps WHERE workflow_id = %(old)s"
+                "    AND position < %(n)s ORDER BY position DESC LIMIT 1) last ON true"
+                "   WHERE i.workflow_id = %(old)s AND (last.stream_ends ->> i.key)::int > 0),"
+                " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT %(new)s, key FROM copied"
+                "   ORDER BY key RETURNING id, key)"
+                " INSERT INTO {s}.chunks (stream_id, position, value)"
+                " SELECT named.id, c.position, c.value FROM copied JOIN named ON named.key = copied.key"
+                " JOIN {s}.chunks c ON c.stream_id = copied.id AND c.position < copied.upto"),
                 {"new": new_id, "old": workflow_id, "n": from_step})
             return str(row[0])
 
@@ -183,7 +188,9 @@ class ManagementStatements(Statements):
                 "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
                 "   AND finished_at < now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
-                " chunks AS (DELETE FROM {s}.streams WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+                " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))"
+                "   RETURNING id),"
+                " chunks AS (DELETE FROM {s}.chunks WHERE stream_id = ANY(ARRAY(SELECT id FROM named))),"
                 " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
                 " SELECT count(*) FROM gone"), (older_than, batch))

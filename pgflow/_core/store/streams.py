@@ -1,28 +1,29 @@
-"""The SQL of streams: reading the ends once per execution, group-committed writes, shared reads."""
+"""The SQL of streams: reading the ends once per execution, naming streams by id, group-committed
+writes, shared reads.
+
+A stream is named once in ``stream_ids`` (workflow, key) -> id, and its chunks are keyed (stream id,
+position): a bigint key instead of two text columns in every index entry of the hot insert.
+"""
 
 from __future__ import annotations
 
-import msgspec
-
+from . import arrays
 from .statements import Statements
 
-
-class _Chunk(msgspec.Struct, array_like=False):
-    w: str
-    a: int
-    k: str
-    p: int
-    v: bytes | None
-
-
-class _Ask(msgspec.Struct, array_like=False):
-    i: int
-    workflow_id: str
-    key: str
-    start: int
-
-
-_ROWS = _ASKS = msgspec.json.Encoder()
+# The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
+# rows the writers named (``asked``: ordinal i, id, lease, in id order, the order rows are locked in
+# everywhere) that are still running under the same execution. Each row is locked FOR SHARE, so no
+# claim can take the workflow over between this check and the commit, and then checked: the status
+# and the token (``lease_token``, the claim's) are tested outside the locking subquery, on the row as it is once
+# locked, so only the primary key can find it: a partial index on running rows, unanalysed on a new
+# table, made a plan that scanned every running row once per chunk owner (the LIMIT, a no-op on a
+# primary key, keeps the planner from pushing the status test down to where that index matches).
+_FENCE = (
+    " fence AS (SELECT a.i, w.id, w.cancel_requested FROM asked a CROSS JOIN LATERAL"
+    "   (SELECT w.id, w.lease_token, w.status, w.cancel_requested FROM {s}.workflows w WHERE w.id = a.id"
+    "    LIMIT 1 FOR SHARE) w"
+    "   WHERE w.status = 'running' AND w.lease_token = a.lease),"
+)
 
 
 class StreamStatements(Statements):
@@ -33,95 +34,123 @@ class StreamStatements(Statements):
         positions are then assigned in memory rather than by a max()+1 query per write."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT key, max(position) + 1 FROM {s}.streams WHERE workflow_id = %s GROUP BY key"
+                "SELECT i.key, (SELECT max(position) + 1 FROM {s}.chunks WHERE stream_id = i.id)"
+                " FROM {s}.stream_ids i WHERE i.workflow_id = %s"
             ), (workflow_id,))
-            return {str(key): int(end) for key, end in await cur.fetchall()}
+            return {str(key): int(end) for key, end in await cur.fetchall() if end is not None}
+
+    async def stream_ids(self, workflow_ids: list[str], keys: list[str]) -> dict[tuple[str, str], int]:
+        """The ids of these (workflow, key) streams, naming those that have none yet. A stream named
+        by a concurrent statement still uncommitted when this one began is missing from one answer;
+        it is asked again (its row is committed by then: our insert waited for it)."""
+        found: dict[tuple[str, str], int] = {}
+        asked = sorted(set(zip(workflow_ids, keys, strict=True)))
+        async with self.pool.connection() as conn:
+            while asked:
+                cur = await conn.execute(self._sql(
+                    "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::text[]) AS a(workflow_id, key)),"
+                    " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT workflow_id, key FROM asked"
+                    "   ORDER BY workflow_id, key ON CONFLICT DO NOTHING RETURNING id, workflow_id, key)"
+                    " SELECT id, workflow_id, key FROM named"
+                    " UNION ALL SELECT i.id, i.workflow_id, i.key FROM asked a"
+                    "   JOIN {s}.stream_ids i ON i.workflow_id = a.workflow_id AND i.key = a.key"
+                ), ([w for w, _ in asked], [k for _, k in asked]), binary=True)
+                for id, workflow_id, key in await cur.fetchall():
+                    found[(workflow_id, key)] = id
+                asked = [stream for stream in asked if stream not in found]
+        return found
 
     async def write_chunks(
-        self, workflow_ids: list[str], leases: list[int], keys: list[str], positions: list[int],
-        values: list[bytes | None], channel: str, pings: list[str], again: bool = False,
+        self, owners: list[tuple[str, int]], chunk_owners: list[int], stream_ids: list[int],
+        positions: list[int], values: list[bytes | None], channel: str, pings: list[str],
+        again: bool = False,
     ) -> tuple[set[tuple[str, int]], set[str]]:
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
-        transaction.
+        transaction. ``owners`` are the (workflow id, lease) of the executions writing, in id
+        order; ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
         Each chunk is written only if its execution still holds its workflow (fencing by the claim's
-        token, ``leases``). Returns the (workflow id, lease) pairs that were fenced out and the ids
+        token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out and the ids
         whose cancellation was requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
         """
-        document = _ROWS.encode([_Chunk(*chunk) for chunk in zip(workflow_ids, leases, keys, positions, values,
-                                                              strict=True)])
-        owners = sorted(set(zip(workflow_ids, leases, strict=True)))
         async with self.pool.connection() as conn:
+            arrays.ready(conn)
             cur = await conn.execute(self._sql(
-                # One JSON document for the whole batch: msgspec encodes it far faster than psycopg
-                # dumps five arrays element by element. The owners come apart, in id order (the order
-                # rows are locked in everywhere), so the workflows are found by their primary key,
-                # not by a scan of every running workflow.
-                "WITH owners AS (SELECT w.id, w.lease_token, w.cancel_requested FROM {s}.workflows w"
-                "   WHERE w.id = ANY(%b::text[]) AND w.status = 'running' ORDER BY w.id FOR SHARE),"
-                " written AS (INSERT INTO {s}.streams (workflow_id, key, position, value)"
-                "   SELECT b.w, b.k, b.p, decode(b.v, 'base64')"
-                "   FROM json_to_recordset(%b::json) AS b(w text, a int8, k text, p int, v text)"
-                "   JOIN owners o ON o.id = b.w AND o.lease_token = b.a"
+                # Binary arrays, packed here (arrays.py): the cheapest form for the server to take
+                # rows apart, and for this process to make.
+                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int8[]) WITH ORDINALITY"
+                "   AS a(id, lease, i) ORDER BY id),"
+                + _FENCE +
+                " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
+                "   SELECT b.s, b.p, b.v FROM unnest(%b::int8[], %b::int8[], %b::int[], %b::bytea[]) AS b(o, s, p, v)"
+                "   JOIN fence f ON f.i = b.o"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT a.id, a.lease, o.id IS NULL, coalesce(o.cancel_requested, false)"
-                " FROM unnest(%b::text[], %b::int8[]) AS a(id, lease)"
-                " LEFT JOIN owners o ON o.id = a.id AND o.lease_token = a.lease"
-                " WHERE o.id IS NULL OR o.cancel_requested"
+                " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
+                " FROM asked a LEFT JOIN fence f ON f.i = a.i"
+                " WHERE f.id IS NULL OR f.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
                 "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
-            ), ([w for w, _ in owners], document.decode(), [w for w, _ in owners], [a for _, a in owners],
-                channel, pings))
+            ), (arrays.texts([w for w, _ in owners]), arrays.int8s([lease for _, lease in owners]),
+                arrays.int8s(chunk_owners), arrays.int8s(stream_ids), arrays.int4s(positions),
+                arrays.byteas(values), channel, pings))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
         return fenced, cancelled
 
     async def read_streams(
-        self, workflow_ids: list[str], keys: list[str], offsets: list[int], limit: int,
-    ) -> list[tuple[str | None, bool, list[tuple[int, bytes | None]]]]:
-        """For each (workflow, key, offset) asked: up to ``limit`` chunks from the offset on, and when
-        there are none, the workflow's status (None when there is no such workflow) and whether the
-        stream is closed; all in one query. (With chunks, the status is "running" as far as the reader
-        cares: it asks again.)
+        self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
+        limit: int,
+    ) -> list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]]:
+        """For each (stream id if known, workflow, key, offset) asked: the stream's id (None while it
+        has none), up to ``limit`` chunks from the offset on, and when there are none, the
+        workflow's status (None when there is no such workflow) and whether the stream is closed;
+        all in one query. (With chunks, the status is "running" as far as the reader cares: it asks
+        again.)
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
         async with self.pool.connection() as conn:
+            arrays.ready(conn)
             cur = await conn.execute(self._sql(
                 # Only a read that found nothing needs the workflow's status and whether the stream
                 # was closed before its offset (the close marker is always a stream's last chunk):
                 # scalar subqueries under CASE, so the others skip both lookups, and the planner
-                # cannot turn them into a scan of the whole workflows table.
-                "SELECT r.i,"
+                # cannot turn them into a scan of the whole workflows table. A stream id 0 is one
+                # not known yet (ids start at 1).
+                "SELECT r.i, s.id,"
                 " CASE WHEN c.position IS NULL THEN"
                 "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END,"
-                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.streams"
-                "  WHERE workflow_id = r.workflow_id AND key = r.key ORDER BY position DESC LIMIT 1), false)"
+                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
+                "  WHERE stream_id = s.id ORDER BY position DESC LIMIT 1), false)"
                 "  ELSE false END,"
                 " c.position, c.value"
-                " FROM json_to_recordset(%b::json) AS r(i int, workflow_id text, key text, start int)"
-                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.streams"
-                "   WHERE workflow_id = r.workflow_id AND key = r.key AND position >= r.start"
-                "   ORDER BY position LIMIT %s) c ON true"
+                " FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
+                "   AS r(sid, workflow_id, key, start, i)"
+                " CROSS JOIN LATERAL (SELECT coalesce(nullif(r.sid, 0), (SELECT id FROM {s}.stream_ids"
+                "   WHERE workflow_id = r.workflow_id AND key = r.key)) AS id) s"
+                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
+                "   WHERE stream_id = s.id AND position >= r.start ORDER BY position LIMIT %s) c ON true"
                 " ORDER BY r.i, c.position"
-            ), (_ASKS.encode([_Ask(i, *ask) for i, ask in enumerate(zip(workflow_ids, keys, offsets, strict=True), 1)])
-                .decode(), limit), binary=True)
-            found: list[tuple[str | None, bool, list[tuple[int, bytes | None]]]] = [
-                (None, False, []) for _ in workflow_ids
-            ]
-            for i, status, closed, position, value in await cur.fetchall():
-                chunks = found[i - 1][2]
-                if position is None:
-                    found[i - 1] = (status, bool(closed), chunks)
-                else:
-                    chunks.append((int(position), value))
-                    found[i - 1] = ("running", False, chunks)
-            return found
+            ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
+                arrays.int4s(offsets), limit), binary=True)
+            rows = await cur.fetchall()
+        found: list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]] = [
+            (None, None, False, []) for _ in workflow_ids
+        ]
+        for i, sid, status, closed, position, value in rows:
+            entry = found[i - 1]
+            if position is None:
+                found[i - 1] = (sid, status, bool(closed), entry[3])
+            else:
+                if entry[1] is None:
+                    entry = found[i - 1] = (sid, "running", False, entry[3])
+                entry[3].append((position, value))
+        return found

@@ -13,8 +13,9 @@ not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -44,15 +45,20 @@ class StreamRead:
     Pings and poll ticks call ``wake``, which only marks the stream as asked; the reader's task wakes
     when its answer is in (or when it is the one to run the query)."""
 
-    __slots__ = ("workflow_id", "key", "offset", "_fetcher", "_signal", "asked", "in_flight", "again",
-                 "runs_fetch", "chunks", "held", "ended", "error", "closed", "outage")
+    __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "_open", "asked",
+                 "in_flight", "again", "runs_fetch", "chunks", "held", "ended", "error", "closed", "outage")
 
-    def __init__(self, fetcher: ChunkFetcher, workflow_id: str, key: str, offset: int) -> None:
+    def __init__(self, fetcher: ChunkFetcher, waiters: Waiters | None, workflow_id: str, key: str,
+                 offset: int) -> None:
         self.workflow_id = workflow_id
         self.key = key
+        self.sid: int | None = None  # the stream's id in the table, once it has one
         self.offset = offset
         self._fetcher = fetcher
+        self._waiters = waiters
+        self._loop = asyncio.get_running_loop()
         self._signal: asyncio.Future[None] | None = None
+        self._open = False
         self.asked = False  # waiting for the next query
         self.in_flight = False  # in the query under way
         self.again = False  # pinged since its query began: ask again once the answer is taken
@@ -65,22 +71,66 @@ class StreamRead:
         self.outage = Outage()
 
     def wake(self) -> None:
-        self._fetcher.ask(self)
+        if not self.asked:
+            self._fetcher.ask(self)
 
     def signal(self) -> None:
         if self._signal is not None and not self._signal.done():
             self._signal.set_result(None)
 
-    async def answer(self) -> None:
-        """Until this reader has chunks, an end or an error (running the query when it is its turn)."""
+    # Iterating a StreamRead gives the batches of its stream's chunks from ``offset`` on, until it can
+    # grow no more (closed, or its workflow ended and every chunk it wrote has been read). It is its
+    # own async iterator rather than an async generator: a reader in lock step with its writer takes
+    # one batch per chunk, and one frame less per batch is a share of the reader's CPU.
+
+    def __aiter__(self) -> StreamRead:
+        return self
+
+    async def __anext__(self) -> Chunks:
+        if self.held:
+            self.held = False
+            self._fetcher.idle(self)
+        elif not self._open:
+            self._start()
         while True:
+            # Until this reader has chunks, an end or an error (running the query when it is its turn).
             if self.runs_fetch:
                 self.runs_fetch = False
                 await self._fetcher.run()
-            if self.chunks is not None or self.ended or self.error is not None:
-                return
-            self._signal = asyncio.get_running_loop().create_future()
+            chunks = self.chunks
+            if chunks is not None:
+                self.chunks = None
+                if chunks:
+                    self.held = True  # asked while held, it would have to run the next query for everyone
+                    return chunks
+                continue
+            if self.error is not None:
+                self.stop()
+                raise self.error
+            if self.ended or self.closed:
+                self.stop()
+                raise StopAsyncIteration
+            self._signal = self._loop.create_future()
             await self._signal
+
+    def _start(self) -> None:
+        self._open = True
+        if self._waiters is not None:
+            for k in stream_keys(self.workflow_id, self.key):
+                self._waiters.add(k, self)
+        self._fetcher.ask(self)
+
+    def stop(self) -> None:
+        """The reader is done with the stream (also when it stops early): nothing wakes it any more."""
+        if self.closed:
+            return
+        if self._waiters is not None and self._open:
+            for k in stream_keys(self.workflow_id, self.key):
+                self._waiters.remove(k, self)
+        self._fetcher.drop(self)
+
+    async def aclose(self) -> None:
+        self.stop()
 
 
 class ChunkFetcher:
@@ -158,8 +208,8 @@ class ChunkFetcher:
         try:
             store = await self._store()
             results = await store.read_streams(
-                [r.workflow_id for r in batch], [r.key for r in batch], [r.offset for r in batch],
-                READ_BATCH)
+                [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
+                [r.offset for r in batch], READ_BATCH)
             self.queries += 1
         except Exception as exc:  # noqa: BLE001 - given to the reads that caused it
             if isinstance(exc, psycopg.Error) and unreachable(exc):
@@ -174,10 +224,20 @@ class ChunkFetcher:
             batch[0].error = exc
             batch[0].signal()
             return
-        for read, (status, closed, chunks) in zip(batch, results, strict=True):
+        for read, (sid, status, closed, chunks) in zip(batch, results, strict=True):
             if read.closed:
                 continue
+            read.sid = sid
             read.outage.over()
+            if chunks:  # the usual answer, first: the reader is woken with its chunks in hand
+                read.offset = chunks[-1][0] + 1
+                read.chunks = chunks
+                if len(chunks) >= READ_BATCH:
+                    read.again = True  # more are waiting: no need for a ping
+                signal = read._signal
+                if signal is not None and not signal.done():
+                    signal.set_result(None)
+                continue
             if status is None:
                 read.error = UnknownWorkflow(f"no workflow with id {read.workflow_id!r}")
             elif chunks:
@@ -206,39 +266,18 @@ class ChunkFetcher:
         self.idle(read)
 
 
-async def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str, key: str,
-                       offset: int) -> AsyncGenerator[Chunks, None]:
+def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str, key: str, offset: int) -> StreamRead:
     """Batches of a stream's chunks from ``offset`` on, until it can grow no more (closed, or its
-    workflow ended and every chunk it wrote has been read)."""
-    read = StreamRead(fetcher, workflow_id, key, offset)
-    keys = stream_keys(workflow_id, key)
-    for k in keys:
-        waiters.add(k, read)
-    try:
-        fetcher.ask(read)
-        while True:
-            await read.answer()
-            if read.error is not None:
-                raise read.error
-            chunks, read.chunks = read.chunks, None
-            if chunks:
-                read.held = True  # asked while held, it would have to run the next query for everyone
-                yield chunks
-                read.held = False
-                fetcher.idle(read)
-            elif read.ended:
-                return
-    finally:
-        for k in keys:
-            waiters.remove(k, read)
-        fetcher.drop(read)
+    workflow ended and every chunk it wrote has been read): an async iterator, closed by ``aclose``."""
+    return StreamRead(fetcher, waiters, workflow_id, key, offset)
 
 
 def take(chunks: Chunks, decode_as: Any) -> tuple[list[tuple[int, Any]], bool]:
     """The (position, decoded value) pairs of fetched chunks, and whether the close marker ended them."""
+    decode = codec.untyped.decode if decode_as is Any else functools.partial(codec.decode, type_=decode_as)
     items: list[tuple[int, Any]] = []
     for position, value in chunks:
         if value is None:
             return items, True
-        items.append((position, codec.decode(value, decode_as)))
+        items.append((position, decode(value)))
     return items, False

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import psycopg
@@ -45,20 +45,35 @@ class Owner(Protocol):
     attempt: int
     lease: int
     interrupt: ExecutionInterrupted | None
+    named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
+
+
+class Stream:
+    """One stream of an execution as the writer knows it: its ping key, made once, and its id in
+    the table once it is known (asked for with the first batch that holds a chunk of it). The
+    object itself names the stream in the writer's bookkeeping: no tuple per chunk."""
+
+    __slots__ = ("ping", "id")
+
+    def __init__(self, ping: str) -> None:
+        self.ping = ping
+        self.id: int | None = None
 
 
 class _Pending:
     """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
     thing to wait on, and there is one per chunk)."""
 
-    __slots__ = ("owner", "key", "position", "value", "done", "error")
+    __slots__ = ("owner", "key", "position", "value", "stream", "done", "error")
 
-    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
+    def __init__(self, owner: Owner, key: str, position: int, value: bytes | None, stream: Stream,
+                 done: asyncio.Future[None]) -> None:
         self.owner = owner
         self.key = key
         self.position = position
         self.value = value
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.stream = stream
+        self.done = done
         self.error: BaseException | None = None
 
     def resolve(self, error: BaseException | None = None) -> None:
@@ -80,15 +95,25 @@ class StreamWriter(GroupCommit[_Pending]):
         self._channel = channel
         self._payloads = payloads
         self._wake_local = wake
-        self._busy: set[tuple[str, str]] = set()  # (workflow, key) with a chunk in a batch in flight
+        self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
+        self._loop = asyncio.get_running_loop()
         self.batches = 0
         self.chunks = 0
 
     async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
         """Queue one chunk and return once its batch has committed."""
-        pending = _Pending(owner, key, position, value)
-        self._put(pending)
-        await pending.done
+        stream = owner.named_streams.get(key)
+        if stream is None:
+            stream = owner.named_streams[key] = Stream(f"s:{owner.workflow_id}:{key}")
+        done: asyncio.Future[None] = self._loop.create_future()
+        pending = _Pending(owner, key, position, value, stream, done)
+        queue = self._queue
+        queue.append(pending)
+        if len(queue) == 1:
+            # Only the first chunk of a queue wakes the sender: while the queue holds more, a batch
+            # in flight wakes it when it is done (that is why they wait), so one set per batch is enough.
+            self._wake.set()
+        await done
         if pending.error is not None:
             raise pending.error
 
@@ -96,37 +121,63 @@ class StreamWriter(GroupCommit[_Pending]):
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
         limit = self._max_batch
+        busy = self._busy
         for p in self._queue:
             if p.owner.interrupt is not None:
                 p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
-            elif len(batch) >= limit or (p.owner.workflow_id, p.key) in self._busy:
+            elif len(batch) >= limit or p.stream in busy:
                 waiting.append(p)
             else:
                 batch.append(p)
         self._queue = waiting
-        self._busy |= {(p.owner.workflow_id, p.key) for p in batch}
+        busy.update([p.stream for p in batch])
         return batch
 
     def _sent(self, batch: list[_Pending]) -> None:
-        self._busy -= {(p.owner.workflow_id, p.key) for p in batch}
+        self._busy.difference_update([p.stream for p in batch])
 
     async def _flush(self, batch: list[_Pending]) -> None:
         """Write a batch. A batch refused by the server for its content (not an outage) is split
         and its halves written apart, so one execution's bad chunk interrupts that execution only;
         a later half skips the executions an earlier half interrupted, so no stream gets a gap."""
-        batch = [p for p in batch if not self._poisoned(p)]
+        batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
-        keys = {f"s:{p.owner.workflow_id}:{p.key}" for p in batch}
+        # One pass over the batch for what the statement sends: the executions of the batch, each
+        # named once (a chunk names its own by its index), and each chunk's columns.
+        keys: set[str] = set()
+        index: dict[Owner, int] = {}
+        owners: list[tuple[str, int]] = []
+        chunk_owners: list[int] = []
+        positions: list[int] = []
+        values: list[bytes | None] = []
+        unnamed: list[_Pending] = []
+        for p in batch:
+            owner, stream = p.owner, p.stream
+            keys.add(stream.ping)
+            n = index.get(owner)
+            if n is None:
+                owners.append((owner.workflow_id, owner.lease))
+                n = index[owner] = len(owners)
+            chunk_owners.append(n)
+            positions.append(p.position)
+            values.append(p.value)
+            if stream.id is None:
+                unnamed.append(p)
         pings = self._payloads(keys)
         tries = 0
 
-        def write() -> Awaitable[tuple[set[tuple[str, int]], set[str]]]:
+        async def write() -> tuple[set[tuple[str, int]], set[str]]:
             nonlocal tries
             tries += 1
-            return self._store.write_chunks(
-                [p.owner.workflow_id for p in batch], [p.owner.lease for p in batch],
-                [p.key for p in batch], [p.position for p in batch], [p.value for p in batch],
+            if unnamed:  # the first chunks of their streams: the streams are named first
+                ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
+                for p in unnamed:
+                    p.stream.id = ids[(p.owner.workflow_id, p.key)]
+            stream_ids = [p.stream.id for p in batch]
+            assert None not in stream_ids
+            return await self._store.write_chunks(
+                owners, chunk_owners, stream_ids, positions, values,  # type: ignore[arg-type]
                 self._channel, pings, again=tries > 1)
 
         try:
@@ -147,6 +198,12 @@ class StreamWriter(GroupCommit[_Pending]):
         self.chunks += len(batch)
         telemetry.chunks_written.add(len(batch))
         telemetry.batch_sizes.record(len(batch))
+        if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
+            for p in batch:
+                if not p.done.done():  # its writer may have been cancelled meanwhile
+                    p.done.set_result(None)
+            self._wake_local(keys)
+            return
         for p in batch:
             owner = p.owner
             if (owner.workflow_id, owner.lease) in fenced:

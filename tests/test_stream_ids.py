@@ -1,0 +1,115 @@
+"""Streams named by a bigint id (migration 0015): a database upgraded from the text-keyed chunks
+keeps them, readable and resumable; forks and pruning carry the stream names with the chunks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+
+import pgflow
+from pgflow._core.store import migrations
+
+from .test_journal import query
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 60.0
+
+
+async def test_an_upgraded_database_keeps_its_chunks_and_a_resumed_writer_continues_after_them(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = f'"{schema}"'
+    # The schema as it was before 0015, with a failed workflow whose stream holds three chunks and
+    # a finished one whose stream is closed, stored the old way.
+    before = [m for m in migrations.available() if m.version != 15]
+    with monkeypatch.context() as patch:
+        patch.setattr(migrations, "available", lambda: before)
+        old = pgflow.App(dsn, schema=schema)
+        try:
+            writer = old.workflow(name="t.writer")(_writer)
+            resumed = await writer.start_async(5)
+            done = await writer.start_async(2)
+        finally:
+            await old.close_async()
+    await query(dsn, f"UPDATE {s}.workflows SET status = 'failed', attempt = 1, finished_at = now()"
+                     " WHERE id = %s", resumed.id)
+    await query(dsn, f"UPDATE {s}.workflows SET status = 'succeeded', finished_at = now() WHERE id = %s", done.id)
+    await query(dsn, f"INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                     " SELECT %s, 'tokens', p, ('\\x0' || p)::bytea FROM generate_series(0, 2) p", resumed.id)
+    await query(dsn, f"INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                     " VALUES (%s, 'tokens', 0, '\\x07'), (%s, 'tokens', 1, '\\x08'), (%s, 'tokens', 2, NULL)",
+                done.id, done.id, done.id)
+
+    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
+    try:
+        writer = app.workflow(name="t.writer")(_writer)
+        await app.migrate_async()
+        assert await query(dsn, f"SELECT count(*) FROM {s}.chunks") == [(6,)]
+        handle = app.handle(done.id)
+        assert [v async for v in handle.stream_async("tokens")] == [7, 8]
+        # Run again, the body's first three writes land where the old chunks are, so they are
+        # skipped, and the stream goes on at position 3.
+        resumed_handle = app.handle(resumed.id)
+        await resumed_handle.resume_async()
+        async with app.worker(concurrency=4):
+            with anyio.fail_after(WAIT):
+                assert await resumed_handle.result_async() == 5
+                assert [item async for item in resumed_handle.stream_items_async("tokens")] == [
+                    (0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+        assert await query(dsn, f"SELECT count(*) FROM {s}.stream_ids") == [(2,)]
+    finally:
+        await app.close_async()
+
+
+async def _writer(n: int) -> int:
+    for i in range(n):
+        await pgflow.write_stream_async("tokens", i)
+    await pgflow.close_stream_async("tokens")
+    return n
+
+
+async def test_a_fork_gets_streams_of_its_own_and_pruning_removes_them_all(app: pgflow.App) -> None:
+    @app.step
+    async def mark(i: int) -> int:
+        await pgflow.write_stream_async("log", i)
+        return i
+
+    @app.workflow
+    async def steps(n: int) -> int:
+        for i in range(n):
+            await mark(i)
+        await pgflow.close_stream_async("log")
+        return n
+
+    s = f'"{app.schema}"'
+    async with app.worker(concurrency=4):
+        with anyio.fail_after(WAIT):
+            first = await steps.start_async(4)
+            assert await first.result_async() == 4
+            fork = await first.fork_async(from_step=2)
+            assert await fork.result_async() == 4
+            assert [v async for v in fork.stream_async("log")] == [0, 1, 2, 3]
+            assert [v async for v in first.stream_async("log")] == [0, 1, 2, 3]
+    assert await query(app.dsn, f"SELECT count(DISTINCT id) FROM {s}.stream_ids") == [(2,)]
+    await query(app.dsn, f"UPDATE {s}.workflows SET finished_at = finished_at - %s", timedelta(days=30))
+    assert await app.prune_async(older_than=timedelta(days=7)) == 2
+    assert await query(app.dsn, f"SELECT (SELECT count(*) FROM {s}.stream_ids), (SELECT count(*) FROM {s}.chunks)") \
+        == [(0, 0)]
+
+
+async def test_packed_arrays_reach_the_server_as_the_values_they_were(dsn: str) -> None:
+    from psycopg import AsyncConnection
+
+    from pgflow._core.store import arrays
+
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        arrays.ready(conn)
+        cur = await conn.execute(
+            "SELECT %b::int[], %b::int8[], %b::bytea[], %b::text[], %b::int[], %b::bytea[]",
+            (arrays.int4s([1, -2, 2**31 - 1]), arrays.int8s([2**40, -1]), arrays.byteas([b"ab", None, b""]),
+             arrays.texts(["héllo", "", "\u2603"]), arrays.int4s([]), arrays.byteas([])))
+        assert await cur.fetchone() == ([1, -2, 2**31 - 1], [2**40, -1], [b"ab", None, b""], ["héllo", "", "\u2603"],
+                                        [], [])
