@@ -113,3 +113,21 @@ async def test_packed_arrays_reach_the_server_as_the_values_they_were(dsn: str) 
              arrays.texts(["héllo", "", "\u2603"]), arrays.int4s([]), arrays.byteas([])))
         assert await cur.fetchone() == ([1, -2, 2**31 - 1], [2**40, -1], [b"ab", None, b""], ["héllo", "", "\u2603"],
                                         [], [])
+
+
+async def test_workers_of_the_version_before_write_and_prune_through_the_old_name(app: pgflow.App, dsn: str,
+                                                                                  schema: str) -> None:
+    """What the statements of the version before 0015 do to ``streams`` still lands in the chunks, so
+    their workers, still running while the first new one migrates, fail no stream."""
+    s = f'"{schema}"'
+    await app.migrate_async()
+    # The old batch insert, its retry (ON CONFLICT) and its prune, as they were written.
+    inserted = await query(dsn, f"INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                                " SELECT 'old', 'tokens', p, convert_to('c' || p, 'UTF8') FROM generate_series(0, 2) p"
+                                " ON CONFLICT DO NOTHING RETURNING 1")
+    assert len(inserted) == 3
+    rows = await query(dsn, f"SELECT c.position, c.value FROM {s}.chunks c JOIN {s}.stream_ids i"
+                            " ON i.id = c.stream_id WHERE i.workflow_id = 'old' AND i.key = 'tokens' ORDER BY 1")
+    assert rows == [(0, b"c0"), (1, b"c1"), (2, b"c2")]
+    await query(dsn, f"DELETE FROM {s}.streams WHERE workflow_id = 'old' AND position < 2")
+    assert await query(dsn, f"SELECT position FROM {s}.streams WHERE workflow_id = 'old'") == [(2,)]

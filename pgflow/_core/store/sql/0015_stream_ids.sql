@@ -31,3 +31,25 @@ DROP TABLE {schema}.streams;
 CREATE VIEW {schema}.streams AS
     SELECT i.workflow_id, i.key, c.position, c.value
     FROM {schema}.stream_ids i JOIN {schema}.chunks c ON c.stream_id = i.id;
+
+-- Workers of the versions before this one go on writing, reading and pruning chunks by the old name
+-- until they are replaced (the first worker of the new version applies this migration while the
+-- others still run): the view takes their inserts and deletes, so a rolling upgrade fails no stream.
+CREATE FUNCTION {schema}.streams_by_old_name() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    sid bigint;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {schema}.stream_ids (workflow_id, key) VALUES (NEW.workflow_id, NEW.key)
+            ON CONFLICT (workflow_id, key) DO NOTHING;
+        SELECT id INTO sid FROM {schema}.stream_ids WHERE workflow_id = NEW.workflow_id AND key = NEW.key;
+        INSERT INTO {schema}.chunks (stream_id, position, value) VALUES (sid, NEW.position, NEW.value);
+        RETURN NEW;
+    END IF;
+    DELETE FROM {schema}.chunks c USING {schema}.stream_ids i
+        WHERE c.stream_id = i.id AND i.workflow_id = OLD.workflow_id AND i.key = OLD.key
+        AND c.position = OLD.position;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER streams_by_old_name INSTEAD OF INSERT OR DELETE ON {schema}.streams
+    FOR EACH ROW EXECUTE FUNCTION {schema}.streams_by_old_name();
