@@ -63,10 +63,9 @@ class WorkflowHandle(Generic[R]):
             nonlocal seen, read
             news = runtime.waiters.news
             if seen is None:
-                known, end = news.first_look(self.id)  # started here, and every ping since heard
-                if known:
+                if news.quiet_since_start(self.id):  # started here, and nothing heard of it since
                     seen = as_started(self.id)
-                    return end
+                    return None
             elif end := news.take_end(seen):  # its ping carried its end
                 return end
             seen, read = await self._row(), True
@@ -173,7 +172,8 @@ class WorkflowHandle(Generic[R]):
         was, queue = found
         if was not in ("failed", "cancelled"):
             raise CannotResume(f"workflow {self.id!r} is {was}: only a failed or cancelled workflow resumes")
-        runtime.ping([f"q:{queue}"])
+        runtime.waiters.news.heard_of(self.id)  # an end heard before is not the resumed run's
+        runtime.ping([f"q:{queue}", f"wf:{self.id}"])
 
     def resume(self) -> None:
         self._client.call(self.resume_async)
@@ -224,9 +224,14 @@ class WorkflowHandle(Generic[R]):
             self._client.call(batches.aclose)
 
     async def _batches(self, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
-        """The batches of a sync reader, made on the loop that serves it."""
-        async for chunks in self._client.runtime().read_stream(self.id, key, offset):
-            yield chunks
+        """The batches of a sync reader, made on the loop that serves it. (The reader is closed
+        here: ``async for`` does not close an iterator that is not a generator.)"""
+        read = self._client.runtime().read_stream(self.id, key, offset)
+        try:
+            async for chunks in read:
+                yield chunks
+        finally:
+            await read.aclose()
 
     async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncIterator[Any]:
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or

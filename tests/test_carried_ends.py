@@ -105,19 +105,20 @@ def test_a_late_ping_does_not_answer_for_a_later_run() -> None:
 def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
     news = EndNews()
     end = 'o:["quiet-end", "wf.name", "succeeded", 1, "bnVsbA==", null]'
-    news.started(["quiet", "quiet-end", "pinged", "deaf"], news.epoch)
+    news.started(["quiet", "quiet-end", "pinged", "deaf", "resumed"], news.epoch)
     news.started(["unheard"], None)  # the listener did not listen when it was started
-    news.hear([end, "wf:quiet-end", "wf:pinged"])  # "pinged": cancelled, say; its end rode on nothing
-    assert news.first_look("quiet") == (True, None)  # nothing heard: it has not ended
-    known, got = news.first_look("quiet-end")
-    assert known and got is not None and got.output == b"null"
-    assert news.first_look("pinged") == (False, None)
-    assert news.first_look("unheard") == (False, None)
+    news.hear([end, "wf:pinged"])  # "pinged": cancelled, say; its end rode on nothing
+    assert news.quiet_since_start("quiet")  # nothing heard: it has not ended
+    assert not news.quiet_since_start("quiet-end")  # heard to end before the wait: read (it may have been resumed)
+    assert not news.quiet_since_start("pinged")
+    assert not news.quiet_since_start("unheard")
+    news.heard_of("resumed")  # this loop resumed it
+    assert not news.quiet_since_start("resumed")
     epoch = news.epoch
     news.forget()  # the listener stopped: pings may have passed this loop by
-    assert news.first_look("deaf") == (False, None)
+    assert not news.quiet_since_start("deaf")
     news.started(["late"], epoch)  # sent before the listener stopped, created after
-    assert news.first_look("late") == (False, None)
+    assert not news.quiet_since_start("late")
 
 
 async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, worker_app: pgflow.App, dsn: str,
@@ -156,3 +157,28 @@ async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, w
     finally:
         stop.set()
         thread.join(30)
+
+
+async def test_a_resumed_workflow_is_not_answered_by_its_earlier_end(app: pgflow.App, worker_app: pgflow.App) -> None:
+    runs: list[int] = []
+
+    async def fails_once() -> int:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("the first run fails")
+        return len(runs)
+
+    worker_app.workflow(name="carried.fails_once")(fails_once)
+    caller = app.workflow(name="carried.fails_once")(fails_once)
+    await worker_app.migrate_async()
+    parked = await caller.with_options(queue="nobody.serves").start_async()
+    waiting = asyncio.create_task(parked.result_async(timeout=60))  # keeps the listener listening
+    while app.stats().listeners_connected == 0:
+        await asyncio.sleep(0.02)
+    handle = await caller.start_async()  # started while listening: its end is heard here
+    async with worker_app.worker():
+        while await handle.status_async() != "failed":  # nobody waits for it: its end is only heard
+            await asyncio.sleep(0.02)
+        await handle.resume_async()
+        assert await handle.result_async(timeout=30) == 2  # the resumed run's, not the heard failure
+    waiting.cancel()

@@ -70,3 +70,19 @@ async def test_the_execution_of_a_lost_claim_cannot_write(app: pgflow.App, secon
             assert await handle.result_async(timeout=30) == "second"
     rows = await query(dsn, f'SELECT output FROM "{schema}".steps WHERE workflow_id = %s', handle.id)
     assert len(rows) == 1 and b"second" in rows[0][0]  # the journal holds the live claim's step only
+
+
+async def test_a_claim_by_a_worker_of_the_version_before_fences_out_the_token_holder(app: pgflow.App, dsn: str,
+                                                                                    schema: str) -> None:
+    """Workers of the version before migration 0014 claim without a token; the row must not keep the
+    token of the execution their claim took the workflow from."""
+    await app.migrate_async()
+    s = f'"{schema}"'
+    await query(dsn, f"INSERT INTO {s}.workflows (id, name, queue, inputs, status, attempt, lease_token)"
+                     " VALUES ('w', 'n', 'default', '\\x90', 'running', 1, 42)")
+    # The older version's claim of an expired lease: the attempt goes up, the token is not touched.
+    await query(dsn, f"UPDATE {s}.workflows SET attempt = attempt + 1 WHERE id = 'w'")
+    assert await query(dsn, f"SELECT attempt, lease_token FROM {s}.workflows WHERE id = 'w'") == [(2, None)]
+    # This version's claim writes its own token, which stays.
+    await query(dsn, f"UPDATE {s}.workflows SET attempt = attempt + 1, lease_token = 7 WHERE id = 'w'")
+    assert await query(dsn, f"SELECT attempt, lease_token FROM {s}.workflows WHERE id = 'w'") == [(3, 7)]

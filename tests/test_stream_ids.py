@@ -126,8 +126,13 @@ async def test_workers_of_the_version_before_write_and_prune_through_the_old_nam
                                 " SELECT 'old', 'tokens', p, convert_to('c' || p, 'UTF8') FROM generate_series(0, 2) p"
                                 " ON CONFLICT DO NOTHING RETURNING 1")
     assert len(inserted) == 3
+    # Their retry after a lost connection that had in fact committed: nothing twice, no error.
+    again = await query(dsn, f"INSERT INTO {s}.streams (workflow_id, key, position, value)"
+                             " SELECT 'old', 'tokens', p, convert_to('c' || p, 'UTF8') FROM generate_series(0, 3) p"
+                             " ON CONFLICT DO NOTHING RETURNING 1")
+    assert len(again) == 1  # position 3 only
     rows = await query(dsn, f"SELECT c.position, c.value FROM {s}.chunks c JOIN {s}.stream_ids i"
                             " ON i.id = c.stream_id WHERE i.workflow_id = 'old' AND i.key = 'tokens' ORDER BY 1")
-    assert rows == [(0, b"c0"), (1, b"c1"), (2, b"c2")]
+    assert rows == [(0, b"c0"), (1, b"c1"), (2, b"c2"), (3, b"c3")]
     await query(dsn, f"DELETE FROM {s}.streams WHERE workflow_id = 'old' AND position < 2")
-    assert await query(dsn, f"SELECT position FROM {s}.streams WHERE workflow_id = 'old'") == [(2,)]
+    assert await query(dsn, f"SELECT position FROM {s}.streams WHERE workflow_id = 'old' ORDER BY 1") == [(2,), (3,)]

@@ -1148,3 +1148,20 @@ async def test_the_sync_twin_in_async_code_says_to_await_the_async_one(
     assert f"pgflow.{what} blocks" in failed.value.message
     assert f"await pgflow.{what}_async(...)" in failed.value.message
     assert await stored(dsn, schema, h.id, "s") == []
+
+
+async def test_a_sync_reader_lets_go_of_its_stream_when_it_is_done(dsn: str, schema: str) -> None:
+    """A sync reader, done or stopped early, leaves nothing waiting: its loop's listener closes."""
+    async with pgflow.App(dsn, schema=schema, listen_idle=0.3) as app:
+        @app.workflow(name="streams.three")
+        async def three() -> None:
+            for i in range(3):
+                await pgflow.write_stream_async("s", i)
+            await pgflow.close_stream_async("s")
+
+        h = await three.start_async()
+        async with app.worker():
+            assert await h.result_async(timeout=WAIT) is None
+        assert await anyio.to_thread.run_sync(lambda: list(h.stream("s"))) == [0, 1, 2]
+        assert await anyio.to_thread.run_sync(lambda: next(iter(h.stream("s")))) == 0  # stopped early
+        await wait_until(lambda: app.stats().listeners_connected == 0, "every listener to close")

@@ -21,6 +21,9 @@ class GroupCommit(ABC, Generic[T]):
     # submitted afterwards go alone: for items whose tasks only wait to be written (a workflow's end,
     # the note counting a step attempt), which a stopping worker must not drop.
     drains = False
+    # Whether an item that would go alone is written in its caller's task (shielded, so a caller that
+    # must be able to give up waiting for its item, within a deadline of its own, says no).
+    inline = True
 
     def __init__(self, max_batch: int, max_in_flight: int) -> None:
         self._max_batch = max_batch
@@ -39,7 +42,7 @@ class GroupCommit(ABC, Generic[T]):
         room in flight) or once ``run`` has stopped; otherwise queue it for the next batch."""
         if self._stopped:
             await self._flush([item])
-        elif not self._queue and self._in_flight < self._max_in_flight:
+        elif self.inline and not self._queue and self._in_flight < self._max_in_flight:
             self._in_flight += 1
             await self._send([item])  # no hop through ``run`` and a task of its own
         else:

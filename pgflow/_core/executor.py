@@ -59,13 +59,16 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             outcome = refused(claimed)
             if outcome is None:
                 with anyio.CancelScope() as scope:
+                    def canceller() -> None:
+                        _cancel(execution, scope)
+
                     if cancellers is not None:
-                        cancellers[claimed.id] = lambda: _cancel(execution, scope)
+                        cancellers[claimed.id] = canceller
                     try:
                         outcome = await _run_in_time(workflow, claimed, execution, limiter)
                     finally:
-                        if cancellers is not None:
-                            cancellers.pop(claimed.id, None)
+                        if cancellers is not None and cancellers.get(claimed.id) is canceller:
+                            del cancellers[claimed.id]  # not another execution's of the same id
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
             if outcome is not None and await _finish(finisher, execution, *outcome, freed=freed):

@@ -5,9 +5,10 @@ Two things are kept, both bounded:
 
 - the end an ``o:`` ping carried (the end statement sends it with its commit; see ``store/ends.py``)
   of a workflow somebody on this loop waits on, until that waiter takes it;
-- the workflows started on this loop while its listener was listening, with what was heard of them
-  since. One of which nothing was heard has not ended (its end would have pinged this loop), so the
-  first look of a wait for its result needs no read either.
+- the workflows started on this loop while its listener was listening, and whether anything was heard
+  of them since. One of which nothing was heard has not ended (its end would have pinged this loop), so
+  the first look of a wait for its result needs no read either. (One that was heard of is read: its
+  end, heard before the wait began, may since have been resumed.)
 
 Whatever may have made this loop miss a ping (its listener stopping or reconnecting, a ping that
 wakes everybody) forgets the starts: their waits read the row, as any other.
@@ -28,14 +29,12 @@ CARRIED_END = "o:"
 ENDED = "wf:"
 MAX_STARTS = 10_000  # starts remembered; the oldest are forgotten first (their waits read the row)
 
-_HEARD = "heard"  # a start whose workflow was pinged without its end: its wait reads the row
-
 
 class EndNews:
     def __init__(self) -> None:
         self._watched: dict[str, int] = {}  # workflow id -> keys "wf:<id>" waited on
         self._ended: dict[str, WorkflowRow] = {}  # carried ends of watched workflows, until taken
-        self._started: dict[str, WorkflowRow | str | None] = {}  # see the module's docstring
+        self._started: dict[str, bool] = {}  # started here: whether anything was heard of it since
         self.epoch = 0  # moves on whenever the starts are forgotten
         self.taken = 0  # ends a wait took from here instead of reading the row
 
@@ -56,9 +55,14 @@ class EndNews:
         if epoch is None or epoch != self.epoch:
             return
         for workflow_id in workflow_ids:
-            self._started[workflow_id] = None
+            self._started[workflow_id] = False
             if len(self._started) > MAX_STARTS:
                 del self._started[next(iter(self._started))]
+
+    def heard_of(self, workflow_id: str) -> None:
+        """This loop changed the workflow itself (it resumed it): its next wait reads the row."""
+        if workflow_id in self._started:
+            self._started[workflow_id] = True
 
     def forget(self) -> None:
         """Pings may have been missed: no start can be trusted to be quiet any more."""
@@ -77,21 +81,17 @@ class EndNews:
                 if end.id in self._watched:
                     self._ended[end.id] = end
                 if end.id in self._started:
-                    self._started[end.id] = end
+                    self._started[end.id] = True
             elif key.startswith(ENDED):
                 workflow_id = key[len(ENDED):]
-                if self._started.get(workflow_id, _HEARD) is None:
-                    self._started[workflow_id] = _HEARD
+                if workflow_id in self._started:
+                    self._started[workflow_id] = True
 
-    def first_look(self, workflow_id: str) -> tuple[bool, WorkflowRow | None]:
-        """(known, end) for a wait on ``workflow_id`` about to look for the first time (its waiter
-        already registered): known when it was started here and everything since was heard; end,
-        then, when it ended, None when it has not."""
-        news = self._started.pop(workflow_id, _HEARD)
-        if isinstance(news, WorkflowRow):
-            self.taken += 1
-            return True, news
-        return news is None, None
+    def quiet_since_start(self, workflow_id: str) -> bool:
+        """For a wait on ``workflow_id`` about to look for the first time (its waiter already
+        registered): True when it was started here and nothing was heard of it since, so it has not
+        ended and the look needs no read."""
+        return self._started.pop(workflow_id, True) is False
 
     def take_end(self, seen: WorkflowRow) -> WorkflowRow | None:
         """The end of a watched workflow that a ping carried since its row was ``seen``, if one did."""

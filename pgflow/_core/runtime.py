@@ -168,6 +168,10 @@ class Runtime:
         when it does not, so pings may pass it by."""
         if self.ping_token() is None or self.listener is None or not self.listener.connected:
             return None
+        if len(self.hub) > 1:
+            # Another loop of this process may end the workflow, and its pings reach this loop only
+            # while something here waits (the listener skips the process's own).
+            return None
         return self.waiters.news.epoch
 
     def ping_token(self) -> str | None:
@@ -320,6 +324,9 @@ class Runtimes:
         if not self._migrated:
             await store.migrate()
             self._migrated = True
+
+    def __len__(self) -> int:
+        return len(self._by_loop)
 
     def wake_elsewhere(self, origin: Runtime, keys: set[str]) -> None:
         """Wake the waiters of this App on the process's other loops directly: their listeners skip

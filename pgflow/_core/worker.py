@@ -11,6 +11,7 @@ another worker resumes it from its journal without waiting for the lease to run 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -66,7 +67,9 @@ class Worker:
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
         self.grace = grace
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.running: set[str] = set()
+        # Executions by workflow id. Two of one id can overlap after a server crash lost a claim: the
+        # first, fenced out, runs on until it tries to write while this worker claims the id again.
+        self.running: collections.Counter[str] = collections.Counter()
         self._cancellers: dict[str, Callable[[], None]] = {}
         self._slot_wanted = True
         self.interrupted = 0
@@ -254,7 +257,7 @@ class Worker:
                         claimed, due, refill = await self._claim(unlimited, limited, names, free)
                     self._slot_wanted = len(claimed) == free
                     for row in claimed:
-                        self.running.add(row.id)
+                        self.running[row.id] += 1
                         self._idle = anyio.Event()
                         self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
                     wait = self._next_look(poll, free, len(claimed), due, refill)
@@ -307,7 +310,9 @@ class Worker:
         except Exception:
             log.exception("workflow %s could not be run; it goes back to the queue", claimed.id)
         finally:
-            self.running.discard(claimed.id)
+            self.running[claimed.id] -= 1
+            if self.running[claimed.id] <= 0:
+                del self.running[claimed.id]
             if not self.running:
                 self._idle.set()
             # Look again only when the freed slot can matter: the last claim left work unclaimed for

@@ -14,7 +14,7 @@ _ERRORS = msgspec.json.Encoder()
 # attempt, base64 output, error] (``notify.carried_end`` reads it), beside the plain "wf:<id>" that older
 # listeners understand. A caller woken by it needs no read of the row.
 CARRY_AT_MOST = 3000  # bytes of an "o:" key in its payload; a bigger end is only pinged
-PAYLOAD_BUDGET = 4500  # bytes of keys per payload before the next begins (each key < CARRY_AT_MOST)
+PAYLOAD_BUDGET = 4000  # bytes of keys per payload before the next begins (each key < CARRY_AT_MOST)
 
 
 class EndStatements(Statements):
@@ -49,7 +49,7 @@ class EndStatements(Statements):
                 "   octet_length(to_json(c.key)::text) <= %(carry)s THEN c.key END], NULL) AS keys"
                 "   FROM done d CROSS JOIN LATERAL (SELECT 'o:' || json_build_array(d.id, d.name, d.status, d.attempt,"
                 "    encode(d.output, 'base64'), d.error)::text AS key) c),"
-                " sized AS (SELECT k.key, sum(octet_length(to_json(k.key)::text) + 1) OVER (ORDER BY t.id, k.key)"
+                " sized AS (SELECT k.key, sum(octet_length(to_json(k.key)::text) + 2) OVER (ORDER BY t.id, k.key)"
                 "   / %(budget)s AS part FROM told t CROSS JOIN LATERAL unnest(t.keys) AS k(key)"
                 "   WHERE %(token)s::text IS NOT NULL)"
                 " SELECT id, lease_token, keys FROM told"

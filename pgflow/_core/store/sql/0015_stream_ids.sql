@@ -4,6 +4,10 @@
 -- id once and keep it. No foreign keys, as in 0004: chunks are written only for a workflow their
 -- writer holds (the fenced insert checks the workflow row), and pruning deletes all three together.
 
+-- Nobody writes chunks by the old name while they are copied (workers of the version before may
+-- still run): they wait for this migration, then write through the view below.
+LOCK TABLE {schema}.streams IN ACCESS EXCLUSIVE MODE;
+
 CREATE TABLE {schema}.stream_ids (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workflow_id  text NOT NULL,
@@ -43,7 +47,13 @@ BEGIN
         INSERT INTO {schema}.stream_ids (workflow_id, key) VALUES (NEW.workflow_id, NEW.key)
             ON CONFLICT (workflow_id, key) DO NOTHING;
         SELECT id INTO sid FROM {schema}.stream_ids WHERE workflow_id = NEW.workflow_id AND key = NEW.key;
-        INSERT INTO {schema}.chunks (stream_id, position, value) VALUES (sid, NEW.position, NEW.value);
+        -- Their retry after a lost connection inserts with ON CONFLICT DO NOTHING, which does not
+        -- reach a trigger's own insert: a chunk already there is skipped here for them.
+        INSERT INTO {schema}.chunks (stream_id, position, value) VALUES (sid, NEW.position, NEW.value)
+            ON CONFLICT (stream_id, position) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
         RETURN NEW;
     END IF;
     DELETE FROM {schema}.chunks c USING {schema}.stream_ids i
