@@ -113,6 +113,17 @@ def app(dsn: str, schema: str) -> Iterator[pgflow.App]:
 
 
 @pytest.fixture
+def second_app(dsn: str, schema: str) -> Iterator[pgflow.App]:
+    """Another App on the same schema: its runtime reaches ``app``'s through the server, as another
+    process would (its pings are not this App's own)."""
+    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+@pytest.fixture
 def worker_env(dsn: str, schema: str) -> dict[str, str]:
     """The environment a worker process needs to serve this test's schema."""
     root = Path(__file__).resolve().parent.parent

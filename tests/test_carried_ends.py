@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -19,17 +18,7 @@ from pgflow._core.store.ends import CARRY_AT_MOST
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def worker_app(dsn: str, schema: str) -> Iterator[pgflow.App]:
-    """A second App: its runtime pings the caller's through the server, as another process would."""
-    app = pgflow.App(dsn, schema=schema)
-    try:
-        yield app
-    finally:
-        app.close()
-
-
-async def test_results_come_with_their_end_pings(app: pgflow.App, worker_app: pgflow.App) -> None:
+async def test_results_come_with_their_end_pings(app: pgflow.App, second_app: pgflow.App) -> None:
     gate = asyncio.Event()
     sizes = [0, 10, -1, CARRY_AT_MOST * 2]  # -1 fails; the last is too big to ride on a ping: it is read
 
@@ -39,11 +28,11 @@ async def test_results_come_with_their_end_pings(app: pgflow.App, worker_app: pg
             raise ValueError("no good")
         return {"n": n, "text": "x" * size, "quote": '"\n\\'}
 
-    worker_app.workflow(name="carried.echo")(echo)
+    second_app.workflow(name="carried.echo")(echo)
     caller = app.workflow(name="carried.echo")(echo)
-    await worker_app.migrate_async()
+    await second_app.migrate_async()
     handles = [await caller.start_async(n, size) for n, size in enumerate(sizes)]
-    async with worker_app.worker(concurrency=len(sizes)):
+    async with second_app.worker(concurrency=len(sizes)):
         while [await h.status_async() for h in handles] != ["running"] * len(sizes):
             await asyncio.sleep(0.02)
         waiting = [asyncio.create_task(h.result_async(timeout=60)) for h in handles]
@@ -60,7 +49,7 @@ async def test_results_come_with_their_end_pings(app: pgflow.App, worker_app: pg
 
 
 async def test_a_wait_needs_no_read_for_a_workflow_started_while_listening(app: pgflow.App,
-                                                                           worker_app: pgflow.App) -> None:
+                                                                           second_app: pgflow.App) -> None:
     gate = asyncio.Event()
 
     async def gated(n: int) -> int:
@@ -68,10 +57,10 @@ async def test_a_wait_needs_no_read_for_a_workflow_started_while_listening(app: 
             await gate.wait()
         return n
 
-    worker_app.workflow(name="carried.gated")(gated)
+    second_app.workflow(name="carried.gated")(gated)
     caller = app.workflow(name="carried.gated")(gated)
-    await worker_app.migrate_async()
-    async with worker_app.worker():
+    await second_app.migrate_async()
+    async with second_app.worker():
         first = await caller.start_async(0)  # started before anything listened: its wait reads
         waiting = asyncio.create_task(first.result_async(timeout=60))
         while app.stats().listeners_connected == 0:
@@ -121,18 +110,18 @@ def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
     assert not news.quiet_since_start("late")
 
 
-async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, worker_app: pgflow.App, dsn: str,
+async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, second_app: pgflow.App, dsn: str,
                                                               schema: str) -> None:
     async def quick(n: int) -> int:
         return n
 
-    worker_app.workflow(name="carried.quick")(quick)
+    second_app.workflow(name="carried.quick")(quick)
     caller = app.workflow(name="carried.quick")(quick)
-    await worker_app.migrate_async()
+    await second_app.migrate_async()
     stop, serving = threading.Event(), threading.Event()
 
     async def serve() -> None:  # on a thread and loop of its own, like another process
-        async with worker_app.worker():
+        async with second_app.worker():
             serving.set()
             while not stop.is_set():
                 await asyncio.sleep(0.02)
@@ -159,7 +148,7 @@ async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, w
         thread.join(30)
 
 
-async def test_a_resumed_workflow_is_not_answered_by_its_earlier_end(app: pgflow.App, worker_app: pgflow.App) -> None:
+async def test_a_resumed_workflow_is_not_answered_by_its_earlier_end(app: pgflow.App, second_app: pgflow.App) -> None:
     runs: list[int] = []
 
     async def fails_once() -> int:
@@ -168,15 +157,15 @@ async def test_a_resumed_workflow_is_not_answered_by_its_earlier_end(app: pgflow
             raise ValueError("the first run fails")
         return len(runs)
 
-    worker_app.workflow(name="carried.fails_once")(fails_once)
+    second_app.workflow(name="carried.fails_once")(fails_once)
     caller = app.workflow(name="carried.fails_once")(fails_once)
-    await worker_app.migrate_async()
+    await second_app.migrate_async()
     parked = await caller.with_options(queue="nobody.serves").start_async()
     waiting = asyncio.create_task(parked.result_async(timeout=60))  # keeps the listener listening
     while app.stats().listeners_connected == 0:
         await asyncio.sleep(0.02)
     handle = await caller.start_async()  # started while listening: its end is heard here
-    async with worker_app.worker():
+    async with second_app.worker():
         while await handle.status_async() != "failed":  # nobody waits for it: its end is only heard
             await asyncio.sleep(0.02)
         await handle.resume_async()

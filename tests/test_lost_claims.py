@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -16,15 +15,6 @@ import pgflow
 from .test_journal import query
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def second_app(dsn: str, schema: str) -> Iterator[pgflow.App]:
-    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
-    try:
-        yield app
-    finally:
-        app.close()
 
 
 async def test_the_execution_of_a_lost_claim_cannot_write(app: pgflow.App, second_app: pgflow.App, dsn: str,

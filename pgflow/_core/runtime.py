@@ -182,9 +182,8 @@ class Runtime:
 
     def payloads(self, keys: set[str]) -> list[str]:
         """The NOTIFY payloads that tell other processes of ``keys`` (none with notify="off")."""
-        if self.config is None or self.config.notify == "off":
-            return []
-        return payloads_for(self.hub.token, keys)
+        token = self.ping_token()
+        return [] if token is None else payloads_for(token, keys)
 
     async def wait_for(self, keys: list[str], check: Callable[[], Awaitable[T | None]],
                        timeout: float | None) -> T | None:
