@@ -11,7 +11,7 @@ from ._core.client import Client
 from ._core.execution import journaling
 from ._core.news import as_started
 from ._core.store import WorkflowRow
-from ._core.streams.reader import ENDED, Chunks, take
+from ._core.streams.reader import ENDED, Chunks, decoder
 from .codec import decode, encode
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
@@ -202,12 +202,12 @@ class WorkflowHandle(Generic[R]):
         check_reader(key, offset)
         batches = self._client.runtime().read_stream(self.id, key, offset)
         try:
+            decode = decoder(type)
             async for chunks in batches:
-                items, closed = take(chunks, type)
-                for item in items:
-                    yield item
-                if closed:
-                    return
+                for position, value in chunks:
+                    if value is None:  # the close marker
+                        return
+                    yield position, decode(value)
         finally:
             await batches.aclose()
 
@@ -215,11 +215,12 @@ class WorkflowHandle(Generic[R]):
         check_reader(key, offset)
         batches = self._batches(key, offset)
         try:
+            decode = decoder(type)
             while (chunks := self._client.call(_next_batch, batches)) is not None:
-                items, closed = take(chunks, type)
-                yield from items
-                if closed:
-                    return
+                for position, value in chunks:
+                    if value is None:  # the close marker
+                        return
+                    yield position, decode(value)
         finally:
             self._client.call(batches.aclose)
 
@@ -240,12 +241,12 @@ class WorkflowHandle(Generic[R]):
         check_reader(key, offset)
         batches = self._client.runtime().read_stream(self.id, key, offset)
         try:
+            decode = decoder(type)
             async for chunks in batches:
-                items, closed = take(chunks, type)
-                for _, value in items:
-                    yield value
-                if closed:
-                    return
+                for _, value in chunks:
+                    if value is None:  # the close marker
+                        return
+                    yield decode(value)
         finally:
             await batches.aclose()
 

@@ -321,7 +321,7 @@ class Execution:
         writer = self.writer
         if writer is None:
             raise RuntimeError("streams are written by workflows run by a worker")
-        await writer.write(self, key, end, value)
+        await writer.put(self, key, end, value)
         if self.interrupt is not None:
             raise self.interrupt
 

@@ -107,50 +107,58 @@ class StreamStatements(Statements):
     async def read_streams(
         self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
         limit: int,
-    ) -> list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]]:
-        """For each (stream id if known, workflow, key, offset) asked: the stream's id (None while it
-        has none), up to ``limit`` chunks from the offset on, and when there are none, the
-        workflow's status (None when there is no such workflow) and whether the stream is closed;
-        all in one query. (With chunks, the status is "running" as far as the reader cares: it asks
-        again.)
+    ) -> tuple[list[list[tuple[int, bytes | None]]], dict[int, int], dict[int, tuple[str | None, bool]]]:
+        """For each (stream id if known, workflow, key, offset) asked, in one query: up to ``limit``
+        chunks from the offset on; the ids learnt of streams whose id was not known (by index asked);
+        and for the streams with no chunks found, the workflow's status (None when there is no such
+        workflow) and whether the stream is closed (by index asked).
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
+        # Only a read that found nothing needs the workflow's status and whether the stream was
+        # closed before its offset (the close marker is always a stream's last chunk): scalar
+        # subqueries under CASE, so the others skip both lookups, and the planner cannot turn them
+        # into a scan of the whole workflows table.
+        ended = (
+            " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
+            "  WHERE stream_id = r.sid ORDER BY position DESC LIMIT 1), false) ELSE false END,"
+            " c.position, c.value"
+        )
+        chunks = (
+            " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
+            "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) c ON true"
+            " ORDER BY r.i, c.position"
+        )
+        known = None not in stream_ids
         async with self.pool.connection() as conn:
             arrays.ready(conn)
-            cur = await conn.execute(self._sql(
-                # Only a read that found nothing needs the workflow's status and whether the stream
-                # was closed before its offset (the close marker is always a stream's last chunk):
-                # scalar subqueries under CASE, so the others skip both lookups, and the planner
-                # cannot turn them into a scan of the whole workflows table. A stream id 0 is one
-                # not known yet (ids start at 1).
-                "SELECT r.i, s.id,"
-                " CASE WHEN c.position IS NULL THEN"
-                "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END,"
-                " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
-                "  WHERE stream_id = s.id ORDER BY position DESC LIMIT 1), false)"
-                "  ELSE false END,"
-                " c.position, c.value"
-                " FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
-                "   AS r(sid, workflow_id, key, start, i)"
-                " CROSS JOIN LATERAL (SELECT coalesce(nullif(r.sid, 0), (SELECT id FROM {s}.stream_ids"
-                "   WHERE workflow_id = r.workflow_id AND key = r.key)) AS id) s"
-                " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
-                "   WHERE stream_id = s.id AND position >= r.start ORDER BY position LIMIT %s) c ON true"
-                " ORDER BY r.i, c.position"
-            ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
-                arrays.int4s(offsets), limit), binary=True)
+            if known:  # the usual read, of streams read before: by id alone
+                cur = await conn.execute(self._sql(
+                    "SELECT r.i, r.sid,"
+                    " CASE WHEN c.position IS NULL THEN (SELECT w.status FROM {s}.stream_ids i"
+                    "  JOIN {s}.workflows w ON w.id = i.workflow_id WHERE i.id = r.sid) END," + ended +
+                    " FROM unnest(%b::int8[], %b::int[]) WITH ORDINALITY AS r(sid, start, i)" + chunks
+                ), (arrays.int8s(stream_ids), arrays.int4s(offsets), limit), binary=True)  # type: ignore[arg-type]
+            else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
+                cur = await conn.execute(self._sql(
+                    "SELECT r.i, r.sid, CASE WHEN c.position IS NULL THEN"
+                    "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END," + ended +
+                    " FROM (SELECT q.i, q.workflow_id, q.start, coalesce(nullif(q.sid, 0), (SELECT id FROM"
+                    "   {s}.stream_ids WHERE workflow_id = q.workflow_id AND key = q.key)) AS sid"
+                    "  FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
+                    "   AS q(sid, workflow_id, key, start, i)) r" + chunks
+                ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
+                    arrays.int4s(offsets), limit), binary=True)
             rows = await cur.fetchall()
-        found: list[tuple[int | None, str | None, bool, list[tuple[int, bytes | None]]]] = [
-            (None, None, False, []) for _ in workflow_ids
-        ]
+        found: list[list[tuple[int, bytes | None]]] = [[] for _ in stream_ids]
+        learnt: dict[int, int] = {}
+        states: dict[int, tuple[str | None, bool]] = {}
         for i, sid, status, closed, position, value in rows:
-            entry = found[i - 1]
-            if position is None:
-                found[i - 1] = (sid, status, bool(closed), entry[3])
+            if position is not None:
+                found[i - 1].append((position, value))
             else:
-                if entry[1] is None:
-                    entry = found[i - 1] = (sid, "running", False, entry[3])
-                entry[3].append((position, value))
-        return found
+                states[i - 1] = (status, closed)
+            if not known and sid is not None:
+                learnt[i - 1] = sid
+        return found, learnt, states

@@ -31,7 +31,6 @@ log = logging.getLogger("pgflow.streams")
 READ_BATCH = 1000
 ENDED = ("succeeded", "failed", "cancelled")
 Chunks = list[tuple[int, bytes | None]]
-Found = tuple[str | None, bool, Chunks]
 
 
 def stream_keys(workflow_id: str, key: str) -> list[str]:
@@ -207,7 +206,7 @@ class ChunkFetcher:
         for the next ping or poll, until the outage has lasted too long."""
         try:
             store = await self._store()
-            results = await store.read_streams(
+            found, learnt, states = await store.read_streams(
                 [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
                 [r.offset for r in batch], READ_BATCH)
             self.queries += 1
@@ -224,11 +223,13 @@ class ChunkFetcher:
             batch[0].error = exc
             batch[0].signal()
             return
-        for read, (sid, status, closed, chunks) in zip(batch, results, strict=True):
+        for n, read in enumerate(batch):
             if read.closed:
                 continue
-            read.sid = sid
+            if learnt:
+                read.sid = learnt.get(n, read.sid)
             read.outage.over()
+            chunks = found[n]
             if chunks:  # the usual answer, first: the reader is woken with its chunks in hand
                 read.offset = chunks[-1][0] + 1
                 read.chunks = chunks
@@ -238,13 +239,9 @@ class ChunkFetcher:
                 if signal is not None and not signal.done():
                     signal.set_result(None)
                 continue
+            status, closed = states[n]
             if status is None:
                 read.error = UnknownWorkflow(f"no workflow with id {read.workflow_id!r}")
-            elif chunks:
-                read.offset = chunks[-1][0] + 1
-                read.chunks = chunks
-                if len(chunks) >= READ_BATCH:
-                    read.again = True  # more are waiting: no need for a ping
             elif closed or status in ENDED:
                 read.ended = True
             else:
@@ -272,12 +269,6 @@ def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str, key:
     return StreamRead(fetcher, waiters, workflow_id, key, offset)
 
 
-def take(chunks: Chunks, decode_as: Any) -> tuple[list[tuple[int, Any]], bool]:
-    """The (position, decoded value) pairs of fetched chunks, and whether the close marker ended them."""
-    decode = codec.untyped.decode if decode_as is Any else functools.partial(codec.decode, type_=decode_as)
-    items: list[tuple[int, Any]] = []
-    for position, value in chunks:
-        if value is None:
-            return items, True
-        items.append((position, decode(value)))
-    return items, False
+def decoder(decode_as: Any) -> Callable[[bytes], Any]:
+    """How a reader decodes each chunk: into builtins, or into ``decode_as``."""
+    return codec.untyped.decode if decode_as is Any else functools.partial(codec.decode, type_=decode_as)

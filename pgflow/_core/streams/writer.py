@@ -62,9 +62,10 @@ class Stream:
 
 class _Pending:
     """A chunk waiting for its batch; its writer awaits ``done`` (a bare future: the cheapest
-    thing to wait on, and there is one per chunk)."""
+    thing to wait on, and there is one per chunk), which fails with the reason when the chunk was
+    not written."""
 
-    __slots__ = ("owner", "key", "position", "value", "stream", "done", "error")
+    __slots__ = ("owner", "key", "position", "value", "stream", "done")
 
     def __init__(self, owner: Owner, key: str, position: int, value: bytes | None, stream: Stream,
                  done: asyncio.Future[None]) -> None:
@@ -74,12 +75,13 @@ class _Pending:
         self.value = value
         self.stream = stream
         self.done = done
-        self.error: BaseException | None = None
 
     def resolve(self, error: BaseException | None = None) -> None:
-        self.error = error
         if not self.done.done():  # its writer may have been cancelled meanwhile
-            self.done.set_result(None)
+            if error is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(error)
 
 
 class StreamWriter(GroupCommit[_Pending]):
@@ -100,8 +102,9 @@ class StreamWriter(GroupCommit[_Pending]):
         self.batches = 0
         self.chunks = 0
 
-    async def write(self, owner: Owner, key: str, position: int, value: bytes | None) -> None:
-        """Queue one chunk and return once its batch has committed."""
+    def put(self, owner: Owner, key: str, position: int, value: bytes | None) -> asyncio.Future[None]:
+        """Queue one chunk: the future is done once its batch has committed. (The writer awaits the
+        future itself, not a coroutine around it: one frame less to resume for every chunk.)"""
         stream = owner.named_streams.get(key)
         if stream is None:
             stream = owner.named_streams[key] = Stream(f"s:{owner.workflow_id}:{key}")
@@ -113,9 +116,7 @@ class StreamWriter(GroupCommit[_Pending]):
             # Only the first chunk of a queue wakes the sender: while the queue holds more, a batch
             # in flight wakes it when it is done (that is why they wait), so one set per batch is enough.
             self._wake.set()
-        await done
-        if pending.error is not None:
-            raise pending.error
+        return done
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -143,27 +144,17 @@ class StreamWriter(GroupCommit[_Pending]):
         batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
-        # One pass over the batch for what the statement sends: the executions of the batch, each
-        # named once (a chunk names its own by its index), and each chunk's columns.
-        keys: set[str] = set()
+        # What the statement sends: the executions of the batch, each named once (a chunk names its
+        # own by its index), and each chunk's columns.
         index: dict[Owner, int] = {}
-        owners: list[tuple[str, int]] = []
-        chunk_owners: list[int] = []
-        positions: list[int] = []
-        values: list[bytes | None] = []
-        unnamed: list[_Pending] = []
         for p in batch:
-            owner, stream = p.owner, p.stream
-            keys.add(stream.ping)
-            n = index.get(owner)
-            if n is None:
-                owners.append((owner.workflow_id, owner.lease))
-                n = index[owner] = len(owners)
-            chunk_owners.append(n)
-            positions.append(p.position)
-            values.append(p.value)
-            if stream.id is None:
-                unnamed.append(p)
+            index.setdefault(p.owner, len(index) + 1)
+        owners = [(owner.workflow_id, owner.lease) for owner in index]
+        chunk_owners = [index[p.owner] for p in batch]
+        positions = [p.position for p in batch]
+        values = [p.value for p in batch]
+        keys = {p.stream.ping for p in batch}
+        unnamed = [p for p in batch if p.stream.id is None]
         pings = self._payloads(keys)
         tries = 0
 
