@@ -16,7 +16,9 @@ __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_asy
 async def write_stream_async(key: str, value: object) -> None:
     """Append a chunk to the workflow's stream ``key``; returns once the chunk is committed."""
     check_key(key)
-    await running("write_stream_async").write_chunk(key, encode_chunk(key, value))
+    written = running("write_stream_async").put_chunk(key, encode_chunk(key, value))
+    if written is not None:
+        await written
 
 
 async def close_stream_async(key: str) -> None:

@@ -74,6 +74,8 @@ class EndNews:
         if not self._watched and not self._started:
             return
         for key in keys:
+            if key.startswith("s:"):  # a stream's ping (most keys, one per chunk batch): nothing of ends
+                continue
             if key.startswith(CARRIED_END):
                 end = carried_end(key)
                 if end is None:

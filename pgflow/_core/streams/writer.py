@@ -203,7 +203,7 @@ class StreamWriter(GroupCommit[_Pending]):
                 continue
             if owner.workflow_id in cancelled and owner.interrupt is None:
                 owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
-            p.resolve()
+            p.resolve(owner.interrupt)  # committed, but its writer stops here
         self._wake_local(keys)
 
     @staticmethod
