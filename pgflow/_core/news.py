@@ -74,7 +74,7 @@ class EndNews:
         if not self._watched and not self._started:
             return
         for key in keys:
-            if key.startswith("s:"):  # a stream's ping (most keys, one per chunk batch): nothing of ends
+            if key.startswith(("s:", "c:")):  # a stream's ping (most keys, one per stream a batch grew)
                 continue
             if key.startswith(CARRIED_END):
                 end = carried_end(key)

@@ -8,9 +8,10 @@ directly, with no round trip.
 
 Keys name what changed: ``wf:<id>`` (a workflow finished or was cancelled), ``q:<queue>`` (work was
 enqueued, or fell due), ``s:<id>:<key>`` (a stream grew), ``e:<id>`` (a workflow set an event),
-``m:<id>`` (a message was sent to a workflow). ``*`` wakes everybody. One kind carries truth: ``o:``
-and the end of a workflow (see ``store/ends.py``), sent only by the commit that recorded that end,
-so a caller waiting for its result takes it from the ping instead of reading the row.
+``m:<id>`` (a message was sent to a workflow). ``*`` wakes everybody. Two kinds carry truth, each
+sent only by the commit that wrote it: ``o:`` and the end of a workflow (see ``store/ends.py``), so
+a caller waiting for its result takes it from the ping instead of reading the row, and ``c:`` and a
+small chunk of a stream (see ``streams/pings.py``), so a reader keeping up takes it without a query.
 
 Everything here belongs to one event loop and is only touched from it: no locks.
 """
@@ -33,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .news import ENDED, EndNews
 from .store import unreachable
+from .streams.pings import CARRIED_CHUNK, carried, carried_value
 
 log = logging.getLogger("pgflow.notify")
 
@@ -48,6 +50,9 @@ class Wakeable(Protocol):
     """What a ping or a poll tick wakes: a ``Waiter``, or a stream reader's place in its stream."""
 
     def wake(self) -> None: ...
+
+    def hand(self, position: int, value: bytes | None) -> None:
+        """A ping of the key carried the chunk at ``position`` of its stream (see ``streams/pings.py``)."""
 
 
 def new_token() -> str:
@@ -97,6 +102,9 @@ class Waiter:
         woken = self._woken
         if woken is not None and not woken.done():
             woken.set_result(None)
+
+    def hand(self, position: int, value: bytes | None) -> None:
+        self.wake()
 
     async def wait(self, timeout: float | None = None) -> None:
         """Until woken (since the last ``arm``) or ``timeout`` seconds pass; with no timeout, until
@@ -161,8 +169,30 @@ class Waiters:
                     waiter.wake()
             return
         for key in keys:
+            if key.startswith(CARRIED_CHUNK):
+                self._hand(key)
+                continue
             for waiter in self._by_key.get(key, ()):
                 waiter.wake()
+
+    def _hand(self, key: str) -> None:
+        """Give the chunk a ping carried to the readers of its stream (decoded only if there are
+        any); a key that does not parse wakes them as a plain ping would."""
+        try:
+            ping, position, encoded = carried(key)
+        except ValueError:
+            return
+        waiting = self._by_key.get(ping)
+        if not waiting:
+            return
+        try:
+            value = carried_value(encoded)
+        except ValueError:
+            for waiter in waiting:
+                waiter.wake()
+            return
+        for waiter in waiting:
+            waiter.hand(position, value)
 
     def wake_all(self) -> None:
         self.wake((WAKE_ALL,))
@@ -231,7 +261,7 @@ async def until(waiter: Waiter, check: Callable[[], Awaitable[T | None]], timeou
         await waiter.wait(left if left < poll else None)
 
 
-def payloads_for(token: str, keys: set[str]) -> list[str]:
+def payloads_for(token: str, keys: Collection[str]) -> list[str]:
     """The NOTIFY payloads announcing ``keys``: one "wake all" when there are very many."""
     if len(keys) > WAKE_ALL_ABOVE:
         return [_payload(token, [WAKE_ALL])]

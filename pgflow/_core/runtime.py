@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -56,6 +56,7 @@ class Stats:
     end_batches: int = 0  # statements that recorded workflow ends (each records every end ready)
     ends: int = 0
     results_from_pings: int = 0  # results taken from the end their ping carried, with no read of the row
+    chunks_from_pings: int = 0  # stream chunks taken from the ping that carried them, with no query
 
     def __add__(self, other: Stats) -> Stats:
         summed = Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)})
@@ -180,7 +181,7 @@ class Runtime:
             return None
         return self.hub.token
 
-    def payloads(self, keys: set[str]) -> list[str]:
+    def payloads(self, keys: Collection[str]) -> list[str]:
         """The NOTIFY payloads that tell other processes of ``keys`` (none with notify="off")."""
         token = self.ping_token()
         return [] if token is None else payloads_for(token, keys)
@@ -269,6 +270,7 @@ class Runtime:
             end_batches=self.end_batches,
             ends=self.ends,
             results_from_pings=self.waiters.news.taken,
+            chunks_from_pings=self.fetcher.handed,
         )
 
     def count_ends(self, ends: int) -> None:

@@ -25,6 +25,7 @@ from ... import codec
 from ...errors import UnknownWorkflow
 from ..notify import Outage, PollTicks, Waiters
 from ..store import Store, unreachable
+from .pings import stream_ping
 
 log = logging.getLogger("pgflow.streams")
 
@@ -35,7 +36,7 @@ Chunks = list[tuple[int, bytes | None]]
 
 def stream_keys(workflow_id: str, key: str) -> list[str]:
     """The pings a reader of the stream waits for: the stream grew, or its workflow ended."""
-    return [f"s:{workflow_id}:{key}", f"wf:{workflow_id}"]
+    return [stream_ping(workflow_id, key), f"wf:{workflow_id}"]
 
 
 class StreamRead:
@@ -72,6 +73,20 @@ class StreamRead:
     def wake(self) -> None:
         if not self.asked:
             self._fetcher.ask(self)
+
+    def hand(self, position: int, value: bytes | None) -> None:
+        """A ping carried the chunk at ``position``: a reader waiting for exactly that one takes it
+        and runs no query; one that has it already lets it be; any other reads, as for a plain ping."""
+        if position < self.offset:
+            return
+        if (position == self.offset and self._signal is not None and not self._signal.done() and not self.asked
+                and not self.in_flight and not self.runs_fetch and self.chunks is None and not self.closed):
+            self.offset = position + 1
+            self.chunks = [(position, value)]
+            self._fetcher.handed += 1
+            self._signal.set_result(None)
+            return
+        self.wake()
 
     def signal(self) -> None:
         if self._signal is not None and not self._signal.done():
@@ -141,6 +156,7 @@ class ChunkFetcher:
         self._asked: list[StreamRead] = []
         self._busy = False  # a query is under way, or a reader has been told to run one
         self.queries = 0
+        self.handed = 0  # chunks taken from the pings that carried them, with no query
 
     def ask(self, read: StreamRead) -> None:
         """Have ``read`` fetched by the next query (or again after the one it is in)."""

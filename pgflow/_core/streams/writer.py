@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 import psycopg
@@ -27,6 +27,7 @@ from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from ..batches import GroupCommit
 from ..store import Store, retrying, unreachable
+from .pings import carrying, stream_ping
 
 log = logging.getLogger("pgflow.streams")
 
@@ -90,7 +91,7 @@ class StreamWriter(GroupCommit[_Pending]):
     one, so a reader never sees a gap, and a batch that fails leaves nothing of its streams committed
     behind it."""
 
-    def __init__(self, store: Store, channel: str, payloads: Callable[[set[str]], list[str]],
+    def __init__(self, store: Store, channel: str, payloads: Callable[[Collection[str]], list[str]],
                  wake: Callable[[set[str]], None], max_batch: int = 5000, max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
@@ -107,7 +108,7 @@ class StreamWriter(GroupCommit[_Pending]):
         future itself, not a coroutine around it: one frame less to resume for every chunk.)"""
         stream = owner.named_streams.get(key)
         if stream is None:
-            stream = owner.named_streams[key] = Stream(f"s:{owner.workflow_id}:{key}")
+            stream = owner.named_streams[key] = Stream(stream_ping(owner.workflow_id, key))
         done: asyncio.Future[None] = self._loop.create_future()
         pending = _Pending(owner, key, position, value, stream, done)
         queue = self._queue
@@ -155,7 +156,7 @@ class StreamWriter(GroupCommit[_Pending]):
         values = [p.value for p in batch]
         keys = {p.stream.ping for p in batch}
         unnamed = [p for p in batch if p.stream.id is None]
-        pings = self._payloads(keys)
+        pings = self._payloads(self._pings(batch))
         tries = 0
 
         async def write() -> tuple[set[tuple[str, int]], set[str]]:
@@ -205,6 +206,15 @@ class StreamWriter(GroupCommit[_Pending]):
                 owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
             p.resolve(owner.interrupt)  # committed, but its writer stops here
         self._wake_local(keys)
+
+    @staticmethod
+    def _pings(batch: list[_Pending]) -> list[str]:
+        """The pings of a batch for other processes: one per stream, carrying the stream's chunk when
+        the batch holds only one of it (the usual case for a writer in step with its commits)."""
+        only: dict[Stream, _Pending | None] = {}
+        for p in batch:
+            only[p.stream] = None if p.stream in only else p
+        return [stream.ping if p is None else carrying(stream.ping, p.position, p.value) for stream, p in only.items()]
 
     @staticmethod
     def _refuse(p: _Pending, exc: BaseException) -> None:
