@@ -7,7 +7,9 @@ writers commit. The query is run by the reader whose stream was asked first whil
 background task is needed; a chunk goes from the database to its reader with no hop between threads.
 
 A reader is only asked again once it has taken what it was given, so a slow reader holds one batch,
-not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken it.
+not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken it. A reader
+that keeps up needs no query at all: the ping of a small chunk carries it (``pings.py``), and a
+reader waiting at exactly that position takes it from the ping.
 """
 
 from __future__ import annotations
