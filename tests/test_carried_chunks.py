@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
 
 import pgflow
@@ -40,8 +41,15 @@ async def listening(app: pgflow.App) -> None:
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
-async def test_a_reader_in_step_takes_chunks_from_their_pings(app: pgflow.App, second_app: pgflow.App,
-                                                              kind: str) -> None:
+async def test_a_reader_in_step_takes_chunks_from_their_pings(dsn: str, schema: str, kind: str) -> None:
+    # Two Apps, as two processes would be (one's pings are foreign to the other), with no poll tick to
+    # find a chunk before its ping does.
+    async with pgflow.App(dsn, schema=schema, poll_interval=600) as app, \
+            pgflow.App(dsn, schema=schema, poll_interval=600) as second_app:
+        await _in_step(app, second_app, kind)
+
+
+async def _in_step(app: pgflow.App, second_app: pgflow.App, kind: str) -> None:
     wf, taken = in_step(app, second_app, f"carried.chunks.{kind}")
     await second_app.migrate_async()
     h = await wf.start_async()
@@ -69,10 +77,16 @@ async def test_a_reader_in_step_takes_chunks_from_their_pings(app: pgflow.App, s
         assert await h.result_async(timeout=60) == len(VALUES)
     assert got == VALUES
     stats = app.stats()
-    # Every chunk after the first (which the reader's first look may find) and the close marker came
-    # on its ping, except the one too big to ride on it, which was read.
-    assert len(VALUES) - 1 <= stats.chunks_from_pings <= len(VALUES)
-    assert stats.fetch_queries <= 4
+    if kind == "async":
+        # The reader waits again before the writer is let go: every chunk after the first (which its
+        # first look may find) and the close marker came on its ping, except the one too big to ride
+        # on it, which was read.
+        assert len(VALUES) - 1 <= stats.chunks_from_pings <= len(VALUES)
+        assert stats.fetch_queries <= 4
+    else:
+        # A sync reader lets the writer go while its thread still holds the chunk before: a ping that
+        # comes before it asks for the next one makes it read instead.
+        assert 1 <= stats.chunks_from_pings <= len(VALUES)
 
 
 async def test_a_carried_chunk_is_taken_only_at_the_readers_position(dsn: str, schema: str) -> None:
@@ -89,16 +103,16 @@ async def _handed_at_position(app: pgflow.App) -> None:
     @app.workflow(name="carried.six")
     async def six() -> None:
         for n in range(6):
-            await pgflow.write_stream_async("tokens", n)
+            await pgflow.write_stream_async("b:tokens", n)
         written.set()
         await done.wait()
 
     runtime = app._client.runtime()
-    h = await six.start_async()
-    ping = stream_ping(h.id, "tokens")
+    h = await six.with_options(id="carried-six").start_async()
+    ping = stream_ping(h.id, "b:tokens")
     async with app.worker():
         await written.wait()  # the reader finds all six in its first look, and no ping is left to come
-        stream = h.stream_items_async("tokens")
+        stream = h.stream_items_async("b:tokens")
         got = [await anext(stream)]
         while len(got) < 6:
             got.append(await anext(stream))
@@ -106,23 +120,53 @@ async def _handed_at_position(app: pgflow.App) -> None:
         reading = asyncio.create_task(anext(stream))  # waits for position 6
         queries = runtime.fetcher.queries
 
-        runtime.waiters.wake([carrying(ping, 2, b"\xa3old")])  # behind it: nothing happens
+        runtime.waiters.wake([carrying(ping, h.id, 2, b"\xa3old")])  # behind it: nothing happens
         await asyncio.sleep(0.05)
         assert not reading.done() and runtime.fetcher.queries == queries
-        runtime.waiters.wake([carrying(ping, 8, b"\xa5ahead")])  # ahead of it: it reads, finds nothing
+        runtime.waiters.wake([carrying(ping, h.id, 8, b"\xa5ahead")])  # ahead of it: it reads, finds nothing
         while runtime.fetcher.queries == queries:
             await asyncio.sleep(0.01)
         assert not reading.done()
-        runtime.waiters.wake([carrying(ping, 6, b"\xa6handed")])  # at its position: taken as it came
+        # Workflow "carried-six:b", stream "tokens", has the same plain ping: its chunk is not ours.
+        queries = runtime.fetcher.queries
+        runtime.waiters.wake([carrying(ping, h.id + ":b", 6, b"\xa5other")])
+        while runtime.fetcher.queries == queries:
+            await asyncio.sleep(0.01)
+        assert not reading.done()
+        runtime.waiters.wake([carrying(ping, h.id, 6, b"\xa6handed")])  # at its position: taken as it came
         assert await asyncio.wait_for(reading, 10) == (6, "handed")
         assert runtime.fetcher.handed == 1
 
         reading = asyncio.create_task(anext(stream))
         queries = runtime.fetcher.queries
-        runtime.waiters.wake(["c:7:not base64!:" + ping])  # a value that does not decode: a plain ping
+        runtime.waiters.wake([f"c:7:not base64!:{len(h.id)}:{ping}"])  # a value that does not decode: a plain ping
         while runtime.fetcher.queries == queries:
             await asyncio.sleep(0.01)
         assert not reading.done() and runtime.fetcher.handed == 1
         done.set()
         with pytest.raises(StopAsyncIteration):  # the workflow ended: so does its stream
             await asyncio.wait_for(reading, 10)
+
+
+async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, schema: str) -> None:
+    """A batch with a chunk whose writer no longer holds its workflow sends none of its pings with
+    its commit (they may carry a chunk that was not written; its writer pings plainly afterwards)."""
+    store = await app._client.runtime().store()
+    async with store.pool.connection() as conn:
+        await conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, status, lease_token)'
+                           " VALUES ('fenced', 'wf', 'default', '\\xc0', 'running', 7)")
+    sid = (await store.stream_ids(["fenced"], ["tokens"]))[("fenced", "tokens")]
+    channel = f"pgflow_{schema}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(f'LISTEN "{channel}"')
+        for position, lease in ((0, 8), (0, 7), (1, 8), (1, 7)):
+            fenced, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"], channel,
+                                                 [f"lease {lease} position {position}"])
+            assert fenced == ({("fenced", lease)} if lease == 8 else set())
+        # Only the written batches pinged (a notification of the fenced ones would come first).
+        notes = listener.notifies(timeout=10)
+        try:
+            assert [(await anext(notes)).payload for _ in range(2)] == ["lease 7 position 0", "lease 7 position 1"]
+        finally:
+            await notes.aclose()  # (it holds the connection while it is open)
+    assert await store.stream_ends("fenced") == {"tokens": 2}

@@ -51,8 +51,9 @@ class Wakeable(Protocol):
 
     def wake(self) -> None: ...
 
-    def hand(self, position: int, value: bytes | None) -> None:
-        """A ping of the key carried the chunk at ``position`` of its stream (see ``streams/pings.py``)."""
+    def hand(self, id_length: int, position: int, value: bytes | None) -> None:
+        """A ping of the key carried the chunk at ``position`` of the stream of a workflow whose id is
+        ``id_length`` long (see ``streams/pings.py``)."""
 
 
 def new_token() -> str:
@@ -103,7 +104,7 @@ class Waiter:
         if woken is not None and not woken.done():
             woken.set_result(None)
 
-    def hand(self, position: int, value: bytes | None) -> None:
+    def hand(self, id_length: int, position: int, value: bytes | None) -> None:
         self.wake()
 
     async def wait(self, timeout: float | None = None) -> None:
@@ -177,9 +178,10 @@ class Waiters:
 
     def _hand(self, key: str) -> None:
         """Give the chunk a ping carried to the readers of its stream (decoded only if there are
-        any); a key that does not parse wakes them as a plain ping would."""
+        any). A key that does not parse wakes nobody (no process of ours sends one); a value that
+        does not decode wakes the stream's readers as a plain ping would."""
         try:
-            ping, position, encoded = carried(key)
+            ping, position, encoded, id_length = carried(key)
         except ValueError:
             return
         waiting = self._by_key.get(ping)
@@ -192,7 +194,7 @@ class Waiters:
                 waiter.wake()
             return
         for waiter in waiting:
-            waiter.hand(position, value)
+            waiter.hand(id_length, position, value)
 
     def wake_all(self) -> None:
         self.wake((WAKE_ALL,))

@@ -99,7 +99,8 @@ class Worker:
         await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                           sorted(self.registry.workflows))
         assert runtime.config is not None
-        self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here)
+        self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
+                                    runtime.ping)
         runtime.writers.add(self._writer)
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.

@@ -68,8 +68,10 @@ class StreamStatements(Statements):
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
-        transaction. ``owners`` are the (workflow id, lease) of the executions writing, in id
-        order; ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
+        transaction; but none when a chunk of the batch was fenced out (``pings`` may carry chunks,
+        which must be written to be told of: the caller pings plainly instead). ``owners`` are the
+        (workflow id, lease) of the executions writing, in id order; ``chunk_owners[n]`` is the index
+        in ``owners`` (from 1) of the n-th chunk's.
 
         Each chunk is written only if its execution still holds its workflow (fencing by the claim's
         token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out and the ids
@@ -95,10 +97,10 @@ class StreamStatements(Statements):
                 " WHERE f.id IS NULL OR f.cancel_requested"
                 # A branch that returns nothing but is always run: the pings go out with the commit.
                 " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
-                "   FROM unnest(%b::text[]) AS p) pinged WHERE pinged.n < 0"
+                "   FROM unnest(%b::text[]) AS p WHERE (SELECT count(*) FROM fence) = %s) pinged WHERE pinged.n < 0"
             ), (arrays.texts([w for w, _ in owners]), arrays.int8s([lease for _, lease in owners]),
                 arrays.int8s(chunk_owners), arrays.int8s(stream_ids), arrays.int4s(positions),
-                arrays.byteas(values), channel, pings))
+                arrays.byteas(values), channel, pings, len(owners)))
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}

@@ -2,11 +2,13 @@
 
 A batch of chunks pings ``s:<workflow id>:<key>`` for every stream it grew, with its commit. When a
 stream has a single chunk in the batch and that chunk is small, the ping carries it instead:
-``c:<position>:<base64 value, or - for the close marker>:s:<workflow id>:<key>``. A reader waiting at
-exactly that position takes the chunk from the ping and runs no query; any other reader of the
-stream (behind, busy, or not yet started) takes it as the plain ping it ends with, and reads. A
-ping is only sent by the commit that wrote its chunk, so what it carries is durable, and pings of
-one stream arrive in the order their batches committed.
+``c:<position>:<base64 value, or - for the close marker>:<length of the workflow id>:s:<workflow
+id>:<key>`` (the length tells apart the streams whose plain pings are alike, such as workflow ``a`` key
+``b:c`` and workflow ``a:b`` key ``c``). A reader waiting at exactly that position takes the chunk from
+the ping and runs no query; any other reader of the stream (behind, busy, or not yet started) takes it
+as the plain ping it ends with, and reads. A batch carries chunks only when every chunk in it was
+written (a fenced-out writer's batch pings plainly), and its pings go out with its commit, so what
+they carry is durable; one stream's pings arrive in the order their batches committed.
 
 (Processes of a version before this one know no ``c:`` key, and find these chunks on their slow poll.)
 """
@@ -17,6 +19,8 @@ import binascii
 
 CARRIED_CHUNK = "c:"
 CARRY_AT_MOST = 600  # bytes of a chunk's encoded value carried in its ping; a bigger one is only pinged
+CARRY_PING_AT_MOST = 300  # characters of a plain ping that may carry (JSON may escape each as 6 bytes)
+CARRY_PER_BATCH = 32_000  # characters of carried keys per batch; the rest of a very wide batch pings plainly
 CLOSED = "-"  # the value of a carried close marker (no base64 text is "-")
 
 
@@ -24,19 +28,22 @@ def stream_ping(workflow_id: str, key: str) -> str:
     return f"s:{workflow_id}:{key}"
 
 
-def carrying(ping: str, position: int, value: bytes | None) -> str:
+def carrying(ping: str, workflow_id: str, position: int, value: bytes | None) -> str:
     """The ping of a stream's only chunk in a batch: the chunk itself when it is small enough."""
+    if len(ping) > CARRY_PING_AT_MOST:
+        return ping
     if value is None:
-        return f"c:{position}:-:{ping}"
+        return f"c:{position}:-:{len(workflow_id)}:{ping}"
     if len(value) > CARRY_AT_MOST:
         return ping
-    return f"c:{position}:{binascii.b2a_base64(value, newline=False).decode()}:{ping}"
+    return f"c:{position}:{binascii.b2a_base64(value, newline=False).decode()}:{len(workflow_id)}:{ping}"
 
 
-def carried(key: str) -> tuple[str, int, str]:
-    """(stream ping, position, encoded value) of a ``c:`` key; ValueError for one that does not parse."""
-    _, position, value, ping = key.split(":", 3)
-    return ping, int(position), value
+def carried(key: str) -> tuple[str, int, str, int]:
+    """(stream ping, position, encoded value, length of the workflow id) of a ``c:`` key; ValueError
+    for one that does not parse."""
+    _, position, value, id_length, ping = key.split(":", 4)
+    return ping, int(position), value, int(id_length)
 
 
 def carried_value(value: str) -> bytes | None:

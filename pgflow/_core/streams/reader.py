@@ -76,9 +76,14 @@ class StreamRead:
         if not self.asked:
             self._fetcher.ask(self)
 
-    def hand(self, position: int, value: bytes | None) -> None:
+    def hand(self, id_length: int, position: int, value: bytes | None) -> None:
         """A ping carried the chunk at ``position``: a reader waiting for exactly that one takes it
-        and runs no query; one that has it already lets it be; any other reads, as for a plain ping."""
+        and runs no query; one that has it already lets it be; any other reads, as for a plain ping.
+        So does the reader of another stream whose plain ping is alike (its workflow id is not as long:
+        with the same plain ping, the same length means the same workflow and key)."""
+        if id_length != len(self.workflow_id):
+            self.wake()
+            return
         if position < self.offset:
             return
         if (position == self.offset and self._signal is not None and not self._signal.done() and not self.asked

@@ -27,7 +27,7 @@ from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from ..batches import GroupCommit
 from ..store import Store, retrying, unreachable
-from .pings import carrying, stream_ping
+from .pings import CARRY_PER_BATCH, carrying, stream_ping
 
 log = logging.getLogger("pgflow.streams")
 
@@ -92,12 +92,14 @@ class StreamWriter(GroupCommit[_Pending]):
     behind it."""
 
     def __init__(self, store: Store, channel: str, payloads: Callable[[Collection[str]], list[str]],
-                 wake: Callable[[set[str]], None], max_batch: int = 5000, max_in_flight: int = 2) -> None:
+                 wake: Callable[[set[str]], None], ping: Callable[[set[str]], None], max_batch: int = 5000,
+                 max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
         self._channel = channel
         self._payloads = payloads
-        self._wake_local = wake
+        self._wake_local = wake  # this process's readers (the statement pings the others')
+        self._ping = ping  # every process's readers, through the notifier
         self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
         self._loop = asyncio.get_running_loop()
         self.batches = 0
@@ -156,6 +158,9 @@ class StreamWriter(GroupCommit[_Pending]):
         values = [p.value for p in batch]
         keys = {p.stream.ping for p in batch}
         unnamed = [p for p in batch if p.stream.id is None]
+        # The pings may carry chunks: they go out with the commit only if every chunk of the batch is
+        # written (a fenced-out writer's chunk must not reach a reader by its ping); otherwise the
+        # plain pings follow the commit.
         pings = self._payloads(self._pings(batch))
         tries = 0
 
@@ -193,7 +198,10 @@ class StreamWriter(GroupCommit[_Pending]):
         if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
             for p in batch:
                 if not p.done.done():  # its writer may have been cancelled meanwhile
-                    p.done.set_result(None)
+                    if p.owner.interrupt is None:
+                        p.done.set_result(None)
+                    else:  # committed, but its execution was stopped meanwhile: its writer stops here
+                        p.done.set_exception(p.owner.interrupt)
             self._wake_local(keys)
             return
         for p in batch:
@@ -205,16 +213,28 @@ class StreamWriter(GroupCommit[_Pending]):
             if owner.workflow_id in cancelled and owner.interrupt is None:
                 owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
             p.resolve(owner.interrupt)  # committed, but its writer stops here
-        self._wake_local(keys)
+        if fenced:
+            self._ping(keys)  # this process's readers now, the others' in a notifier interval
+        else:
+            self._wake_local(keys)
 
     @staticmethod
     def _pings(batch: list[_Pending]) -> list[str]:
         """The pings of a batch for other processes: one per stream, carrying the stream's chunk when
-        the batch holds only one of it (the usual case for a writer in step with its commits)."""
+        the batch holds only one of it (the usual case for a writer in step with its commits), up to
+        ``CARRY_PER_BATCH`` characters of carried keys."""
         only: dict[Stream, _Pending | None] = {}
         for p in batch:
             only[p.stream] = None if p.stream in only else p
-        return [stream.ping if p is None else carrying(stream.ping, p.position, p.value) for stream, p in only.items()]
+        pings: list[str] = []
+        budget = CARRY_PER_BATCH
+        for stream, single in only.items():
+            ping = stream.ping
+            if single is not None and budget > 0:
+                ping = carrying(ping, single.owner.workflow_id, single.position, single.value)
+                budget -= len(ping)
+            pings.append(ping)
+        return pings
 
     @staticmethod
     def _refuse(p: _Pending, exc: BaseException) -> None:
