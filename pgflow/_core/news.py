@@ -24,9 +24,11 @@ from typing import Any
 import msgspec
 
 from .store import WorkflowRow
+from .streams.pings import CARRIED_CHUNK, STREAM_PING
 
 CARRIED_END = "o:"
 ENDED = "wf:"
+STREAM_PINGS = (STREAM_PING, CARRIED_CHUNK)  # news of streams, none of ends
 MAX_STARTS = 10_000  # starts remembered; the oldest are forgotten first (their waits read the row)
 
 
@@ -74,7 +76,7 @@ class EndNews:
         if not self._watched and not self._started:
             return
         for key in keys:
-            if key.startswith(("s:", "c:")):  # a stream's ping (most keys, one per stream a batch grew)
+            if key.startswith(STREAM_PINGS):  # a stream's ping (most keys, one per stream a batch grew)
                 continue
             if key.startswith(CARRIED_END):
                 end = carried_end(key)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import binascii
 
+STREAM_PING = "s:"
 CARRIED_CHUNK = "c:"
 CARRY_AT_MOST = 600  # bytes of a chunk's encoded value carried in its ping; a bigger one is only pinged
 CARRY_PING_AT_MOST = 300  # characters of a plain ping that may carry (JSON may escape each as 6 bytes)
@@ -25,18 +26,15 @@ CLOSED = "-"  # the value of a carried close marker (no base64 text is "-")
 
 
 def stream_ping(workflow_id: str, key: str) -> str:
-    return f"s:{workflow_id}:{key}"
+    return f"{STREAM_PING}{workflow_id}:{key}"
 
 
 def carrying(ping: str, workflow_id: str, position: int, value: bytes | None) -> str:
     """The ping of a stream's only chunk in a batch: the chunk itself when it is small enough."""
-    if len(ping) > CARRY_PING_AT_MOST:
+    if len(ping) > CARRY_PING_AT_MOST or (value is not None and len(value) > CARRY_AT_MOST):
         return ping
-    if value is None:
-        return f"c:{position}:-:{len(workflow_id)}:{ping}"
-    if len(value) > CARRY_AT_MOST:
-        return ping
-    return f"c:{position}:{binascii.b2a_base64(value, newline=False).decode()}:{len(workflow_id)}:{ping}"
+    encoded = CLOSED if value is None else binascii.b2a_base64(value, newline=False).decode()
+    return f"{CARRIED_CHUNK}{position}:{encoded}:{len(workflow_id)}:{ping}"
 
 
 def carried(key: str) -> tuple[str, int, str, int]:

@@ -197,11 +197,7 @@ class StreamWriter(GroupCommit[_Pending]):
         telemetry.batch_sizes.record(len(batch))
         if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
             for p in batch:
-                if not p.done.done():  # its writer may have been cancelled meanwhile
-                    if p.owner.interrupt is None:
-                        p.done.set_result(None)
-                    else:  # committed, but its execution was stopped meanwhile: its writer stops here
-                        p.done.set_exception(p.owner.interrupt)
+                p.resolve(p.owner.interrupt)  # (an execution stopped meanwhile: its writer stops here)
             self._wake_local(keys)
             return
         for p in batch:
