@@ -26,7 +26,7 @@ from ._core.worker import Worker
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
-from .records import Health, QueueInfo, WorkerInfo, WorkflowRecord
+from .records import Health, QueueInfo, Session, WorkerInfo, WorkflowRecord
 from .retry import RetryOn, RetryPolicy
 from .workflow import Step, Workflow, qualified_name, start_by_name
 
@@ -122,7 +122,7 @@ class App:
         self.registry = Registry()
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
-        self._runtimes = Runtimes(self._config, config_blocks=self._dsn is None)
+        self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
 
@@ -313,9 +313,11 @@ class App:
     async def health_async(self, stuck_after: float = 60.0) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
         live while its heartbeat is younger than 30 s."""
-        usage, unserved, stuck = await self._client.runtime().db(lambda store: store.health(30.0, stuck_after))
+        usage, unserved, stuck, holders = await self._client.runtime().db(
+            lambda store: store.health(30.0, stuck_after))
         workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
-        return Health(len(workers), usage, dict(unserved), stuck)
+        return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],
+                      [Session.of(s) for s in holders])
 
     def health(self, stuck_after: float = 60.0) -> Health:
         return self._client.call(self.health_async, stuck_after)

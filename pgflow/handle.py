@@ -9,7 +9,8 @@ from typing import Any, Generic, TypeVar
 from ._core.checks import MAX_ID_BYTES, check_reader, check_text
 from ._core.client import Client
 from ._core.execution import journaling
-from ._core.news import as_started
+from ._core.signals import News
+from ._core.signals import keys as signal_keys
 from ._core.store import WorkflowRow
 from ._core.streams.reader import ENDED, Chunks, decoder
 from .codec import decode, encode
@@ -61,17 +62,17 @@ class WorkflowHandle(Generic[R]):
 
         async def ended() -> WorkflowRow | None:
             nonlocal seen, read
-            news = runtime.waiters.news
+            news = runtime.signals.waiters.ends
             if seen is None:
-                if news.quiet_since_start(self.id):  # started here, and nothing heard of it since
-                    seen = as_started(self.id)
+                seen = news.quiet_since_start(self.id)  # started here, and nothing heard of it since
+                if seen is not None:
                     return None
-            elif end := news.take_end(seen):  # its ping carried its end
+            elif end := news.take_end(seen):  # its news carried its end
                 return end
             seen, read = await self._row(), True
             return seen if seen.status in ENDED else None
 
-        row = await runtime.wait_for([f"wf:{self.id}"], ended, timeout)
+        row = await runtime.wait_for([signal_keys.ended(self.id)], ended, timeout)
         if row is None and not read:
             # Never read (its pings said nothing yet): a timeout is only told after one look at the
             # row, which an end whose ping is still on its way would already show.
@@ -103,7 +104,7 @@ class WorkflowHandle(Generic[R]):
                 return (decode(value, type),)
             return (None,) if status in ENDED else None
 
-        got = await runtime.wait_for([f"e:{self.id}", f"wf:{self.id}"], look, timeout)
+        got = await runtime.wait_for([signal_keys.event(self.id), signal_keys.ended(self.id)], look, timeout)
         return None if got is None else got[0]
 
     def get_event(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
@@ -130,7 +131,7 @@ class WorkflowHandle(Generic[R]):
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         stored, queue, made_due = found
         if stored:
-            runtime.ping({f"m:{self.id}", *([f"q:{queue}"] if made_due else [])})
+            runtime.signals.announce(News([signal_keys.message(self.id), *([signal_keys.queue(queue)] if made_due else [])]))
 
     async def send_async(self, topic: str, value: object, idempotency_key: str | None = None) -> None:
         """Send the workflow a durable message on ``topic``, which its ``recv(topic)`` takes once.
@@ -172,8 +173,8 @@ class WorkflowHandle(Generic[R]):
         was, queue = found
         if was not in ("failed", "cancelled"):
             raise CannotResume(f"workflow {self.id!r} is {was}: only a failed or cancelled workflow resumes")
-        runtime.waiters.news.heard_of(self.id)  # an end heard before is not the resumed run's
-        runtime.ping([f"q:{queue}", f"wf:{self.id}"])
+        runtime.signals.waiters.ends.heard_of(self.id)  # an end heard before is not the resumed run's
+        runtime.signals.announce(News([signal_keys.queue(queue), signal_keys.ended(self.id)]))
 
     def resume(self) -> None:
         self._client.call(self.resume_async)
@@ -188,7 +189,7 @@ class WorkflowHandle(Generic[R]):
         queue = await runtime.db(lambda store: store.fork(self.id, new_id, from_step))
         if queue is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        runtime.ping([f"q:{queue}"])
+        runtime.signals.announce(News([signal_keys.queue(queue)]))
         return WorkflowHandle(self._client, new_id)
 
     def fork(self, from_step: int) -> WorkflowHandle[R]:
@@ -262,7 +263,7 @@ class WorkflowHandle(Generic[R]):
         found = await runtime.db(lambda store: store.request_cancel(self.id))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        runtime.ping([f"wf:{id}" for id in (self.id, *found[1])])
+        runtime.signals.announce(News([signal_keys.ended(id) for id in (self.id, *found[1])]))
 
     def cancel(self) -> None:
         self._client.call(self.cancel_async)

@@ -89,15 +89,39 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class Session:
+    """A session of the server, as ``pgflow status`` names it: who it is and how long its
+    transaction has been open."""
+
+    pid: int
+    database: str | None
+    application_name: str | None
+    state: str | None
+    transaction_age_s: float
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> Session:
+        pid, database, name, state, age = row
+        return cls(int(pid), database, name, state, float(age or 0.0))
+
+    def describe(self) -> str:
+        return (f"session {self.pid} ({self.application_name or 'no application name'}, database"
+                f" {self.database}, {self.state}) with a transaction open for {self.transaction_age_s:.0f} s")
+
+
+@dataclass(frozen=True)
 class Health:
     """What ``pgflow status`` reports. Unhealthy: no live worker, queued workflows whose name no live
     worker runs (they would wait forever), the NOTIFY queue over half full, or sessions idle in a
-    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster)."""
+    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster).
+    While the queue holds anything, ``queue_holders`` are the oldest open transactions of the
+    cluster: whichever of them has run LISTEN holds the queue back (PostgreSQL does not say which)."""
 
     live_workers: int
     notification_queue_usage: float
     unserved: dict[str, int]  # queued workflows per name no live worker runs
-    stuck_sessions: list[tuple[int, float]]  # (pid, seconds idle in a transaction)
+    stuck_sessions: list[Session]  # of this database, idle in a transaction for long
+    queue_holders: list[Session]
 
     @property
     def ok(self) -> bool:

@@ -1,5 +1,5 @@
-"""A small chunk rides on its stream's ping: a reader waiting at exactly its position takes it with no
-query; a reader anywhere else takes the ping as a plain one and reads the table."""
+"""A small chunk rides with its stream's news: a reader waiting at exactly its position takes it with
+no query; a reader anywhere else takes the news as a plain ping and reads the table."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.streams.pings import CARRY_AT_MOST, carrying, stream_ping
+from pgflow._core.signals import Chunk, News
+from pgflow._core.signals import keys as signal_keys
+from pgflow._core.signals.payload import CARRY_CHUNK_AT_MOST
+from pgflow._core.store import Pings
 
 pytestmark = pytest.mark.anyio
 
-VALUES: list[Any] = ["tok", 1, {"nested": [1.5, None, True]}, "x" * (CARRY_AT_MOST * 2), "é\n\"'", ""]
+VALUES: list[Any] = ["tok", 1, {"nested": [1.5, None, True]}, "x" * (CARRY_CHUNK_AT_MOST * 2), "é\n\"'", ""]
 
 
 def in_step(app: pgflow.App, second_app: pgflow.App, name: str) -> tuple[Any, list[asyncio.Event]]:
@@ -90,14 +93,15 @@ async def _in_step(app: pgflow.App, second_app: pgflow.App, kind: str) -> None:
 
 
 async def test_a_carried_chunk_is_taken_only_at_the_readers_position(dsn: str, schema: str) -> None:
-    """Pings handed to a reader of a real stream: one for a chunk it has is ignored, one ahead of it
-    makes it read the table, one at its position is taken as it came. (No poll tick comes meanwhile:
-    every read below is one a ping caused.)"""
+    """News handed to a reader of a real stream: a chunk it has is ignored, one ahead of it makes it
+    read the table, one of another stream id (a pruned workflow's stream of the same name) too, and
+    one at its position is taken as it came. (No poll tick comes meanwhile: every read below is one
+    the news caused.)"""
     async with pgflow.App(dsn, schema=schema, poll_interval=600) as app:
-        await _handed_at_position(app)
+        await _handed_at_position(app, dsn, schema)
 
 
-async def _handed_at_position(app: pgflow.App) -> None:
+async def _handed_at_position(app: pgflow.App, dsn: str, schema: str) -> None:
     written, done = asyncio.Event(), asyncio.Event()
 
     @app.workflow(name="carried.six")
@@ -109,48 +113,48 @@ async def _handed_at_position(app: pgflow.App) -> None:
 
     runtime = app._client.runtime()
     h = await six.with_options(id="carried-six").start_async()
-    ping = stream_ping(h.id, "b:tokens")
+    stream = signal_keys.stream(h.id, "b:tokens")
+
+    def hand(sid: int, position: int, value: bytes) -> None:
+        runtime.signals.waiters.hear(News(chunks=[Chunk(stream, sid, position, value)]))
+
     async with app.worker():
-        await written.wait()  # the reader finds all six in its first look, and no ping is left to come
-        stream = h.stream_items_async("b:tokens")
-        got = [await anext(stream)]
+        await written.wait()  # the reader finds all six in its first look, and no news is left to come
+        items = h.stream_items_async("b:tokens")
+        got = [await anext(items)]
         while len(got) < 6:
-            got.append(await anext(stream))
+            got.append(await anext(items))
         assert got == [(n, n) for n in range(6)]
-        reading = asyncio.create_task(anext(stream))  # waits for position 6
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute(f'SELECT id FROM "{schema}".stream_ids WHERE workflow_id = %s', (h.id,))
+            [(sid,)] = await cur.fetchall()
+        reading = asyncio.create_task(anext(items))  # waits for position 6
         queries = runtime.fetcher.queries
 
-        runtime.waiters.wake([carrying(ping, h.id, 2, b"\xa3old")])  # behind it: nothing happens
+        hand(sid, 2, b"\xa3old")  # behind it: nothing happens
         await asyncio.sleep(0.05)
         assert not reading.done() and runtime.fetcher.queries == queries
-        runtime.waiters.wake([carrying(ping, h.id, 8, b"\xa5ahead")])  # ahead of it: it reads, finds nothing
+        hand(sid, 8, b"\xa5ahead")  # ahead of it: it reads, finds nothing
         while runtime.fetcher.queries == queries:
             await asyncio.sleep(0.01)
         assert not reading.done()
-        # Workflow "carried-six:b", stream "tokens", has the same plain ping: its chunk is not ours.
         queries = runtime.fetcher.queries
-        runtime.waiters.wake([carrying(ping, h.id + ":b", 6, b"\xa5other")])
+        hand(sid + 1000, 6, b"\xa5other")  # the chunk of another stream of that name: not ours
         while runtime.fetcher.queries == queries:
             await asyncio.sleep(0.01)
         assert not reading.done()
-        runtime.waiters.wake([carrying(ping, h.id, 6, b"\xa6handed")])  # at its position: taken as it came
+        hand(sid, 6, b"\xa6handed")  # at its position: taken as it came
         assert await asyncio.wait_for(reading, 10) == (6, "handed")
         assert runtime.fetcher.handed == 1
-
-        reading = asyncio.create_task(anext(stream))
-        queries = runtime.fetcher.queries
-        runtime.waiters.wake([f"c:7:not base64!:{len(h.id)}:{ping}"])  # a value that does not decode: a plain ping
-        while runtime.fetcher.queries == queries:
-            await asyncio.sleep(0.01)
-        assert not reading.done() and runtime.fetcher.handed == 1
         done.set()
         with pytest.raises(StopAsyncIteration):  # the workflow ended: so does its stream
-            await asyncio.wait_for(reading, 10)
+            await asyncio.wait_for(anext(items), 10)
 
 
 async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, schema: str) -> None:
-    """A batch with a chunk whose writer no longer holds its workflow sends none of its pings with
-    its commit (they may carry a chunk that was not written; its writer pings plainly afterwards)."""
+    """A batch with a chunk whose writer no longer holds its workflow sends none of its payloads with
+    its commit (they may carry a chunk that was not written; its writer names the streams plainly
+    afterwards)."""
     store = await app._client.runtime().store()
     async with store.pool.connection() as conn:
         await conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, status, lease_token)'
@@ -160,8 +164,8 @@ async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
         await listener.execute(f'LISTEN "{channel}"')
         for position, lease in ((0, 8), (0, 7), (1, 8), (1, 7)):
-            fenced, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"], channel,
-                                                 [f"lease {lease} position {position}"])
+            fenced, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
+                                                 Pings(channel, [f"lease {lease} position {position}"]))
             assert fenced == ({("fenced", lease)} if lease == 8 else set())
         # Only the written batches pinged (a notification of the fenced ones would come first).
         notes = listener.notifies(timeout=10)

@@ -11,16 +11,18 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.news import EndNews
+from pgflow._core.signals import End, News
+from pgflow._core.signals import keys as signal_keys
+from pgflow._core.signals.ends import EndNews
+from pgflow._core.signals.payload import CARRY_END_AT_MOST
 from pgflow._core.store import WorkflowRow
-from pgflow._core.store.ends import CARRY_AT_MOST
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_results_come_with_their_end_pings(app: pgflow.App, second_app: pgflow.App) -> None:
     gate = asyncio.Event()
-    sizes = [0, 10, -1, CARRY_AT_MOST * 2]  # -1 fails; the last is too big to ride on a ping: it is read
+    sizes = [0, 10, -1, CARRY_END_AT_MOST * 2]  # -1 fails; the last is too big to ride on a ping: it is read
 
     async def echo(n: int, size: int) -> dict[str, object]:
         await gate.wait()
@@ -75,39 +77,43 @@ async def test_a_wait_needs_no_read_for_a_workflow_started_while_listening(app: 
 
 def test_a_late_ping_does_not_answer_for_a_later_run() -> None:
     news = EndNews()
-    end = 'o:["w1", "wf.name", "failed", 3, null, {"type": "ValueError", "message": "old"}]'
+    end = End("w1", 111, 3, "wf.name", "failed", None, {"type": "ValueError", "message": "old"})
     news.watch("w1")
     # The end of attempt 3 arrives after the workflow was resumed: its row, read meanwhile, is queued
     # again at attempt 3. That end is not the resumed run's.
-    news.hear([end])
-    assert news.take_end(WorkflowRow("w1", "wf.name", "queued", 3, None, None)) is None
+    news.hear(News(ends=[end]))
+    assert news.take_end(WorkflowRow("w1", "wf.name", "queued", 3, None, None, 111)) is None
     # Read while attempt 3 ran, the same end is the answer.
-    news.hear([end])
-    taken = news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None))
+    news.hear(News(ends=[end]))
+    taken = news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None, 111))
     assert taken is not None and taken.status == "failed" and taken.error == {"type": "ValueError", "message": "old"}
+    # The end of a workflow of the same id that was pruned (born at another time) is not this one's.
+    news.hear(News(ends=[end]))
+    assert news.take_end(WorkflowRow("w1", "wf.name", "running", 1, None, None, 222)) is None
     # Nobody waits any more: nothing is kept.
     news.unwatch("w1")
-    news.hear([end])
-    assert news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None)) is None
+    news.hear(News(ends=[end]))
+    assert news.take_end(WorkflowRow("w1", "wf.name", "running", 3, None, None, 111)) is None
 
 
 def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
     news = EndNews()
-    end = 'o:["quiet-end", "wf.name", "succeeded", 1, "bnVsbA==", null]'
-    news.started(["quiet", "quiet-end", "pinged", "deaf", "resumed"], news.epoch)
-    news.started(["unheard"], None)  # the listener did not listen when it was started
-    news.hear([end, "wf:pinged"])  # "pinged": cancelled, say; its end rode on nothing
-    assert news.quiet_since_start("quiet")  # nothing heard: it has not ended
-    assert not news.quiet_since_start("quiet-end")  # heard to end before the wait: read (it may have been resumed)
-    assert not news.quiet_since_start("pinged")
-    assert not news.quiet_since_start("unheard")
+    end = End("quiet-end", 5, 1, "wf.name", "succeeded", b"\xc0", None)
+    news.started([(id, 5) for id in ["quiet", "quiet-end", "pinged", "deaf", "resumed"]], news.epoch)
+    news.started([("unheard", 5)], None)  # the listener did not listen when it was started
+    news.hear(News([signal_keys.ended("pinged")], [end]))  # "pinged": cancelled, say; its end carried nothing
+    quiet = news.quiet_since_start("quiet")  # nothing heard: it has not ended
+    assert quiet is not None and (quiet.status, quiet.born) == ("queued", 5)
+    assert news.quiet_since_start("quiet-end") is None  # heard to end before the wait: read (it may have been resumed)
+    assert news.quiet_since_start("pinged") is None
+    assert news.quiet_since_start("unheard") is None
     news.heard_of("resumed")  # this loop resumed it
-    assert not news.quiet_since_start("resumed")
+    assert news.quiet_since_start("resumed") is None
     epoch = news.epoch
     news.forget()  # the listener stopped: pings may have passed this loop by
-    assert not news.quiet_since_start("deaf")
-    news.started(["late"], epoch)  # sent before the listener stopped, created after
-    assert not news.quiet_since_start("late")
+    assert news.quiet_since_start("deaf") is None
+    news.started([("late", 5)], epoch)  # sent before the listener stopped, created after
+    assert news.quiet_since_start("late") is None
 
 
 async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, second_app: pgflow.App, dsn: str,

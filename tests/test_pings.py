@@ -7,7 +7,6 @@ NOTIFY transaction per interval."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -15,21 +14,21 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.signals import keys as signal_keys
+
+from .channel import listen, named, opened
 
 pytestmark = pytest.mark.anyio
 
 INTERVAL = 2.0  # long enough that a ping held back for the interval is plain to see
 
 
-async def listen(dsn: str, schema: str) -> psycopg.AsyncConnection:
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await conn.execute(f'LISTEN "pgflow_{schema}"')
-    return conn
-
-
-async def collect(conn: psycopg.AsyncConnection, seen: list[tuple[float, list[str]]], until: float) -> None:
+async def collect(app: pgflow.App, conn: psycopg.AsyncConnection, seen: list[tuple[float, list[str]]],
+                  until: float) -> None:
     async for note in conn.notifies(timeout=max(0.0, until - time.monotonic())):
-        seen.append((time.monotonic(), json.loads(note.payload)[1]))
+        news = opened(app, note.payload)
+        assert news is not None, "a payload of pgflow's that does not open"
+        seen.append((time.monotonic(), named(news)))
 
 
 def noop_app(dsn: str, schema: str) -> tuple[pgflow.App, pgflow.Workflow[[], None]]:
@@ -54,8 +53,8 @@ async def queue_pings(dsn: str, schema: str, start: Callable[[pgflow.Workflow[[]
         async with conn:
             began = time.monotonic()
             await start(noop)
-            await collect(conn, seen, began + within)
-        return began, [at for at, keys in seen if "q:default" in keys]
+            await collect(app, conn, seen, began + within)
+        return began, [at for at, keys in seen if signal_keys.queue("default") in keys]
     finally:
         await app.close_async()
 

@@ -28,8 +28,12 @@ from psycopg_pool import AsyncConnectionPool
 
 import pgflow
 from pgflow import codec
-from pgflow._core.notify import Notifier
+from pgflow._core.signals import News
+from pgflow._core.signals import keys as signal_keys
+from pgflow._core.signals.notifier import Notifier, Refusals
 from pgflow.streams import MAX_CHUNK_BYTES, MAX_KEY_BYTES
+
+from .channel import named, opened, seal
 
 pytestmark = pytest.mark.anyio
 
@@ -687,17 +691,22 @@ async def _listen(dsn: str, channel: str) -> psycopg.AsyncConnection[Any]:
     return conn
 
 
-async def _received(conn: psycopg.AsyncConnection[Any], timeout: float) -> list[str]:
-    """Keys of every notification that arrives within ``timeout`` seconds (payload: [sender, keys])."""
+async def _received(app: pgflow.App, conn: psycopg.AsyncConnection[Any], timeout: float) -> list[str]:
+    """Keys of every notification that arrives within ``timeout`` seconds, opened with ``app``'s keys."""
     keys: list[str] = []
     async for note in conn.notifies(timeout=timeout):
-        keys.extend(msgspec.json.decode(note.payload)[1])
+        news = opened(app, note.payload)
+        assert news is not None
+        keys.extend(named(news))
     return keys
 
 
 @contextlib.asynccontextmanager
-async def notifier_on_pool(dsn: str, schema: str, interval: float) -> AsyncIterator[tuple[Notifier, Any]]:
-    """The runtime's notifier component, sending through a real pool of one connection."""
+async def notifier_on_pool(app: pgflow.App, dsn: str, schema: str,
+                           interval: float) -> AsyncIterator[tuple[Notifier, Any]]:
+    """The runtime's notifier component, sending through a real pool of one connection and sealing
+    with ``app``'s keys."""
+    await app.migrate_async()  # (and the keyring loaded)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False,
                                                          kwargs={"autocommit": True})
     await pool.open(wait=True)
@@ -705,7 +714,7 @@ async def notifier_on_pool(dsn: str, schema: str, interval: float) -> AsyncItera
     async def the_pool() -> AsyncConnectionPool[Any]:
         return pool
 
-    notifier = Notifier(the_pool, f"pgflow_{schema}", interval, "test-token")
+    notifier = Notifier(the_pool, f"pgflow_{schema}", interval, lambda news: seal(app, news), Refusals())
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(notifier.run)
@@ -716,7 +725,7 @@ async def notifier_on_pool(dsn: str, schema: str, interval: float) -> AsyncItera
 
 
 async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_one_goes_out(
-    dsn: str, schema: str, caplog: pytest.LogCaptureFixture,
+    app: pgflow.App, dsn: str, schema: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The pool holds one connection, which the test keeps busy in a real query (no mocks), so the
     # notifier's flush cannot get a connection within its timeout.
@@ -728,7 +737,7 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
                 await anyio.sleep(0.02)
 
     try:
-        async with notifier_on_pool(dsn, schema, 0.005) as (notifier, pool):
+        async with notifier_on_pool(app, dsn, schema, 0.005) as (notifier, pool):
             held, release = anyio.Event(), anyio.Event()
 
             async def hold() -> None:
@@ -740,29 +749,30 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
             async with anyio.create_task_group() as tg:
                 tg.start_soon(hold)
                 await held.wait()
-                with caplog.at_level(logging.WARNING, logger="pgflow.notify"):
-                    notifier.add(["s:lost:a", "s:lost:b"])
+                with caplog.at_level(logging.WARNING, logger="pgflow.signals"):
+                    notifier.add(News(["s:lost:a", "s:lost:b"]))
                     await flushed((0, 1))  # the notifier's own flush failed, and it goes on
                 release.set()
             assert (notifier.flushes, notifier.failed_flushes) == (0, 1)
             assert any("dropped 2 pings" in r.getMessage() for r in caplog.records), caplog.text
 
             # The connection is free again; the dropped pings are gone, the new ones go out.
-            notifier.add(["s:kept:c"])
+            notifier.add(News(["s:kept:c"]))
             await flushed((1, 1))
             assert (notifier.flushes, notifier.failed_flushes) == (1, 1)
-            assert await _received(listener, timeout=1.0) == ["s:kept:c"]
+            assert await _received(app, listener, timeout=1.0) == ["s:kept:c"]
     finally:
         await listener.close()
 
 
-async def test_one_overlong_key_does_not_drop_the_other_pings_of_its_flush(dsn: str, schema: str) -> None:
+async def test_one_overlong_key_does_not_drop_the_other_pings_of_its_flush(app: pgflow.App, dsn: str,
+                                                                            schema: str) -> None:
     listener = await _listen(dsn, f"pgflow_{schema}")
     try:
-        async with notifier_on_pool(dsn, schema, 3600) as (notifier, _):
-            notifier.add([f"wf:{'x' * 8000}", "s:ordinary:k"])
+        async with notifier_on_pool(app, dsn, schema, 3600) as (notifier, _):
+            notifier.add(News([signal_keys.ended("x" * 8000), "s:ordinary:k"]))
             await notifier.flush()
-            assert "s:ordinary:k" in await _received(listener, timeout=1.0)
+            assert "s:ordinary:k" in await _received(app, listener, timeout=1.0)
     finally:
         await listener.close()
 

@@ -37,7 +37,7 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from .outcomes import describe, pickled, replay
+from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
@@ -173,14 +173,14 @@ class Execution:
                     await anyio.sleep(delay)
                     self.check_interrupt()
                     continue
-                await self._record(position, step.name, None, describe(exc), pickled(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), attempt)
                 raise
             try:
                 data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}")
             except SerializationError as exc:
-                await self._record(position, step.name, None, describe(exc), pickled(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), attempt)
                 raise
-            await self._record(position, step.name, data, None, None, attempt)
+            await self._record(position, step.name, data, None, attempt)
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
@@ -236,15 +236,13 @@ class Execution:
             inside_step.reset(token)
 
     async def _record(
-        self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None,
-        exception: bytes | None, attempts: int,
+        self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None, attempts: int,
     ) -> None:
         ends = dict(self.stream_ends)
 
         async def record() -> tuple[bool, bool, None]:
             return (*await self.store.record_step(
-                self.workflow_id, self.attempt, self.lease, position, name, output, error, exception, attempts,
-                ends), None)
+                self.workflow_id, self.attempt, self.lease, position, name, output, error, attempts, ends), None)
 
         try:
             await self.fenced(record, f"record step {name!r}")

@@ -22,6 +22,8 @@ from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
 from .registry import WorkflowSpec
 from .runtime import Runtime
+from .signals import End, News
+from .signals import keys as signal_keys
 from .starts import StepStarts
 from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
@@ -74,7 +76,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             del cancellers[claimed.id]  # not another execution's of the same id
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
-            if outcome is not None and await _finish(finisher, execution, *outcome, freed=freed):
+            if outcome is not None and await _finish(finisher, execution, claimed, workflow.name, outcome, freed):
                 telemetry.ended(span, workflow.name, claimed.queue, outcome[0], outcome[2])
                 log_end(workflow.name, claimed, outcome, time.monotonic() - began)
     except Suspended as pause:
@@ -85,7 +87,8 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             try:
                 if await retrying(lambda: store.release(claimed.id, claimed.lease),
                                   f"giving {claimed.id} back to the queue"):
-                    runtime.ping([f"q:{claimed.queue}"])  # its own queue (with_options may have moved it)
+                    # Its own queue (with_options may have moved it).
+                    runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))
             except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
                 log.warning("could not give %s back to the queue: %s", claimed.id, exc)
         raise
@@ -108,7 +111,8 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
     runs.info("workflow %s %s %s", workflow.name, claimed.id,
               f"{pause} (slot given back)" if status == "queued" else "cancelled while it waited")
     # Workers look at the queue again, so they know when it falls due (and a limited queue's slot is free).
-    runtime.ping({f"q:{queue}", *freed, *([f"wf:{claimed.id}"] if status == "cancelled" else [])})
+    told = {signal_keys.queue(queue), *freed, *([signal_keys.ended(claimed.id)] if status == "cancelled" else [])}
+    runtime.signals.announce(News(sorted(told)))
 
 
 def _cancel(execution: Execution, scope: anyio.CancelScope) -> None:
@@ -165,15 +169,16 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
         current_execution.reset(reset)
 
 
-async def _finish(finisher: Finisher, execution: Execution, status: str, output: bytes | None,
-                  error: dict[str, Any] | None, freed: tuple[str, ...] = ()) -> bool:
+async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, name: str, outcome: Outcome,
+                  freed: tuple[str, ...] = ()) -> bool:
     """Record the end (True when it was this execution's to record), in the worker's next batch of
     ends; ``freed`` are pings for workers waiting on a limited queue's free slot. Shielded: the body
     is done, and a worker stopping now waits for its end (the finisher sends what it still holds when
     it stops) rather than giving a finished workflow back to be run again."""
+    status, output, error = outcome
+    end = End(execution.workflow_id, claimed.born, execution.attempt, name, status, output, error)
     with anyio.CancelScope(shield=True):
-        recorded = await finisher.finish(execution.workflow_id, execution.lease, status, output, error,
-                                         set(freed))
+        recorded = await finisher.finish(end, execution.lease, set(freed))
     if recorded:
         return True
     log.warning("workflow %r attempt %d lost its lease before it could record %s",

@@ -1,16 +1,20 @@
-"""How a step's or a workflow's outcome is recorded and given back: an exception described in words
-PostgreSQL can store (and pickled, so a replay raises the same type), an output decoded as the first
-run returned it."""
+"""How a step's or a workflow's outcome is recorded and given back. An exception is recorded as data
+(its type's path, message, arguments where they encode, and traceback), never as code: a row read back
+is data, and write access to one table must never mean code execution on the fleet. A replay raises
+the recorded type again when this process has it and can build it from the recorded arguments,
+otherwise ``StepFailed`` naming it; an output is decoded as the first run returned it."""
 
 from __future__ import annotations
 
 import logging
-import pickle
+import sys
 import traceback
 from typing import Any
 
+import msgspec
+
 from .. import codec
-from ..errors import MaxAttemptsExceeded, StepFailed, WorkflowTimeout
+from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowTimeout
 from .registry import StepSpec
 from .store import Claimed, StepRecord
 
@@ -18,6 +22,7 @@ runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and 
 
 # A workflow's recorded end: (status, output, error).
 Outcome = tuple[str, bytes | None, dict[str, Any] | None]
+ARGS_AT_MOST = 4096  # bytes of an exception's encoded arguments kept to rebuild it on replay
 
 
 def _storable(text: str) -> str:
@@ -27,37 +32,74 @@ def _storable(text: str) -> str:
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
-    """The recorded form of an exception: what a reader in another process needs to understand it."""
+    """The recorded form of an exception: what a reader in another process needs to understand it,
+    and what a replay needs to raise it again (``args``: None when they do not encode as JSON
+    that PostgreSQL can hold)."""
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     return {
         "type": _storable(name),
         "message": _storable(str(exc)),
+        "args": _arguments(exc),
         "traceback": _storable("".join(traceback.format_exception(exc))),
     }
 
 
-def pickled(exc: BaseException) -> bytes | None:
+def _arguments(exc: BaseException) -> list[Any] | None:
     try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:  # noqa: BLE001 - many exceptions do not survive pickling; fall back to StepFailed
+        encoded = msgspec.json.encode(list(exc.args))
+    except (TypeError, ValueError, OverflowError, RecursionError):  # not JSON, or a lone surrogate
         return None
-    return data
+    if len(encoded) > ARGS_AT_MOST or b"\\u0000" in encoded:  # jsonb holds no NUL
+        return None
+    args: list[Any] = msgspec.json.decode(encoded)
+    return args if args == list(exc.args) else None  # only what comes back as it went
+
+
+def rebuilt(error: dict[str, Any]) -> Exception:
+    """The exception a recorded ``error`` describes: its type again when that type is an exception
+    class of a module this process has already imported (none is imported for a row's sake) and it
+    takes the recorded arguments; otherwise ``StepFailed`` naming the type. Rows of older versions
+    have no arguments: their message stands in for them."""
+    name, message = str(error.get("type", "Exception")), str(error.get("message", ""))
+    kind = _exception_type(name)
+    args = error["args"] if "args" in error else [message]
+    if kind is not None and isinstance(args, list):
+        try:
+            exc = kind(*args)
+        except Exception:  # noqa: BLE001 - a constructor that wants other arguments: StepFailed
+            exc = None
+        if isinstance(exc, kind):
+            return exc
+    return StepFailed(name, message)
+
+
+def _exception_type(name: str) -> type[Exception] | None:
+    """The class ``name`` (``module.Qual.Name``, or a builtin's bare name) if a module already loaded
+    defines it and it is an ordinary exception (not a BaseException such as an interrupt)."""
+    module_name, attributes = "builtins", name
+    if "." in name:
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            if ".".join(parts[:cut]) in sys.modules:
+                module_name, attributes = ".".join(parts[:cut]), ".".join(parts[cut:])
+                break
+        else:
+            return None
+    found: Any = sys.modules.get(module_name)
+    for attribute in attributes.split("."):
+        found = getattr(found, attribute, None) if attribute.isidentifier() else None
+    if (isinstance(found, type) and issubclass(found, Exception)
+            and not issubclass(found, ExecutionInterrupted)):
+        return found
+    return None
 
 
 def replay(record: StepRecord, step: StepSpec) -> Any:
     """The recorded outcome of a step: its output, or its exception raised again."""
     if record.error is None:
         return codec.decode(record.output or b"\xc0", step.return_type)
-    if record.exception is not None:
-        try:
-            exc = pickle.loads(record.exception)
-        except Exception:  # noqa: BLE001 - the class may be gone from this code base
-            exc = None
-        if isinstance(exc, BaseException):
-            raise exc
-    raise StepFailed(record.error["type"], record.error["message"])
+    raise rebuilt(record.error)
 
 
 def refused(claimed: Claimed) -> Outcome | None:

@@ -35,7 +35,12 @@ class Config:
 
     @property
     def channel(self) -> str:
-        return f"pgflow_{self.schema}"
+        return self.channel_of(self.schema)
+
+    @staticmethod
+    def channel_of(schema: str) -> str:
+        """The NOTIFY channel of a schema's App."""
+        return f"pgflow_{schema}"
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,16 @@
 """The runtime: what pgflow keeps on each event loop that uses it.
 
-Every loop that touches the database gets its own ``Runtime``: a connection pool that belongs to
-that loop, the waiters of that loop, its notifier, its LISTEN connection (open only while something
-waits) and its shared stream fetcher. An async caller therefore runs everything on its own loop, with
-no thread of pgflow's and no hop between threads; sync callers reach a runtime of their own on a
-private loop (see ``sync.py``). ``Runtimes`` is the App's set of them, one per loop, and the
-process-wide things they share: the configuration, the ping token, the one-time migration.
+Every loop that touches the database gets its own ``Runtime``: its connection pool (the store), its
+signals (waiters, notifier, listener: ``signals/``), its shared stream reads and its counters. An async
+caller therefore runs everything on its own loop, with no thread of pgflow's and no hop between
+threads; sync callers reach a runtime of their own on a private loop (see ``sync.py``). ``Runtimes``
+is the App's set of them, one per loop, and what they share in the process: the configuration, the
+keyring that seals pings, the one-time migration.
 
-A runtime's background tasks (the notifier and the listener) belong to one task group in one root
-task; closing the runtime, or the loop's own shutdown, cancels that task, which flushes the last pings
-and closes the pool and the listener on its way out.
+A runtime opens with its first use, and from then on has a task of its own on its loop, for as long as
+it lives: the signals service runs in it (restarted after a failure, which only costs latency: every
+wait also polls). Closing the runtime, or the loop's own shutdown, cancels that task, which sends the
+last pings and closes the pool; a store used after that refuses, it does not wait.
 """
 
 from __future__ import annotations
@@ -18,25 +19,27 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import anyio
 import anyio.to_thread
+import psycopg
+from psycopg_pool import PoolClosed
 
 from .connecting import check_connectable, linked
-from .listener import Listener
-from .notify import Notifier, Waiter, Waiters, new_token, payloads_for, until
 from .pool import Pool
 from .registry import Config
-from .store import NO_PINGS, Pings, Store, retrying
+from .signals import Keyring, News, Signals
+from .store import Store, retrying
 from .streams.reader import ChunkFetcher, StreamRead, read_batches
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow")
 
 T = TypeVar("T")
+RESTART_SIGNALS_AFTER = 1.0  # seconds before a failed signals service is started again
 
 
 @dataclass
@@ -50,18 +53,24 @@ class Stats:
     listeners_connected: int = 0
     listener_reconnects: int = 0
     notification_queue_usage: float = 0.0
+    pings_rejected: int = 0  # payloads heard that did not open with the keyring (forged, foreign, garbage)
+    pings_refused: int = 0  # statements sent again without their pings, which the server refused
     fetch_queries: int = 0
     stream_batches: int = 0
     stream_chunks: int = 0
     end_batches: int = 0  # statements that recorded workflow ends (each records every end ready)
     ends: int = 0
-    results_from_pings: int = 0  # results taken from the end their ping carried, with no read of the row
-    chunks_from_pings: int = 0  # stream chunks taken from the ping that carried them, with no query
+    results_from_pings: int = 0  # results taken from the end their news carried, with no read of the row
+    chunks_from_pings: int = 0  # stream chunks taken from the news that carried them, with no query
 
     def __add__(self, other: Stats) -> Stats:
         summed = Stats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)})
         summed.notification_queue_usage = max(self.notification_queue_usage, other.notification_queue_usage)
         return summed
+
+
+class RuntimeClosed(PoolClosed):
+    """The runtime of this loop was closed (``app.close()``): its store takes no more statements."""
 
 
 class Runtime:
@@ -70,28 +79,26 @@ class Runtime:
     def __init__(self, hub: Runtimes) -> None:
         self.hub = hub
         self.loop = asyncio.get_running_loop()
-        self.waiters = Waiters(on_wait=self._want_listener)
-        self.fetcher = ChunkFetcher(self.store, self.waiters.ticks)
+        self.signals = Signals(hub.keyring, lambda news: hub.wake_elsewhere(self, news), lambda: len(hub) <= 1)
+        self.fetcher = ChunkFetcher(self.store, self.signals.waiters.ticks)
         self.config: Config | None = None
-        self.notifier: Notifier | None = None
-        self.listener: Listener | None = None
         self.writers: set[StreamWriter] = set()  # the stream writers of the workers on this loop
         self.retired_writes = (0, 0)  # batches and chunks of the writers of workers that have stopped
         self.end_batches = 0  # batches of ends recorded by the finishers of the workers on this loop
         self.ends = 0
         self._store: Store | None = None
         self._opening = anyio.Lock()
-        self._root: asyncio.Task[None] | None = None
-        self._listen_wanted = anyio.Event()
-        self._listening = False
+        self._task: asyncio.Task[None] | None = None
         self._closed = False
 
-    # -- the pool ---------------------------------------------------------------------------------------
+    # -- the connection ---------------------------------------------------------------------------------
 
     async def store(self) -> Store:
         """The store on this loop's pool, opened (and the schema migrated) on first use."""
         if self._store is None:
             async with self._opening:
+                if self._closed:
+                    raise RuntimeClosed("this App was closed on this event loop")
                 if self._store is None:
                     self._store = await self._open()
         return self._store
@@ -102,175 +109,82 @@ class Runtime:
             await check_connectable(config.dsn)  # a wrong DSN fails now, and says why
             self.hub.reached = True
         self.config = config
-        self.waiters.ticks.every = config.poll_interval
         pool = Pool(config)
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
         try:
             await self.hub.migrate_once(store)
+            await self.hub.load_keys(store)
         except BaseException:
             await pool.close()
             raise
-        self.notifier = Notifier(self._pool, config.channel, config.notify_interval, self.hub.token)
-        self.listener = Listener(lambda: linked(config.dsn, config.query_timeout), config.channel, self.waiters,
-                                 self.hub.token, config.listen_idle, query_timeout=config.query_timeout)
-        # The root task owns the pool from now on: when the loop shuts down it closes it.
-        self._serve_in_background()
-        return store
 
-    async def _pool(self) -> Pool:
-        return (await self.store()).pool
+        async def opened_pool() -> Pool:
+            return pool
+
+        self.signals.start(config, opened_pool, lambda: linked(config.dsn, config.query_timeout), store.signal_keys)
+        self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
+        return store
 
     async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
         """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""
         store = await self.store()
         return await retrying(lambda: fn(store), "a query")
 
-    # -- pings and waits --------------------------------------------------------------------------------
-
-    def ping(self, keys: Iterable[str]) -> None:
-        """Wake this process's waiters now and every other process's within a notifier interval."""
-        keys = set(keys)
-        self.wake_here(keys)
-        if self.notifier is not None and self.config is not None and self.config.notify != "off":
-            self._serve_in_background()
-            self.notifier.add(keys)
-
-    @contextlib.contextmanager
-    def carrying(self, keys: set[str]) -> Iterator[Pings]:
-        """Pings for a statement run in the block to send with its own commit, when the notifier is
-        quiet (see ``Notifier.carry``); pass them to ``announced`` after the commit."""
-        if self.notifier is None or self.config is None or self.config.notify == "off":
-            yield NO_PINGS
-            return
-        notifier = self.notifier
-        payloads = notifier.carry(keys)
+    async def _live(self, pool: Pool) -> None:
+        """The runtime's life on its loop: the signals service until the runtime closes (or the loop
+        shuts down), then the pool closes."""
         try:
-            yield (self.config.channel, payloads) if payloads else NO_PINGS
+            while True:
+                try:
+                    await self.signals.run()
+                except Exception:  # noqa: BLE001 - its waiters poll meanwhile; the pool is not its to close
+                    log.exception("pgflow's signals failed; waiters fall back to their poll until they are back")
+                    await anyio.sleep(RESTART_SIGNALS_AFTER)
         finally:
-            if payloads:
-                notifier.carried()
-
-    def announced(self, keys: set[str], carried: Pings) -> None:
-        """After the commit of a statement that carried ``carried``: wake this process's waiters, and
-        have the notifier send what the statement did not."""
-        if carried[1]:
-            self.wake_here(keys)
-        else:
-            self.ping(keys)
-
-    def wake_here(self, keys: set[str]) -> None:
-        """Wake the waiters of this process (on every loop), with no round trip."""
-        self.waiters.wake(keys)
-        self.hub.wake_elsewhere(self, keys)
-
-    def hearing(self) -> int | None:
-        """While this loop's listener listens, the epoch of what it heard (see ``EndNews``); None
-        when it does not, so pings may pass it by."""
-        if self.ping_token() is None or self.listener is None or not self.listener.connected:
-            return None
-        if len(self.hub) > 1:
-            # Another loop of this process may end the workflow, and its pings reach this loop only
-            # while something here waits (the listener skips the process's own).
-            return None
-        return self.waiters.news.epoch
-
-    def ping_token(self) -> str | None:
-        """What this process's pings are signed with; None when it pings no other process."""
-        if self.config is None or self.config.notify == "off":
-            return None
-        return self.hub.token
-
-    def payloads(self, keys: Collection[str]) -> list[str]:
-        """The NOTIFY payloads that tell other processes of ``keys`` (none with notify="off")."""
-        token = self.ping_token()
-        return [] if token is None else payloads_for(token, keys)
+            self._closed = True
+            with anyio.CancelScope(shield=True):
+                await pool.close()
 
     async def wait_for(self, keys: list[str], check: Callable[[], Awaitable[T | None]],
                        timeout: float | None) -> T | None:
-        """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value."""
-        with self.waiters.watching(keys) as waiter:
-            return await self.until(waiter, check, timeout)
+        """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value
+        (the store opened first: it sets the poll's interval)."""
+        await self.store()
+        return await self.signals.wait_for(keys, check, timeout)
 
-    async def until(self, waiter: Waiter, check: Callable[[], Awaitable[T | None]],
-                    timeout: float | None) -> T | None:
-        """Re-run ``check`` whenever ``waiter`` is woken and on the slow poll, until it returns a value."""
-        if self.config is None:
-            await self.store()
-        assert self.config is not None
-        return await until(waiter, check, timeout, self.config.poll_interval)
+    # -- stream reads -----------------------------------------------------------------------------------
 
     def read_stream(self, workflow_id: str, key: str, offset: int) -> StreamRead:
         """Batches of chunks of a stream from ``offset`` on, waiting for each, until the stream can
         grow no more. (The first fetch opens the store, which sets the poll interval before any
         reader waits for a tick.)"""
-        return read_batches(self.fetcher, self.waiters, workflow_id, key, offset)
+        return read_batches(self.fetcher, self.signals.waiters, workflow_id, key, offset)
 
-    def _want_listener(self) -> None:
-        if not self._listening:
-            self._listening = True
-            self._serve_in_background()
-            self._listen_wanted.set()
-
-    # -- background tasks -------------------------------------------------------------------------------
-
-    def _serve_in_background(self) -> None:
-        if (self._root is None or self._root.done()) and not self._closed:
-            self._root = self.loop.create_task(self._serve(), name="pgflow runtime")
-
-    async def _serve(self) -> None:
-        """The notifier, and the listener whenever something waits, until cancelled; then the last
-        pings go out and every connection is closed."""
-        try:
-            await self.store()
-            assert self.notifier is not None and self.listener is not None
-            async with anyio.create_task_group() as group:
-                group.start_soon(self.notifier.run)
-                while True:
-                    await self._listen_wanted.wait()
-                    self._listen_wanted = anyio.Event()
-                    try:
-                        await self.listener.run()  # returns once nothing has waited for a while
-                    finally:
-                        self._listening = False
-        except Exception:
-            log.exception("pgflow's notifier or listener failed; waiters fall back to their poll")
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._close_pool()
-
-    async def _close_pool(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await store.pool.close()
+    # -- closing ----------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Flush pending pings, stop the listener and close the pool; idempotent."""
+        """Send pending pings, stop the listener and close the pool; idempotent."""
         self._closed = True
-        root, self._root = self._root, None
-        if root is not None and not root.done():
-            root.cancel()
-            await asyncio.wait([root])
-        await self._close_pool()
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+    # -- counters ---------------------------------------------------------------------------------------
 
     def stats(self) -> Stats:
-        pool = self._store.pool if self._store is not None else None
-        listener, notifier = self.listener, self.notifier
+        store = self._store
         return Stats(
             runtimes=1,
-            pool_connections=pool.get_stats().get("pool_size", 0) if pool is not None else 0,
-            notify_flushes=notifier.flushes if notifier else 0,
-            notify_failed_flushes=notifier.failed_flushes if notifier else 0,
-            listeners_connected=int(bool(listener and listener.connected)),
-            listener_reconnects=listener.reconnects if listener else 0,
-            notification_queue_usage=listener.queue_usage if listener else 0.0,
+            pool_connections=store.pool.get_stats().get("pool_size", 0) if store is not None and not self._closed else 0,
             fetch_queries=self.fetcher.queries,
             stream_batches=self.retired_writes[0] + sum(w.batches for w in self.writers),
             stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
             end_batches=self.end_batches,
             ends=self.ends,
-            results_from_pings=self.waiters.news.taken,
             chunks_from_pings=self.fetcher.handed,
+            **self.signals.stats(),
         )
 
     def count_ends(self, ends: int) -> None:
@@ -283,11 +197,10 @@ class Runtime:
         self.retired_writes = (self.retired_writes[0] + writer.batches, self.retired_writes[1] + writer.chunks)
 
 
-
 class Runtimes:
     """An App's runtimes, one per event loop, and what they share in this process."""
 
-    def __init__(self, config: Callable[[], Config], config_blocks: bool = False) -> None:
+    def __init__(self, config: Callable[[], Config], schema: str, config_blocks: bool = False) -> None:
         self._make_config = config
         self._config_blocks = config_blocks
         self._config: Config | None = None
@@ -295,7 +208,7 @@ class Runtimes:
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         self._migrated = False
         self.reached = False  # the server answered once: later failures are outages, waited out
-        self.token = new_token()
+        self.keyring = Keyring(Config.channel_of(schema))
 
     def config(self) -> Config:
         """The configuration; resolving it may start the embedded server (blocking)."""
@@ -326,18 +239,31 @@ class Runtimes:
             await store.migrate()
             self._migrated = True
 
+    async def load_keys(self, store: Store) -> None:
+        """Load the keyring once per process (the signals service reloads it from then on). A role
+        that may not read it works on, with pings between processes off: waits poll."""
+        if self.keyring.loaded:
+            return
+        try:
+            self.keyring.load(await store.signal_keys())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log.warning("cannot read the signal keys (%s): grant this role SELECT on %s.signal_keys; until then"
+                        " this process tells other processes of nothing, and hears of them only on its poll",
+                        exc, store.schema)
+
     def __len__(self) -> int:
         return len(self._by_loop)
 
-    def wake_elsewhere(self, origin: Runtime, keys: set[str]) -> None:
+    def wake_elsewhere(self, origin: Runtime, news: News) -> None:
         """Wake the waiters of this App on the process's other loops directly: their listeners skip
-        this process's pings."""
+        this process's payloads."""
         if len(self._by_loop) < 2:
             return
         for loop, runtime in list(self._by_loop.items()):
-            if runtime is not origin and len(runtime.waiters):
+            waiters = runtime.signals.waiters
+            if runtime is not origin and len(waiters):
                 with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits there
-                    loop.call_soon_threadsafe(runtime.waiters.wake, keys)
+                    loop.call_soon_threadsafe(waiters.hear, news)
 
     def stats(self) -> Stats:
         total = Stats()

@@ -6,6 +6,8 @@ from .. import telemetry
 from ..errors import WorkflowConflict
 from .registry import WorkflowSpec
 from .runtime import Runtime
+from .signals import News
+from .signals import keys as signal_keys
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
@@ -25,20 +27,19 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
     workflow whose body starts it, cancelled with it."""
     await runtime.store()
-    keys = {f"q:{queue}"}
-    hearing = runtime.hearing()
-    with runtime.carrying(keys) as pings:
-        created, found = await runtime.db(lambda store: store.enqueue(
-            id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent,
-        ))
+    signals = runtime.signals
+    news = News([signal_keys.queue(queue)])  # delayed ones too: idle workers re-read when the next falls due
+    hearing = signals.hearing()
+    (created, found, born), rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue(
+        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent,
+    ), when_quiet=True))
     if found != name:
         raise WorkflowConflict(
             f"workflow id {id!r} already belongs to a workflow {found!r}, not {name!r}; choose another id"
         )
     if created:
-        runtime.waiters.news.started([id], hearing)
-        # Delayed ones too: an idle worker re-reads when the next workflow falls due.
-        runtime.announced(keys, pings)
+        signals.waiters.ends.started([(id, born)], hearing)
+        signals.told(news, rode)
         telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: name, telemetry.QUEUE: queue})
     return created
 
@@ -51,19 +52,19 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
     await runtime.store()
-    keys = {f"q:{queue}"}
-    hearing = runtime.hearing()
-    with runtime.carrying(keys) as pings:
-        found = await runtime.db(lambda store: store.enqueue_many(
-            ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-            parent, traceparent,
-        ))
-    created = sum(1 for new, _ in found if new)
-    runtime.waiters.news.started((id for id, (new, _) in zip(ids, found, strict=True) if new), hearing)
+    signals = runtime.signals
+    news = News([signal_keys.queue(queue)])
+    hearing = signals.hearing()
+    found, rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue_many(
+        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
+        parent, traceparent,
+    ), when_quiet=True))
+    created = sum(1 for new, _, _ in found if new)
+    signals.waiters.ends.started(((id, born) for id, (new, _, born) in zip(ids, found, strict=True) if new), hearing)
     if created:
-        runtime.announced(keys, pings)
+        signals.told(news, rode)
         telemetry.workflows_started.add(created, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
-    taken = [(id, name) for id, (_, name) in zip(ids, found, strict=True) if name != workflow.name]
+    taken = [(id, name) for id, (_, name, _) in zip(ids, found, strict=True) if name != workflow.name]
     if taken:
         id, name = taken[0]
         raise WorkflowConflict(

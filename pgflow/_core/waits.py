@@ -18,6 +18,8 @@ import anyio
 from ..errors import Suspended
 from .checks import MAX_DELAY
 from .execution import Execution
+from .signals import News
+from .signals import keys as signal_keys
 
 SLEEP = "pgflow.sleep"
 SET_EVENT = "pgflow.set_event:"  # + the key
@@ -77,7 +79,7 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
         return owner, cancel, None
 
     await execution.fenced(publish, f"publish event {key!r}")
-    execution.runtime.ping({f"e:{execution.workflow_id}"})
+    execution.runtime.signals.announce(News([signal_keys.event(execution.workflow_id)]))
 
 
 async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None:
@@ -112,7 +114,7 @@ async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None
         taken, value, _, _ = await receive(False)
         return (value,) if taken else None
 
-    got = await execution.runtime.wait_for([f"m:{execution.workflow_id}"], look, max(0.0, left))
+    got = await execution.runtime.wait_for([signal_keys.message(execution.workflow_id)], look, max(0.0, left))
     if got is not None:
         return got[0]
     taken, value, _, _ = await receive(True)

@@ -31,10 +31,11 @@ from .connecting import linked, where
 from .executor import execute
 from .finisher import Finisher
 from .maintenance import Maintenance, Service, every, schedule
-from .notify import Waiter
 from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
+from .signals import Waiter
+from .signals import keys as signal_keys
 from .starting import enqueue
 from .starts import StepStarts
 from .store import Claimed, Store
@@ -99,20 +100,18 @@ class Worker:
         await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                           sorted(self.registry.workflows))
         assert runtime.config is not None
-        self._writer = StreamWriter(self._store, runtime.config.channel, runtime.payloads, runtime.wake_here,
-                                    runtime.ping)
+        self._writer = StreamWriter(self._store, runtime.signals)
         runtime.writers.add(self._writer)
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.
-        self._finisher = Finisher(self._store, runtime.config.channel, runtime.ping_token(), runtime.payloads,
-                                  runtime.wake_here, queued=self._slot_freed, recorded=runtime.count_ends)
+        self._finisher = Finisher(self._store, runtime.signals, queued=self._slot_freed, recorded=runtime.count_ends)
         self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
         self._wake = Waiter()
         for queue in self.queues:
-            runtime.waiters.add(f"q:{queue}", self._wake)
+            runtime.signals.waiters.add(signal_keys.queue(queue), self._wake)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         await self._group.start(self._main)
@@ -152,7 +151,7 @@ class Worker:
         assert self._wake is not None and self._runtime is not None
         self._claiming.cancel()
         for queue in self.queues:
-            self._runtime.waiters.remove(f"q:{queue}", self._wake)
+            self._runtime.signals.waiters.remove(signal_keys.queue(queue), self._wake)
         if self.running and grace > 0:
             log.info("worker %s draining %d running workflows (up to %.1fs)", self.id,
                      len(self.running), grace)
@@ -302,7 +301,7 @@ class Worker:
         freed: tuple[str, ...] = ()
         try:
             workflow = self.registry.workflows[claimed.name]
-            freed = (f"q:{workflow.queue}",) if workflow.queue in self.registry.queues else ()
+            freed = (signal_keys.queue(workflow.queue),) if workflow.queue in self.registry.queues else ()
             assert self._writer is not None and self._finisher is not None
             await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
                           self._finisher, freed, self._cancellers, self._starts)

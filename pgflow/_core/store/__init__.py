@@ -1,10 +1,9 @@
 """The SQL layer: every statement pgflow runs, and the schema's numbered migrations."""
 
+from .channel import NO_PINGS, Pings
 from .claims import Claimed
 from .statements import quote_identifier
 from .store import (
-    NO_PINGS,
-    Pings,
     StepRecord,
     Store,
     WorkflowRow,

@@ -39,10 +39,11 @@ CLAIM = (
     "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen)) AND EXISTS (SELECT FROM lazy)"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
-    "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited)"
-    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, NULL::float8"
-    " FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited,"
+    "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born)"
+    " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, born,"
+    "  NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
     "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
     "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
@@ -63,6 +64,7 @@ class Claimed:
     traceparent: str | None  # the caller's trace, when it had one
     waited: float  # seconds from being due (or its lease running out) to this claim
     lease: int  # the claim's token, which fences every write of the execution
+    born: int  # the row's created_at in microseconds (what binds news of its end to this workflow)
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
     run: int = 1
@@ -135,8 +137,8 @@ class ClaimStatements(Statements):
         rows = await cur.fetchall()
         due = rows[-1][-1]
         claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), queue,
-                           traceparent, float(waited), token, run)
-                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, _
+                           traceparent, float(waited), token, born, run)
+                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, _
                    in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
 

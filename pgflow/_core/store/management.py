@@ -97,9 +97,9 @@ class ManagementStatements(Statements):
             if row is None:
                 return None
             await conn.execute(self._sql(
-                "INSERT INTO {s}.steps (workflow_id, position, name, output, error, exception, attempts,"
+                "INSERT INTO {s}.steps (workflow_id, position, name, output, error, attempts,"
                 "  attempt, stream_ends, wake_at, waiting)"
-                " SELECT %s, position, name, output, error, exception, attempts, 0, stream_ends, wake_at, waiting"
+                " SELECT %s, position, name, output, error, attempts, 0, stream_ends, wake_at, waiting"
                 " FROM {s}.steps WHERE workflow_id = %s AND position < %s"), (new_id, workflow_id, from_step))
             # The events its copied entries had published, each key's last: a replay publishes nothing.
             await conn.execute(self._sql(
@@ -149,21 +149,32 @@ class ManagementStatements(Statements):
                 " w.names FROM {s}.workers w ORDER BY w.started_at"))
             return list(await cur.fetchall())
 
-    async def health(self, silent_after: float, stuck_after: float,
-                     ) -> tuple[float, list[tuple[str, int]], list[tuple[int, float]]]:
-        """(NOTIFY queue usage, queued workflow names no live worker runs with their counts, sessions of
-        this database idle in a transaction for over ``stuck_after`` seconds: (pid, seconds))."""
+    async def health(self, silent_after: float, stuck_after: float) -> tuple[
+            float, list[tuple[str, int]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """(NOTIFY queue usage, queued workflow names no live worker runs with their counts,
+        sessions of this database idle in a transaction for over ``stuck_after`` seconds, and, while
+        the queue holds anything, the oldest open transactions of the whole cluster: one of them
+        that listens holds the queue back). Sessions are (pid, database, application name, state,
+        seconds the transaction has been open); a role without pg_read_all_stats sees the
+        transactions of its own sessions only."""
         async with self.pool.connection() as conn:
             cur = await conn.execute("SELECT pg_notification_queue_usage()")
             row = await cur.fetchone()
             usage = float(row[0]) if row else 0.0
             orphans = await self._unserved(conn, silent_after)
+            sessions = ("SELECT pid, datname, application_name, state,"
+                        " extract(epoch FROM now() - xact_start)::float8 FROM pg_stat_activity"
+                        " WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+                        " AND backend_type = 'client backend'")
             cur = await conn.execute(
-                "SELECT pid, extract(epoch FROM now() - state_change) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
+                sessions + " AND datname = current_database() AND state LIKE 'idle in transaction%%'"
                 " AND state_change < now() - make_interval(secs => %s) ORDER BY pid", (stuck_after,))
-            stuck = [(int(p), float(s)) for p, s in await cur.fetchall()]
-            return usage, orphans, stuck
+            stuck = list(await cur.fetchall())
+            holders: list[tuple[Any, ...]] = []
+            if usage > 0:
+                cur = await conn.execute(sessions + " ORDER BY xact_start LIMIT 5")
+                holders = list(await cur.fetchall())
+            return usage, orphans, stuck, holders
 
     async def unserved(self, silent_after: float) -> list[tuple[str, int]]:
         """Queued workflow names no worker with a heartbeat in the last ``silent_after`` seconds

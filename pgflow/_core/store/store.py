@@ -19,8 +19,10 @@ import anyio
 import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg_pool import PoolClosed
 
 from . import migrations
+from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
 from .ends import EndStatements
 from .management import ManagementStatements
@@ -31,11 +33,8 @@ log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
 
 
-# NOTIFY payloads sent by the statement that carries them, on commit: (channel, payloads).
-Pings = tuple[str, list[str]]
-NO_PINGS: Pings = ("", [])
-# A subquery that sends them; a statement that has nothing to announce passes NO_PINGS.
-SEND_PINGS = "(SELECT count(pg_notify(%s, p)) AS sent FROM unnest(%b::text[]) AS p) AS pings"
+# A row's creation time in microseconds: what binds news of a workflow to this one of its id.
+BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +43,6 @@ class StepRecord:
     name: str
     output: bytes | None
     error: dict[str, Any] | None
-    exception: bytes | None
     stream_ends: dict[str, int] | None
     wake_at: datetime | None = None  # a sleep's wake-up time
     remaining: float | None = None  # seconds until wake_at when the journal was read
@@ -59,9 +57,11 @@ class WorkflowRow:
     attempt: int  # claims so far: an end read of attempt N is newer than a row read before it ran
     output: bytes | None
     error: dict[str, Any] | None
+    born: int  # its created_at in microseconds: a workflow started again under a pruned one's id is another
 
 
-class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements):
+class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
+            ChannelStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -77,72 +77,81 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
-        max_attempts: int | None, timeout: float | None = None, pings: Pings = NO_PINGS,
+        max_attempts: int | None, timeout: float | None, pings: Pings,
         parent: str | None = None, traceparent: str | None = None,
-    ) -> tuple[bool, str]:
-        """Insert a queued workflow unless the id exists; return (created, name of the row's workflow).
-        ``pings`` go out with the commit; ``parent`` is the workflow whose body started it, ``traceparent``
-        the starting caller's trace."""
+    ) -> tuple[bool, str, int]:
+        """Insert a queued workflow unless the id exists; return (created, name of the row's
+        workflow, its birth: ``BORN``). ``pings`` go out with the commit; ``parent`` is the workflow
+        whose body started it, ``traceparent`` the starting caller's trace."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
                 "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
-                " VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s), %s, %s, %s, %s)"
-                " ON CONFLICT (id) DO NOTHING RETURNING name)"
-                " SELECT true, name FROM new"
-                " UNION ALL SELECT false, name FROM {s}.workflows WHERE id = %s AND NOT EXISTS (SELECT FROM new)"
-                " UNION ALL SELECT NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (id, name, queue, priority, inputs, delay, max_attempts, timeout, parent, traceparent, id, *pings))
+                " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
+                "  now() + make_interval(secs => %(delay)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
+                "  %(traceparent)s)"
+                f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
+                " SELECT true, name, born FROM new"
+                f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
+                "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
+            ), {"id": id, "name": name, "queue": queue, "priority": priority, "inputs": inputs, "delay": delay,
+                "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
+                **ping_parameters(pings)})
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
             # waited on its unique index entry, so it is committed now.
-            return False, await self._name_of(id)
-        return bool(row[0]), str(row[1])
+            found = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+            if found is None:
+                raise LookupError(id)
+            return False, str(found[0]), int(found[1])
+        return bool(row[0]), str(row[1]), int(row[2])
 
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
-        max_attempts: int | None, timeout: float | None, pings: Pings = NO_PINGS, parent: str | None = None,
+        max_attempts: int | None, timeout: float | None, pings: Pings, parent: str | None = None,
         traceparent: str | None = None,
-    ) -> list[tuple[bool, str]]:
+    ) -> list[tuple[bool, str, int]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
-        each id in order, (created, name of the row's workflow)."""
+        each id in order, (created, name of the row's workflow, its birth)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::bytea[]) WITH ORDINALITY AS a(id, inputs, n)),"
+                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
+                "   WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
                 "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
-                "  SELECT id, %s, %s, %s, inputs, now() + make_interval(secs => %s), %s, %s, %s, %s"
+                "  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, now() + make_interval(secs => %(delay)s),"
+                "   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s"
                 "  FROM asked ORDER BY n"
-                "  ON CONFLICT (id) DO NOTHING RETURNING id, name)"
-                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name) FROM asked a"
+                f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
+                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
+                "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
-                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL"
-                " UNION ALL SELECT NULL, NULL, NULL FROM " + SEND_PINGS + " WHERE sent < 0"
-            ), (ids, inputs, name, queue, priority, delay, max_attempts, timeout, parent, traceparent, *pings))
+                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
+            ), {"ids": ids, "inputs": inputs, "name": name, "queue": queue, "priority": priority, "delay": delay,
+                "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
+                **ping_parameters(pings)})
             rows = await cur.fetchall()
-        found: list[tuple[bool, str]] = [(False, "")] * len(ids)
+        found: list[tuple[bool, str, int]] = [(False, "", 0)] * len(ids)
         created_here: set[str] = set()
-        for n, created, row_name in rows:
+        for n, created, row_name, born in rows:
             id = ids[n - 1]
             if created and id in created_here:
                 created = False  # the same id twice in one list: created once
             if created:
                 created_here.add(id)
-            # NULL name: a concurrent start inserted it and committed after our snapshot.
-            found[n - 1] = (bool(created), str(row_name) if row_name is not None else await self._name_of(id))
+            if row_name is None:  # a concurrent start inserted it and committed after our snapshot
+                late = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+                if late is None:
+                    raise LookupError(id)
+                row_name, born = late
+            found[n - 1] = (bool(created), str(row_name), int(born))
         return found
-
-    async def _name_of(self, id: str) -> str:
-        row = await self._fetchone("SELECT name FROM {s}.workflows WHERE id = %s", (id,))
-        if row is None:
-            raise LookupError(id)
-        return str(row[0])
 
     async def workflow(self, id: str) -> WorkflowRow | None:
         row = await self._fetchone(
-            "SELECT id, name, status, attempt, output, error FROM {s}.workflows WHERE id = %s", (id,)
+            f"SELECT id, name, status, attempt, output, error, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,)
         )
         return None if row is None else WorkflowRow(*row)
 
@@ -229,7 +238,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT position, name, output, error, exception, stream_ends, wake_at,"
+                "SELECT position, name, output, error, stream_ends, wake_at,"
                 " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
@@ -260,8 +269,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     async def record_step(
         self, workflow_id: str, attempt: int, lease: int, position: int, name: str, output: bytes | None,
-        error: dict[str, Any] | None, exception: bytes | None, attempts: int,
-        stream_ends: dict[str, int] | None = None,
+        error: dict[str, Any] | None, attempts: int, stream_ends: dict[str, int] | None = None,
     ) -> tuple[bool, bool]:
         """Record a finished step for the execution holding ``attempt`` under the claim ``lease``.
 
@@ -275,13 +283,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
             "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
             " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, exception, attempts, attempt, stream_ends)"
-            "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s, %(exception)s,"
+            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends)"
+            "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
             "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
-             "output": output, "error": _jsonb(error), "exception": exception, "attempts": attempts,
+             "output": output, "error": _jsonb(error), "attempts": attempts,
              "stream_ends": _jsonb(stream_ends or None)},
         )
         assert row is not None
@@ -304,8 +312,8 @@ def unreachable(exc: BaseException) -> bool:
     """True when the server could not be reached, went away or gave up on the statement for reasons
     of the moment, which trying again mends. Every other error (a value the server refuses, a
     statement over one of its limits) comes back the same however often the statement is tried."""
-    if not isinstance(exc, psycopg.Error):
-        return False
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, PoolClosed):
+        return False  # (a closed pool stays closed: its runtime was closed, and waiting cannot help)
     state = exc.sqlstate
     if state is None:
         return isinstance(exc, psycopg.OperationalError)  # the link failed: no server answer at all

@@ -8,6 +8,7 @@ position): a bigint key instead of two text columns in every index entry of the 
 from __future__ import annotations
 
 from . import arrays
+from .channel import Pings, ping_parameters, riding
 from .statements import Statements
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
@@ -62,20 +63,18 @@ class StreamStatements(Statements):
 
     async def write_chunks(
         self, owners: list[tuple[str, int]], chunk_owners: list[int], stream_ids: list[int],
-        positions: list[int], values: list[bytes | None], channel: str, pings: list[str],
-        again: bool = False,
+        positions: list[int], values: list[bytes | None], pings: Pings, again: bool = False,
     ) -> tuple[set[tuple[str, int]], set[str]]:
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
-        ``pings`` (NOTIFY payloads) on ``channel`` with its commit: one NOTIFY per batch, no second
-        transaction; but none when a chunk of the batch was fenced out (``pings`` may carry chunks,
-        which must be written to be told of: the caller pings plainly instead). ``owners`` are the
-        (workflow id, lease) of the executions writing, in id order; ``chunk_owners[n]`` is the index
-        in ``owners`` (from 1) of the n-th chunk's.
+        ``pings`` with its commit: one NOTIFY per batch, no second transaction; but none when a
+        chunk of the batch was fenced out (``pings`` may carry chunks, which must be written to be
+        told of). ``owners`` are the (workflow id, lease) of the executions writing, in id order;
+        ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
         Each chunk is written only if its execution still holds its workflow (fencing by the claim's
-        token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out and the ids
-        whose cancellation was requested.
+        token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out
+        and the ids whose cancellation was requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
@@ -85,22 +84,22 @@ class StreamStatements(Statements):
             cur = await conn.execute(self._sql(
                 # Binary arrays, packed here (arrays.py): the cheapest form for the server to take
                 # rows apart, and for this process to make.
-                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::int8[]) WITH ORDINALITY"
-                "   AS a(id, lease, i) ORDER BY id),"
+                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%(ids)b::text[], %(leases)b::int8[])"
+                "   WITH ORDINALITY AS a(id, lease, i) ORDER BY id),"
                 + _FENCE +
                 " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
-                "   SELECT b.s, b.p, b.v FROM unnest(%b::int8[], %b::int8[], %b::int[], %b::bytea[]) AS b(o, s, p, v)"
+                "   SELECT b.s, b.p, b.v FROM unnest(%(owners)b::int8[], %(streams)b::int8[], %(positions)b::int[],"
+                "    %(values)b::bytea[]) AS b(o, s, p, v)"
                 "   JOIN fence f ON f.i = b.o"
                 f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
                 " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
                 " FROM asked a LEFT JOIN fence f ON f.i = a.i"
                 " WHERE f.id IS NULL OR f.cancel_requested"
-                # A branch that returns nothing but is always run: the pings go out with the commit.
-                " UNION ALL SELECT NULL, NULL, NULL, NULL FROM (SELECT count(pg_notify(%s, p)) AS n"
-                "   FROM unnest(%b::text[]) AS p WHERE (SELECT count(*) FROM fence) = %s) pinged WHERE pinged.n < 0"
-            ), (arrays.texts([w for w, _ in owners]), arrays.int8s([lease for _, lease in owners]),
-                arrays.int8s(chunk_owners), arrays.int8s(stream_ids), arrays.int4s(positions),
-                arrays.byteas(values), channel, pings, len(owners)))
+                + riding(4, "(SELECT count(*) FROM fence) = %(n)s")
+            ), {"ids": arrays.texts([w for w, _ in owners]), "leases": arrays.int8s([lease for _, lease in owners]),
+                "owners": arrays.int8s(chunk_owners), "streams": arrays.int8s(stream_ids),
+                "positions": arrays.int4s(positions), "values": arrays.byteas(values), "n": len(owners),
+                **ping_parameters(pings)})
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}

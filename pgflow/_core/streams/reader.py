@@ -8,8 +8,8 @@ background task is needed; a chunk goes from the database to its reader with no 
 
 A reader is only asked again once it has taken what it was given, so a slow reader holds one batch,
 not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken it. A reader
-that keeps up needs no query at all: the ping of a small chunk carries it (``pings.py``), and a
-reader waiting at exactly that position takes it from the ping.
+that keeps up needs no query at all: the news of a small chunk carries it (``signals/payload.py``),
+and a reader waiting at exactly that position takes it from there.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import psycopg
 
 from ... import codec
 from ...errors import UnknownWorkflow
-from ..notify import Outage, PollTicks, Waiters
+from ..signals import Outage, PollTicks, Waiters
+from ..signals import keys as signal_keys
 from ..store import Store, unreachable
-from .pings import stream_ping
 
 log = logging.getLogger("pgflow.streams")
 
@@ -38,7 +38,7 @@ Chunks = list[tuple[int, bytes | None]]
 
 def stream_keys(workflow_id: str, key: str) -> list[str]:
     """The pings a reader of the stream waits for: the stream grew, or its workflow ended."""
-    return [stream_ping(workflow_id, key), f"wf:{workflow_id}"]
+    return [signal_keys.stream(workflow_id, key), signal_keys.ended(workflow_id)]
 
 
 class StreamRead:
@@ -76,12 +76,12 @@ class StreamRead:
         if not self.asked:
             self._fetcher.ask(self)
 
-    def hand(self, id_length: int, position: int, value: bytes | None) -> None:
-        """A ping carried the chunk at ``position``: a reader waiting for exactly that one takes it
-        and runs no query; one that has it already lets it be; any other reads, as for a plain ping.
-        So does the reader of another stream whose plain ping is alike (its workflow id is not as long:
-        with the same plain ping, the same length means the same workflow and key)."""
-        if id_length != len(self.workflow_id):
+    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
+        """News carried the committed chunk at ``position`` of stream ``stream_id``: a reader
+        waiting for exactly that one takes it and runs no query; one that has it already lets it
+        be; any other reads, as for a plain ping. So does a reader that does not know its stream's
+        id yet, or knows another (a pruned workflow's stream of the same id and key)."""
+        if stream_id != self.sid:
             self.wake()
             return
         if position < self.offset:

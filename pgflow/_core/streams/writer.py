@@ -3,9 +3,11 @@
 Writing a chunk is an INSERT, but not one per chunk: the chunks of every execution in a worker are
 gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
 and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
-goes out at once. A batch carries its own pings (one NOTIFY with the keys of its streams, sent by its
-commit): the batch is already the coalescing, and a second transaction per batch would double the
-round trips of the hot path.
+goes out at once. A batch's news rides on its commit (one NOTIFY naming its streams, and carrying the
+chunk of every stream that has just one in the batch, when it is small): the batch is already the
+coalescing, and a second transaction per batch would double the round trips of the hot path. A batch
+with a fenced-out chunk sends nothing with its commit (a chunk that was not written must not reach a
+reader through its news): its streams are named plainly afterwards, through the notifier.
 
 Positions are dense per (workflow, key). The execution that holds a workflow's lease is the only writer
 of its streams (fencing refuses the others), so it assigns positions in memory, from the stream ends
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
 from typing import Protocol
 
 import psycopg
@@ -26,8 +27,12 @@ import psycopg
 from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from ..batches import GroupCommit
-from ..store import Store, retrying, unreachable
-from .pings import CARRY_PER_BATCH, carrying, stream_ping
+from ..signals import Chunk, News, Signals
+from ..signals import keys as signal_keys
+from ..signals.payload import CARRY_CHUNK_AT_MOST
+from ..store import Pings, Store, retrying, unreachable
+
+CARRY_PER_BATCH = 32_000  # bytes of chunks carried by one batch's news; the rest of a wide batch is named
 
 log = logging.getLogger("pgflow.streams")
 
@@ -50,7 +55,7 @@ class Owner(Protocol):
 
 
 class Stream:
-    """One stream of an execution as the writer knows it: its ping key, made once, and its id in
+    """One stream of an execution as the writer knows it: its signal key, made once, and its id in
     the table once it is known (asked for with the first batch that holds a chunk of it). The
     object itself names the stream in the writer's bookkeeping: no tuple per chunk."""
 
@@ -91,15 +96,10 @@ class StreamWriter(GroupCommit[_Pending]):
     one, so a reader never sees a gap, and a batch that fails leaves nothing of its streams committed
     behind it."""
 
-    def __init__(self, store: Store, channel: str, payloads: Callable[[Collection[str]], list[str]],
-                 wake: Callable[[set[str]], None], ping: Callable[[set[str]], None], max_batch: int = 5000,
-                 max_in_flight: int = 2) -> None:
+    def __init__(self, store: Store, signals: Signals, max_batch: int = 5000, max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
-        self._channel = channel
-        self._payloads = payloads
-        self._wake_local = wake  # this process's readers (the statement pings the others')
-        self._ping = ping  # every process's readers, through the notifier
+        self._signals = signals
         self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
         self._loop = asyncio.get_running_loop()
         self.batches = 0
@@ -110,7 +110,7 @@ class StreamWriter(GroupCommit[_Pending]):
         future itself, not a coroutine around it: one frame less to resume for every chunk.)"""
         stream = owner.named_streams.get(key)
         if stream is None:
-            stream = owner.named_streams[key] = Stream(stream_ping(owner.workflow_id, key))
+            stream = owner.named_streams[key] = Stream(signal_keys.stream(owner.workflow_id, key))
         done: asyncio.Future[None] = self._loop.create_future()
         pending = _Pending(owner, key, position, value, stream, done)
         queue = self._queue
@@ -156,29 +156,23 @@ class StreamWriter(GroupCommit[_Pending]):
         chunk_owners = [index[p.owner] for p in batch]
         positions = [p.position for p in batch]
         values = [p.value for p in batch]
-        keys = {p.stream.ping for p in batch}
         unnamed = [p for p in batch if p.stream.id is None]
-        # The pings may carry chunks: they go out with the commit only if every chunk of the batch is
-        # written (a fenced-out writer's chunk must not reach a reader by its ping); otherwise the
-        # plain pings follow the commit.
-        pings = self._payloads(self._pings(batch))
         tries = 0
 
-        async def write() -> tuple[set[tuple[str, int]], set[str]]:
+        async def write(pings: Pings) -> tuple[set[tuple[str, int]], set[str]]:
             nonlocal tries
             tries += 1
-            if unnamed:  # the first chunks of their streams: the streams are named first
-                ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
-                for p in unnamed:
-                    p.stream.id = ids[(p.owner.workflow_id, p.key)]
             stream_ids = [p.stream.id for p in batch]
             assert None not in stream_ids
             return await self._store.write_chunks(
-                owners, chunk_owners, stream_ids, positions, values,  # type: ignore[arg-type]
-                self._channel, pings, again=tries > 1)
+                owners, chunk_owners, stream_ids, positions, values, pings, again=tries > 1)  # type: ignore[arg-type]
 
         try:
-            fenced, cancelled = await retrying(write, f"a batch of {len(batch)} chunks")
+            if unnamed:  # the first chunks of their streams: the streams are named first
+                await retrying(lambda: self._name(unnamed), f"naming {len(unnamed)} streams")
+            news = self._news(batch)
+            (fenced, cancelled), rode = await retrying(lambda: self._signals.ride(news, write),
+                                                       f"a batch of {len(batch)} chunks")
         except psycopg.Error as exc:
             if unreachable(exc):
                 log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
@@ -198,7 +192,7 @@ class StreamWriter(GroupCommit[_Pending]):
         if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
             for p in batch:
                 p.resolve(p.owner.interrupt)  # (an execution stopped meanwhile: its writer stops here)
-            self._wake_local(keys)
+            self._signals.told(news, rode)
             return
         for p in batch:
             owner = p.owner
@@ -209,28 +203,35 @@ class StreamWriter(GroupCommit[_Pending]):
             if owner.workflow_id in cancelled and owner.interrupt is None:
                 owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
             p.resolve(owner.interrupt)  # committed, but its writer stops here
-        if fenced:
-            self._ping(keys)  # this process's readers now, the others' in a notifier interval
+        if fenced:  # nothing rode: the streams are named, plainly, to every process
+            self._signals.announce(news.plain())
         else:
-            self._wake_local(keys)
+            self._signals.told(news, rode)
+
+    async def _name(self, unnamed: list[_Pending]) -> None:
+        ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
+        for p in unnamed:
+            p.stream.id = ids[(p.owner.workflow_id, p.key)]
 
     @staticmethod
-    def _pings(batch: list[_Pending]) -> list[str]:
-        """The pings of a batch for other processes: one per stream, carrying the stream's chunk when
-        the batch holds only one of it (the usual case for a writer in step with its commits), up to
-        ``CARRY_PER_BATCH`` characters of carried keys."""
+    def _news(batch: list[_Pending]) -> News:
+        """The news of a batch: each stream it grew, with the stream's chunk when the batch holds
+        only one of it (the usual case for a writer in step with its commits) and that one is small,
+        up to ``CARRY_PER_BATCH`` bytes of carried chunks."""
         only: dict[Stream, _Pending | None] = {}
         for p in batch:
             only[p.stream] = None if p.stream in only else p
-        pings: list[str] = []
+        keys: list[str] = []
+        chunks: list[Chunk] = []
         budget = CARRY_PER_BATCH
         for stream, single in only.items():
-            ping = stream.ping
-            if single is not None and budget > 0:
-                ping = carrying(ping, single.owner.workflow_id, single.position, single.value)
-                budget -= len(ping)
-            pings.append(ping)
-        return pings
+            if single is not None and budget > 0 and (single.value is None or len(single.value) <= CARRY_CHUNK_AT_MOST):
+                assert stream.id is not None
+                chunks.append(Chunk(stream.ping, stream.id, single.position, single.value))
+                budget -= len(stream.ping) + (len(single.value) if single.value is not None else 0)
+            else:
+                keys.append(stream.ping)
+        return News(keys, [], chunks)
 
     @staticmethod
     def _refuse(p: _Pending, exc: BaseException) -> None:

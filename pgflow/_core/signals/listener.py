@@ -3,6 +3,9 @@
 Autocommit and never inside a transaction (a listener in an open transaction stalls the notification
 queue of the whole cluster). It reconnects with a backoff that starts again from the bottom after every
 good connection, and wakes every waiter on each (re)connect, since pings sent while it was down are gone.
+
+Any role that can connect may send on the channel: a payload is believed only once it opens with the
+schema's keyring (``sealing.py``); anything else is dropped and counted in ``rejected``.
 """
 
 from __future__ import annotations
@@ -15,31 +18,38 @@ from typing import Any
 import anyio
 import psycopg
 
-from .notify import Waiters, unpack
-from .pool import answered_within
+from ..pool import answered_within
+from ..store import channel as channel_sql
+from . import payload
+from .sealing import Keyring
+from .waiters import Waiters
 
-log = logging.getLogger("pgflow.notify")
+log = logging.getLogger("pgflow.signals")
 
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 5.0
 
 
 class Listener:
-    """Dispatches the pings of other processes to the waiters of one loop."""
+    """Dispatches the news of other processes to the waiters of one loop."""
 
-    def __init__(self, conninfo: Callable[[], str], channel: str, waiters: Waiters, token: str,
-                 idle: float, health_every: float = 30.0, query_timeout: float = 10.0) -> None:
+    def __init__(self, conninfo: Callable[[], str], channel: str, waiters: Waiters, keyring: Keyring,
+                 idle: float, health_every: float = 30.0, query_timeout: float = 10.0,
+                 wants_keys: Callable[[], None] = lambda: None) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._waiters = waiters
-        self._token = token
+        self._keyring = keyring
         self._idle = idle
         self._health_every = health_every
         self._query_timeout = query_timeout
+        self._wants_keys = wants_keys
         self.connected = False
         self.reconnects = 0
         self.backend_pid: int | None = None
         self.queue_usage = 0.0
+        self.heard = 0
+        self.rejected = 0  # payloads that did not open: foreign, forged, garbage, or a key not loaded
 
     async def run(self) -> None:
         """Listen until nobody has waited for ``idle`` seconds; reconnect while somebody waits."""
@@ -54,12 +64,28 @@ class Listener:
                 log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, backoff)
             finally:
                 if self.connected:  # pings from now on pass this loop by
-                    self._waiters.news.forget()
+                    self._waiters.ends.forget()
                 self.connected = False
                 self.backend_pid = None
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
             self.reconnects += 1
+
+    def dispatch(self, text: str) -> None:
+        """Hand one notification's news to the waiters, if it opens and is not this process's own
+        (those were delivered here directly)."""
+        keyring = self._keyring
+        if keyring.sender_of(text) == keyring.sender:
+            return
+        opened = keyring.open(text)
+        news = None if opened is None else payload.decode(opened.plaintext)
+        if news is None:
+            self.rejected += 1
+            if keyring.unknown_key:  # sealed with a key this process has not loaded: a rotation
+                self._wants_keys()
+            return
+        self.heard += 1
+        self._waiters.hear(news)
 
     async def _listen(self) -> bool:
         """Serve one connection; True when it was closed for being idle."""
@@ -67,7 +93,7 @@ class Listener:
                                                      application_name=f"pgflow-listener-{os.getpid()}")
         async with conn:
             with answered_within(conn, self._query_timeout):
-                await conn.execute(f'LISTEN "{self._channel}"')
+                await channel_sql.listen(conn, self._channel)
             self.backend_pid = conn.info.backend_pid
             self.connected = True
             self._waiters.wake_all()
@@ -76,9 +102,7 @@ class Listener:
             tick = min(self._idle, self._health_every, 5.0)
             while True:
                 async for note in conn.notifies(timeout=tick):
-                    token, keys = unpack(note.payload)
-                    if token != self._token:
-                        self._waiters.wake(keys)
+                    self.dispatch(note.payload)
                 now = anyio.current_time()
                 if len(self._waiters):
                     idle_since = None
@@ -93,9 +117,7 @@ class Listener:
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Prove the connection is alive, and say so when the notification queue is filling up."""
         with answered_within(conn, self._query_timeout):  # a frozen link would never say so
-            cur = await conn.execute("SELECT pg_notification_queue_usage()")
-            row = await cur.fetchone()
-        self.queue_usage = float(row[0]) if row else 0.0
+            self.queue_usage = await channel_sql.queue_usage(conn)
         if self.queue_usage > 0.5:
-            log.warning("the NOTIFY queue is %.0f%% full: a listener somewhere is stuck in a transaction",
-                        self.queue_usage * 100)
+            log.warning("the NOTIFY queue is %.0f%% full: a session somewhere in the cluster sits in an open"
+                        " transaction after LISTEN (`pgflow status` names the oldest)", self.queue_usage * 100)

@@ -1,0 +1,49 @@
+"""What a ping names: the vocabulary of the signals layer, and the only place its prefixes are spelled.
+
+A key names something that changed, so that whoever waits on it goes and looks at the table:
+
+- ``ended(id)``: a workflow finished or was cancelled (or was resumed, which changes its outcome);
+- ``queue(name)``: work was enqueued on a queue, fell due, or a limited queue's slot came free;
+- ``stream(id, key)``: a stream of a workflow grew;
+- ``event(id)``: a workflow set an event; ``message(id)``: a message was sent to a workflow;
+- ``WAKE_ALL``: everybody looks (a flush with too many keys to name).
+
+Waiters register under these strings; payloads carry them sealed (``payload.py``), so no other role
+learns them.
+"""
+
+from __future__ import annotations
+
+WAKE_ALL = "*"
+_ENDED = "wf:"
+_QUEUE = "q:"
+_STREAM = "s:"
+_EVENT = "e:"
+_MESSAGE = "m:"
+
+
+def ended(workflow_id: str) -> str:
+    return _ENDED + workflow_id
+
+
+def queue(name: str) -> str:
+    return _QUEUE + name
+
+
+def stream(workflow_id: str, key: str) -> str:
+    # The id's length makes the key one-to-one: workflow "a", key "b:c" and workflow "a:b", key "c"
+    # name different streams.
+    return f"{_STREAM}{len(workflow_id)}:{workflow_id}:{key}"
+
+
+def event(workflow_id: str) -> str:
+    return _EVENT + workflow_id
+
+
+def message(workflow_id: str) -> str:
+    return _MESSAGE + workflow_id
+
+
+def ended_workflow(key: str) -> str | None:
+    """The workflow a key says ended, or None for a key of any other kind."""
+    return key[len(_ENDED):] if key.startswith(_ENDED) else None

@@ -1,0 +1,109 @@
+"""The SQL of pgflow's notification channel: NOTIFY, LISTEN, the queue's usage, the signal keys, and
+the one branch that lets a data statement send its pings with its own commit.
+
+Only the signals layer (``_core/signals``) decides what is sent; this module only says how. Payloads
+are opaque text here (sealed by the signals layer before they reach a statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from psycopg import AsyncConnection
+
+from .statements import Statements, quote_identifier
+
+
+class Pings(NamedTuple):
+    """NOTIFY payloads that a data statement sends with its commit, on ``channel``."""
+
+    channel: str
+    payloads: Sequence[str]
+
+
+NO_PINGS = Pings("", ())
+
+
+def riding(columns: int, condition: str = "") -> str:
+    """The branch a data statement (a SELECT of ``columns`` columns) ends with to send
+    ``%(pings)s`` on ``%(pings_channel)s`` with its commit: it returns no row, and is always run.
+    ``condition`` (SQL over the statement's CTEs) keeps the pings back when it is false, for
+    pings that may only go out when every row of the statement was written. A statement refused
+    because its pings could not be queued is sent again without them (``Signals.ride``)."""
+    nulls = ", ".join(["NULL"] * columns)
+    where = f" WHERE {condition}" if condition else ""
+    return (f" UNION ALL SELECT {nulls} FROM (SELECT count(pg_notify(%(pings_channel)s, p)) AS n"
+            f" FROM unnest(%(pings)s::text[]) AS p{where}) AS pinged WHERE pinged.n < 0")
+
+
+def ping_parameters(pings: Pings) -> dict[str, Any]:
+    return {"pings_channel": pings.channel, "pings": list(pings.payloads)}
+
+
+async def notify(conn: AsyncConnection[Any], channel: str, payloads: Sequence[str]) -> None:
+    """Send ``payloads`` in one transaction (the notifier's flush)."""
+    await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (channel, list(payloads)))
+
+
+async def listen(conn: AsyncConnection[Any], channel: str) -> None:
+    await conn.execute(f"LISTEN {quote_identifier(channel)}")
+
+
+async def queue_usage(conn: AsyncConnection[Any]) -> float:
+    cur = await conn.execute("SELECT pg_notification_queue_usage()")
+    row = await cur.fetchone()
+    return float(row[0]) if row else 0.0
+
+
+class SignalKey(NamedTuple):
+    """A key of the schema's signal keyring as the server tells it: the seconds until payloads may
+    be sealed with it (<= 0: now) and until it stops being accepted (None: no end yet)."""
+
+    id: int
+    secret: bytes
+    seal_in: float
+    accept_for: float | None
+
+
+class ChannelStatements(Statements):
+    """The keyring statements of ``Store`` (which provides the pool and the schema)."""
+
+    async def signal_keys(self) -> list[SignalKey]:
+        """The keys pings may be sealed with or opened by; only roles that may read
+        ``signal_keys`` get them (PostgreSQL lets any role LISTEN and NOTIFY)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT id, secret, extract(epoch FROM seal_from - now())::float8,"
+                " extract(epoch FROM accept_until - now())::float8 FROM {s}.signal_keys"
+                " WHERE accept_until IS NULL OR accept_until > now() ORDER BY id"))
+            return [SignalKey(int(i), bytes(s), float(f), None if u is None else float(u))
+                    for i, s, f, u in await cur.fetchall()]
+
+    async def rotate_signal_key(self, overlap: float) -> int:
+        """Add a new key, sealed with from ``overlap`` seconds on, and have the keys before it
+        accepted for ``overlap`` seconds after that: every process reloads the keyring within that
+        time, so none drops another's pings during the change. Keys retired a day ago go. Returns
+        the new key's id."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE"))
+            cur = await conn.execute(self._sql(
+                "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
+                " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
+                "  now() + make_interval(secs => %(overlap)s) FROM {s}.signal_keys RETURNING id"),
+                {"overlap": overlap})
+            row = await cur.fetchone()
+            assert row is not None
+            await conn.execute(self._sql(
+                "UPDATE {s}.signal_keys SET accept_until = now() + make_interval(secs => 2 * %(overlap)s)"
+                " WHERE id < %(id)s AND (accept_until IS NULL OR accept_until > now() + make_interval("
+                "  secs => 2 * %(overlap)s))"), {"overlap": overlap, "id": row[0]})
+            await conn.execute(self._sql(
+                "DELETE FROM {s}.signal_keys WHERE accept_until < now() - interval '1 day'"))
+            return int(row[0])
+
+
+# 32 random bytes from the server's strong random source (gen_random_uuid, PostgreSQL 13 and later,
+# needs no extension): two version-4 UUIDs, 244 random bits. The signals layer derives its keys
+# from these with a keyed hash, so the fixed bits do not matter.
+NEW_SECRET = ("decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex')")
