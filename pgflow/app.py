@@ -34,6 +34,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
 PROJECT_MARKERS = ("pyproject.toml", "setup.cfg", ".git")
 log = logging.getLogger("pgflow")
 
@@ -360,6 +361,19 @@ class App:
 
     def migrate(self) -> int:
         return self._client.call(self.migrate_async)
+
+    async def rotate_signal_key_async(self, overlap: float = ROTATION_OVERLAP) -> int:
+        """Add a new key to the keyring that seals pings, without downtime: processes seal with it
+        from ``overlap`` seconds on (each reloads the keyring at least every 30 s, so every one knows
+        it by then) and accept the older keys until ``overlap`` seconds after that. Returns the new
+        key's id. Rotate after a role that could read ``signal_keys`` lost that right."""
+        if isinstance(overlap, bool) or not isinstance(overlap, int | float) or not 60.0 <= overlap <= 86400.0:
+            raise ValueError(f"overlap is between 60 and 86400 seconds (processes reload the keys every 30 s),"
+                             f" got {overlap!r}")
+        return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
+
+    def rotate_signal_key(self, overlap: float = ROTATION_OVERLAP) -> int:
+        return self._client.call(self.rotate_signal_key_async, overlap)
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream

@@ -51,6 +51,12 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
                                             "search path (or print the DSN)")
     psql.add_argument("--print", action="store_true", dest="print_dsn", help="only print the DSN")
     with_app(psql)
+    keys = commands.add_parser("keys", help="the keyring that seals pgflow's pings")
+    keys_actions = keys.add_subparsers(dest="action", required=True)
+    rotate = keys_actions.add_parser("rotate", help="add a new key, used from --overlap seconds on; the old"
+                                                    " ones are accepted until --overlap seconds after that")
+    rotate.add_argument("--overlap", type=float, default=120.0, help="seconds (default: %(default)s)")
+    with_app(rotate)
     tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
     tail.add_argument("id", help="the workflow id")
     tail.add_argument("key", help="the stream key")
@@ -105,6 +111,9 @@ def run(app: App, args: argparse.Namespace) -> int:
         if not args.json:
             print(file=sys.stderr)
         _done(args, {"deleted": deleted})
+        return 0
+    if args.command == "keys":
+        _done(args, {"key": app.rotate_signal_key(args.overlap), "sealed_with_in_s": args.overlap})
         return 0
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):

@@ -131,7 +131,8 @@ class WorkflowHandle(Generic[R]):
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         stored, queue, made_due = found
         if stored:
-            runtime.signals.announce(News([signal_keys.message(self.id), *([signal_keys.queue(queue)] if made_due else [])]))
+            due = [signal_keys.queue(queue)] if made_due else []
+            runtime.signals.announce(News([signal_keys.message(self.id), *due]))
 
     async def send_async(self, topic: str, value: object, idempotency_key: str | None = None) -> None:
         """Send the workflow a durable message on ``topic``, which its ``recv(topic)`` takes once.

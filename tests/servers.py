@@ -57,7 +57,8 @@ class EmbeddedServer:
     stops the server, so aborted runs do not leave servers behind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: str = "") -> None:
+        self._extra_settings = settings  # more lines for postgresql.conf, e.g. "max_notify_queue_pages = 64"
         self._base_dir: Path | None = None
         self._pgdata: Path | None = None
         self._socket_dir: Path | None = None
@@ -169,6 +170,7 @@ full_page_writes = off
 shared_buffers = 64MB
 log_min_messages = warning
 log_line_prefix = '%m [%p] %q%a '
+{self._extra_settings}
 """
 
     def _stop_at_exit(self) -> None:

@@ -277,7 +277,8 @@ async def test_the_listeners_reconnect_backoff_starts_afresh_after_each_good_con
     runtime = app._client.runtime()
 
     async def connected_other_than(pid: int | None) -> int:
-        while (listener := runtime.signals.listener) is None or not listener.connected or listener.backend_pid in (None, pid):
+        while ((listener := runtime.signals.listener) is None or not listener.connected
+               or listener.backend_pid in (None, pid)):
             await anyio.sleep(0.01)
         assert listener.backend_pid is not None
         return listener.backend_pid

@@ -7,6 +7,8 @@ Re-execution is produced for real: after a first run the workflow row is put bac
 from __future__ import annotations
 
 import contextlib
+import pathlib
+import pickle
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -44,7 +46,17 @@ class Summary(msgspec.Struct):
 
 
 class MyError(Exception):
-    """A step's own exception type, defined at module level so that it can be pickled and replayed."""
+    """A step's own exception type, defined at module level: a replay finds it loaded and raises it again."""
+
+
+class Planted:
+    """What a hostile row would hold: a pickle whose loading runs code (here, writes a file)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -447,10 +459,11 @@ async def test_recorded_exception_replays_as_the_same_type(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_unpicklable_exception_replays_as_step_failed(
+async def test_an_exception_of_a_class_not_found_by_name_replays_as_step_failed(
     app: pgflow.App, dsn: str, schema: str, kind: str,
 ) -> None:
-    """An exception that cannot be pickled (here: a local class) replays as StepFailed naming it."""
+    """An exception whose class cannot be found again by its name (here: a local class) replays as
+    StepFailed naming it."""
 
     class LocalError(Exception):
         pass
@@ -460,7 +473,7 @@ async def test_unpicklable_exception_replays_as_step_failed(
 
     def boom() -> str:
         runs.append(1)
-        raise LocalError("cannot pickle me")
+        raise LocalError("cannot find me")
 
     step = step_of(app, kind, boom, "local_boom")
     if kind == "async":
@@ -490,7 +503,41 @@ async def test_unpicklable_exception_replays_as_step_failed(
     replayed = caught[1]
     assert isinstance(replayed, pgflow.StepFailed)
     assert replayed.error_type.endswith("LocalError")
-    assert replayed.message == "cannot pickle me"
+    assert replayed.message == "cannot find me"
+
+
+async def test_a_pickle_planted_in_the_journal_is_never_loaded(app: pgflow.App, dsn: str, schema: str,
+                                                                tmp_path: pathlib.Path) -> None:
+    """A session that could write the steps table puts a pickle that runs code in a failed step's
+    row (the column older versions kept pickled exceptions in). The replay raises the recorded type
+    from the recorded data; the blob is never loaded."""
+    marker = tmp_path / "the pickle ran"
+    blob = pickle.dumps(Planted(str(marker)))
+    pickle.loads(blob)  # (it does what it says: the file appears)
+    assert marker.exists()
+    marker.unlink()
+    caught: list[BaseException] = []
+
+    @app.step(name="planted.boom")
+    async def boom() -> str:
+        raise MyError("bad input", 7)
+
+    @app.workflow(name="planted")
+    async def flow() -> str:
+        try:
+            return await boom()
+        except MyError as exc:
+            caught.append(exc)
+            return "caught"
+
+    handle = await flow.start_async()
+    assert await run_to_end(app, handle) == "caught"
+    await query(dsn, f"UPDATE {schema}.steps SET exception = %s WHERE workflow_id = %s", blob, handle.id)
+    await requeue(dsn, schema, handle.id)
+    assert await run_to_end(app, handle) == "caught"
+    assert not marker.exists(), "a blob read back from the journal was loaded: it ran as code"
+    assert [type(exc) for exc in caught] == [MyError, MyError]
+    assert caught[1].args == ("bad input", 7)
 
 
 # -- RetryPolicy --------------------------------------------------------------------------------------

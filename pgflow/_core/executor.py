@@ -10,7 +10,6 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.lowlevel

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+
 import psycopg
 
 from .batches import GroupCommit

@@ -174,10 +174,10 @@ class Runtime:
     # -- counters ---------------------------------------------------------------------------------------
 
     def stats(self) -> Stats:
-        store = self._store
+        store = None if self._closed else self._store
         return Stats(
             runtimes=1,
-            pool_connections=store.pool.get_stats().get("pool_size", 0) if store is not None and not self._closed else 0,
+            pool_connections=store.pool.get_stats().get("pool_size", 0) if store is not None else 0,
             fetch_queries=self.fetcher.queries,
             stream_batches=self.retired_writes[0] + sum(w.batches for w in self.writers),
             stream_chunks=self.retired_writes[1] + sum(w.chunks for w in self.writers),
