@@ -91,12 +91,38 @@ def carried_end(end: End) -> bool:
 
 def plaintexts(news: News) -> list[bytes]:
     """The plaintexts of the payloads that tell ``news``: one "wake all" when it names very many
-    keys, else as few payloads as fit. The whole is encoded at once and halved until each half
-    fits, which costs a few encodings of the set instead of one per item (a stream batch names a
-    stream per chunk)."""
+    keys, else as few payloads as fit. News too big for one payload is cut by the estimated size of
+    each thing, so each part is encoded once (a stream batch carries a chunk per stream: halving the
+    whole until it fits would encode it four times over); a part the estimate got wrong is halved."""
     if len(news.keys) + len(news.ends) + len(news.chunks) > WAKE_ALL_ABOVE:
         return [_encoder.encode(News([signal_keys.WAKE_ALL]))]
-    return _halves(news) if news else []
+    if not news:
+        return []
+    parts = _parts(news)
+    return [text for part in parts for text in _halves(part)] if len(parts) > 1 else _halves(news)
+
+
+def _parts(news: News) -> list[News]:
+    """``news`` cut into parts whose estimated encoding fits a payload (msgpack adds a few bytes of
+    header to each string, bytes value and integer: 22 covers a chunk's, 3 a key's when it is ASCII)."""
+    parts = [News()]
+    size = 0
+
+    def room(needed: int) -> News:
+        nonlocal size
+        if size + needed > PLAINTEXT_LIMIT - 16 and size:
+            parts.append(News())
+            size = 0
+        size += needed
+        return parts[-1]
+
+    for key in news.keys:
+        room(len(key) + 3).keys.append(key)
+    for end in news.ends:
+        room(len(_encoder.encode(end))).ends.append(end)
+    for chunk in news.chunks:
+        room(len(chunk.stream) + (len(chunk.value) if chunk.value is not None else 0) + 22).chunks.append(chunk)
+    return parts
 
 
 def _halves(news: News) -> list[bytes]:

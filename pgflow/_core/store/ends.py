@@ -43,5 +43,5 @@ class EndStatements(Statements):
                 + riding(2, "(SELECT count(*) FROM done) = %(n)s")
             ), {"ids": workflow_ids, "leases": leases, "statuses": statuses, "outputs": outputs,
                 "errors": [None if e is None else _ERRORS.encode(e).decode() for e in errors],
-                "n": len(workflow_ids), **ping_parameters(pings)})
+                "n": len(workflow_ids), **ping_parameters(conn, pings)})
             return {(str(id), int(lease)) for id, lease in await cur.fetchall()}

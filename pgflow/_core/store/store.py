@@ -97,7 +97,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
             ), {"id": id, "name": name, "queue": queue, "priority": priority, "inputs": inputs, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(pings)})
+                **ping_parameters(conn, pings)})
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -131,7 +131,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
             ), {"ids": ids, "inputs": inputs, "name": name, "queue": queue, "priority": priority, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(pings)})
+                **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
         found: list[tuple[bool, str, int]] = [(False, "", 0)] * len(ids)
         created_here: set[str] = set()

@@ -99,7 +99,7 @@ class StreamStatements(Statements):
             ), {"ids": arrays.texts([w for w, _ in owners]), "leases": arrays.int8s([lease for _, lease in owners]),
                 "owners": arrays.int8s(chunk_owners), "streams": arrays.int8s(stream_ids),
                 "positions": arrays.int4s(positions), "values": arrays.byteas(values), "n": len(owners),
-                **ping_parameters(pings)})
+                **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
