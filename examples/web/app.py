@@ -23,6 +23,10 @@ What it shows:
 
 ``--cut-after N`` ends every SSE response after N events, to watch the page resume (the browser test,
 tests/test_web_browser.py, uses it). ``WEB_TOKEN_DELAY`` is the seconds between two words (0.08).
+
+Any page on the web can make the browser send requests here, so the server refuses what its own page
+does not send: POSTs from another origin or of another content type, bodies over 16 KiB, ids that
+cannot be workflow ids, Last-Event-IDs that are not stream positions (tests/test_web_hardening.py).
 """
 
 from __future__ import annotations
@@ -30,17 +34,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import html
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -51,6 +59,8 @@ app = pgflow.App()  # $PGFLOW_DSN (and $PGFLOW_SCHEMA), or the embedded PostgreS
 log = logging.getLogger("web")
 
 DELAY = float(os.environ.get("WEB_TOKEN_DELAY", "0.08"))
+MAX_BODY = 16 * 1024  # bytes: a decision is a few, a prompt a few hundred
+LAST_POSITION = 2**31 - 2  # positions are int4, and a reader resumes at the one after Last-Event-ID
 PAGE = Path(__file__).with_name("page.html").read_text(encoding="utf-8")
 ANSWER = (
     "Durable workflows keep their progress in the database. Each finished step is journaled, so a crash "
@@ -103,40 +113,76 @@ async def home(request: Request) -> Response:
     return HTMLResponse(PAGE.replace("{{run}}", ""))
 
 
+async def posted(request: Request, content_type: str) -> bytes:
+    """The body of a POST that this server's own page sent. Another site's page can make the browser
+    POST here too, without asking first, but only with that site's Origin and a form or text/plain
+    content type: so a foreign Origin is refused, and any content type but ``content_type``. The
+    body is read as it arrives, so no client makes the server hold more than MAX_BODY bytes of it."""
+    origin = request.headers.get("origin")  # sent by browsers on every POST, absent from curl's
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise HTTPException(403, "a request from another site's page")
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != content_type:
+        raise HTTPException(415, f"send {content_type}")
+    too_large = HTTPException(413, f"a body is at most {MAX_BODY} bytes")
+    # Refused before a byte of the body is read. (uvicorn lets only digits through; the length
+    # test spares int() a number of thousands of them from a server that lets those through too.)
+    declared = request.headers.get("content-length")
+    if declared is not None and (len(declared) > 9 or int(declared) > MAX_BODY):
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():  # a chunked body has no length to check beforehand
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise too_large
+    return bytes(body)
+
+
 async def start(request: Request) -> Response:
-    form = parse_qs((await request.body()).decode())  # a plain urlencoded form: no python-multipart needed
+    # A plain urlencoded form: no python-multipart needed.
+    form = parse_qs((await posted(request, "application/x-www-form-urlencoded")).decode(errors="replace"))
     handle = await answer.start_async(form.get("prompt", [""])[0][:200])
     return RedirectResponse(f"/runs/{handle.id}", status_code=303)
 
 
-async def run(request: Request) -> pgflow.WorkflowHandle[Any] | None:
-    """The handle of the run named in the URL, or None when there is no such workflow."""
-    handle = app.handle(request.path_params["id"])
+async def run(request: Request) -> pgflow.WorkflowHandle[Any]:
+    """The handle of the run named in the URL; 400 for what cannot be a workflow id (too long, a
+    NUL), which ``app.handle`` refuses, and 404 for a workflow that does not exist."""
+    try:
+        handle = app.handle(request.path_params["id"])
+    except ValueError:
+        raise HTTPException(400, "not a workflow id") from None
     try:
         await handle.status_async()
     except pgflow.UnknownWorkflow:
-        return None
+        raise HTTPException(404, "no such run") from None
     return handle
-
-
-def not_found() -> Response:
-    return JSONResponse({"error": "no such run"}, status_code=404)
 
 
 async def run_page(request: Request) -> Response:
     handle = await run(request)
-    return HTMLResponse(PAGE.replace("{{run}}", handle.id)) if handle else HTMLResponse("no such run", 404)
+    # Ids are any text, so one made elsewhere may be markup: escaped, quotes too, in its attribute.
+    return HTMLResponse(PAGE.replace("{{run}}", html.escape(handle.id, quote=True)))
+
+
+def last_event_id(request: Request) -> int:
+    """The last position a reconnecting EventSource has, -1 for a first connection. Only ASCII
+    digits: ``str.isdigit()`` takes "²", which ``int()`` refuses, and ``int()`` takes "1_0"."""
+    last = request.headers.get("last-event-id", "")
+    if not last:
+        return -1
+    if not (last.isascii() and last.isdigit() and len(last) <= 10 and int(last) <= LAST_POSITION):
+        raise HTTPException(400, "Last-Event-ID is a stream position")
+    return int(last)
 
 
 async def tokens(request: Request) -> Response:
     """The stream as SSE. ``Last-Event-ID`` (sent by a reconnecting EventSource) is the last position
-    the client has, so it resumes at the next one."""
+    the client has, so it resumes at the next one. (An EventSource stops reconnecting on an error
+    status, such as the 404 of a run that does not exist.)"""
     handle = await run(request)
-    if handle is None:
-        return not_found()  # an EventSource stops reconnecting on an error status
-    last = request.headers.get("last-event-id", "")
-    offset = int(last) + 1 if last.isdigit() else 0
-    log.info("tokens of %s from position %d (Last-Event-ID %r)", handle.id, offset, last or None)
+    last = request.headers.get("last-event-id")
+    offset = last_event_id(request) + 1
+    log.info("tokens of %s from position %d (Last-Event-ID %r)", handle.id, offset, last)
     cut_after: int | None = request.app.state.cut_after
 
     async def events() -> AsyncIterator[str]:
@@ -156,8 +202,6 @@ async def tokens(request: Request) -> Response:
 async def state(request: Request) -> Response:
     """Status and progress, polled by the page."""
     handle = await run(request)
-    if handle is None:
-        return not_found()
     status = await handle.status_async()
     body: dict[str, Any] = {"status": status,  # events: None until the workflow sets them
                             "progress": await handle.get_event_async("progress", timeout=0),
@@ -169,16 +213,16 @@ async def state(request: Request) -> Response:
 
 async def approval(request: Request) -> Response:
     """Deliver the human's decision to the workflow. The idempotency key makes a second click (or a
-    retried POST) deliver nothing more: the first decision is the one the workflow gets."""
+    retried POST) deliver nothing more: the first decision is the one the workflow gets, so only
+    the page's own request may make it (``posted``)."""
+    data = await posted(request, "application/json")
     handle = await run(request)
-    if handle is None:
-        return not_found()
     try:
-        body = await request.json()
+        body = json.loads(data)
     except ValueError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("approved"), bool):
-        return JSONResponse({"error": 'send {"approved": true} or {"approved": false}'}, status_code=400)
+        raise HTTPException(400, 'send {"approved": true} or {"approved": false}')
     await handle.send_async("approval", {"approved": body["approved"]}, idempotency_key=f"{handle.id}:decision")
     return JSONResponse({"sent": True})
 
@@ -209,6 +253,15 @@ def web_app(*, worker: bool = True, cut_after: int | None = None) -> Starlette:
     return server
 
 
+def exit_normally(signum: int, _: FrameType | None) -> None:
+    """uvicorn shuts down on SIGTERM or Ctrl-C, then raises the signal again for the handler it
+    found. Python's own handler of SIGTERM kills the process there, before the exit hook that stops
+    the embedded PostgreSQL once its last user is gone, leaving the server running; this handler
+    exits the usual way instead, through ``app.close()`` and the exit hooks (and without the
+    traceback of a KeyboardInterrupt)."""
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -218,11 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     log.setLevel(logging.INFO)
-    app.migrate()  # before serving: starts the embedded server if that is the database
-    print(f"pgflow web example on http://{args.host}:{args.port} (schema {app.schema!r})", flush=True)
-    uvicorn.run(web_app(worker=not args.no_worker, cut_after=args.cut_after), host=args.host, port=args.port,
-                log_level="warning", timeout_graceful_shutdown=2)
-    app.close()  # the connections that migrate() opened
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, exit_normally)
+    try:
+        app.migrate()  # before serving: starts the embedded server if that is the database
+        print(f"pgflow web example on http://{args.host}:{args.port} (schema {app.schema!r})", flush=True)
+        uvicorn.run(web_app(worker=not args.no_worker, cut_after=args.cut_after), host=args.host,
+                    port=args.port, log_level="warning", timeout_graceful_shutdown=2)
+    finally:
+        app.close()  # the connections that migrate() opened
     return 0
 
 

@@ -15,6 +15,7 @@ PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # the column is an integer
 
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 MAX_KEY_BYTES = 256
+POSITION_LIMIT = 2**31  # stream positions are int4 in the table: an offset at or past this is no position
 
 
 def check_text(value: object, what: str, limit: int) -> str:
@@ -73,6 +74,8 @@ def check_reader(key: str, offset: int) -> None:
     check_key(key)
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"a stream offset is a position >= 0, got {offset!r}")
+    if offset >= POSITION_LIMIT:
+        raise ValueError(f"a stream offset is below 2**31 = {POSITION_LIMIT} (positions are int4), got {offset}")
 
 
 def encode_chunk(key: str, value: object) -> bytes:
