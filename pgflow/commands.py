@@ -5,6 +5,7 @@ document on stdout)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -17,6 +18,10 @@ import msgspec
 
 from .app import STATUSES, App
 from .errors import PgflowError
+
+# A prune by hand this recent takes workflows whose callers may still be about to read their results
+# and streams: most likely a unit slip (--older-than 7 meaning days), so it asks for --yes.
+PRUNE_CONFIRM_BELOW = 3600.0
 
 
 def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -46,6 +51,9 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     prune = commands.add_parser("prune", help="delete finished workflows, their steps and chunks, now")
     prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
                        help="finished longer ago than this: 7d, 12h, 30m, 45s or seconds")
+    prune.add_argument("--yes", action="store_true",
+                       help=f"needed for a duration under {_fmt_duration(PRUNE_CONFIRM_BELOW)}, which takes "
+                            "workflows that have only just finished")
     with_app(prune)
     psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
                                             "search path (or print the DSN)")
@@ -91,6 +99,12 @@ def run(app: App, args: argparse.Namespace) -> int:
         os.environ["PGOPTIONS"] = f"{os.environ.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
         os.execv(client, [client, dsn])
     if args.command == "prune":
+        if args.older_than < PRUNE_CONFIRM_BELOW and not args.yes:
+            print(f"pgflow: error: this would delete every workflow that finished more than "
+                  f"{_fmt_duration(args.older_than)} ago (succeeded, failed or cancelled), with its steps, "
+                  "stream chunks, events and messages; pass --yes to do it", file=sys.stderr)
+            return 2
+
         def progress(deleted: int) -> None:
             if not args.json:
                 print(f"\rdeleted {deleted} workflows", end="", file=sys.stderr, flush=True)
@@ -142,9 +156,16 @@ def duration(text: str) -> float:
         value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 7d, 12h, 30m, 45s or seconds)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a duration is >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a duration is finite and >= 0, got {text!r}")
     return value
+
+
+def _fmt_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def explain(exc: PgflowError | ValueError) -> str:
