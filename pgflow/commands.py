@@ -116,8 +116,8 @@ def run(app: App, args: argparse.Namespace) -> int:
         return 0
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):
-            print(msgspec.json.encode({"position": position, "value": value}).decode() if args.json
-                  else f"{position}\t{value}", flush=True)
+            print(_json({"position": position, "value": value}) if args.json
+                  else f"{position}\t{_safe(str(value))}", flush=True)
         return 0
     if args.action == "ls":
         records = app.list_workflows(status=args.status, name=args.name, queue=args.queue, limit=args.limit)
@@ -169,14 +169,14 @@ def _fmt_duration(seconds: float) -> str:
 
 
 def explain(exc: PgflowError | ValueError) -> str:
-    return f"pgflow: error: {exc}"
+    return f"pgflow: error: {_safe(str(exc))}"
 
 
 def _done(args: argparse.Namespace, what: dict[str, Any]) -> None:
     if args.json:
         _print_json(what)
     else:
-        print(" ".join(f"{k}={v}" for k, v in what.items()))
+        print(_safe(" ".join(f"{k}={v}" for k, v in what.items())))
 
 
 def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> None:
@@ -187,7 +187,29 @@ def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> N
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    sys.stdout.write(_json(value) + "\n")
+
+
+# Stored text (ids, names, stream values, error messages) is anyone's, and a terminal acts on the
+# control characters in what it prints: ESC starts sequences that clear the screen, retitle the
+# window or write the clipboard (OSC 52), a bare CR overwrites what the line showed. So in what is
+# printed for people every C0 control, DEL and every C1 control (which some terminals take as ESC
+# sequences in one character) becomes a visible \xNN escape. \n and \t too: every output here is
+# a line per record or a table cell, whose layout (its own tabs and newlines) stored text must not
+# forge.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+# JSON escapes C0 itself, and msgspec leaves DEL and C1 raw: those can only be inside a string of
+# the document, where \u00NN stands for the same character.
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+
+
+def _safe(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode().translate(_JSON_CONTROLS)
 
 
 def _text(value: Any) -> str:
@@ -196,10 +218,10 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}"
     if isinstance(value, list):
-        return ",".join(map(str, value))
+        return _safe(",".join(map(str, value)))
     if isinstance(value, datetime):
         return value.isoformat(sep=" ", timespec="milliseconds")
-    return str(value)
+    return _safe(str(value))
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
