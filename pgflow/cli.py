@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
@@ -95,9 +96,35 @@ def _exit_despite_abandoned_threads(code: int) -> None:
         os._exit(code)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in ``--help``, except where there is none to show: a required option, a flag that is
+    off unless given, a filter that is off unless given (None), or help that says its default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or isinstance(action.default, bool) or \
+                "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Subparsers are built from the parser's class, not from its formatter: this carries the
+    defaults in help down to every subcommand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsHelp)
+        super().__init__(*args, **kwargs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pgflow", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("PGFLOW_LOG_LEVEL", "INFO"))
+    parser = _Parser(prog="pgflow", description=__doc__)
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                        default=os.environ.get("PGFLOW_LOG_LEVEL", "INFO"),
+                        help=f"{', '.join(LOG_LEVELS)}, in any case (default: %(default)s, from "
+                             "$PGFLOW_LOG_LEVEL when set)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="run a worker process")
@@ -122,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_commands(commands, with_app)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
+        parser.error(f"PGFLOW_LOG_LEVEL is one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "worker":

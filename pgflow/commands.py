@@ -5,6 +5,7 @@ document on stdout)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -17,6 +18,10 @@ import msgspec
 
 from .app import STATUSES, App
 from .errors import PgflowError
+
+# A prune by hand this recent takes workflows whose callers may still be about to read their results
+# and streams: most likely a unit slip (--older-than 7 meaning days), so it asks for --yes.
+PRUNE_CONFIRM_BELOW = 3600.0
 
 
 def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -46,6 +51,9 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     prune = commands.add_parser("prune", help="delete finished workflows, their steps and chunks, now")
     prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
                        help="finished longer ago than this: 7d, 12h, 30m, 45s or seconds")
+    prune.add_argument("--yes", action="store_true",
+                       help=f"needed for a duration under {_fmt_duration(PRUNE_CONFIRM_BELOW)}, which takes "
+                            "workflows that have only just finished")
     with_app(prune)
     psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
                                             "search path (or print the DSN)")
@@ -103,6 +111,12 @@ def run(app: App, args: argparse.Namespace) -> int:
         os.environ["PGOPTIONS"] = f"{os.environ.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
         os.execv(client, [client, dsn])
     if args.command == "prune":
+        if args.older_than < PRUNE_CONFIRM_BELOW and not args.yes:
+            print(f"pgflow: error: this would delete every workflow that finished more than "
+                  f"{_fmt_duration(args.older_than)} ago (succeeded, failed or cancelled), with its steps, "
+                  "stream chunks, events and messages; pass --yes to do it", file=sys.stderr)
+            return 2
+
         def progress(deleted: int) -> None:
             if not args.json:
                 print(f"\rdeleted {deleted} workflows", end="", file=sys.stderr, flush=True)
@@ -117,8 +131,8 @@ def run(app: App, args: argparse.Namespace) -> int:
         return 0
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):
-            print(msgspec.json.encode({"position": position, "value": value}).decode() if args.json
-                  else f"{position}\t{value}", flush=True)
+            print(_json({"position": position, "value": value}) if args.json
+                  else f"{position}\t{_safe(str(value))}", flush=True)
         return 0
     if args.action == "ls":
         records = app.list_workflows(status=args.status, name=args.name, queue=args.queue, limit=args.limit)
@@ -157,20 +171,27 @@ def duration(text: str) -> float:
         value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 7d, 12h, 30m, 45s or seconds)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a duration is >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a duration is finite and >= 0, got {text!r}")
     return value
 
 
+def _fmt_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def explain(exc: PgflowError | ValueError) -> str:
-    return f"pgflow: error: {exc}"
+    return f"pgflow: error: {_safe(str(exc))}"
 
 
 def _done(args: argparse.Namespace, what: dict[str, Any]) -> None:
     if args.json:
         _print_json(what)
     else:
-        print(" ".join(f"{k}={v}" for k, v in what.items()))
+        print(_safe(" ".join(f"{k}={v}" for k, v in what.items())))
 
 
 def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> None:
@@ -181,7 +202,29 @@ def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> N
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    sys.stdout.write(_json(value) + "\n")
+
+
+# Stored text (ids, names, stream values, error messages) is anyone's, and a terminal acts on the
+# control characters in what it prints: ESC starts sequences that clear the screen, retitle the
+# window or write the clipboard (OSC 52), a bare CR overwrites what the line showed. So in what is
+# printed for people every C0 control, DEL and every C1 control (which some terminals take as ESC
+# sequences in one character) becomes a visible \xNN escape. \n and \t too: every output here is
+# a line per record or a table cell, whose layout (its own tabs and newlines) stored text must not
+# forge.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+# JSON escapes C0 itself, and msgspec leaves DEL and C1 raw: those can only be inside a string of
+# the document, where \u00NN stands for the same character.
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+
+
+def _safe(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode().translate(_JSON_CONTROLS)
 
 
 def _text(value: Any) -> str:
@@ -190,10 +233,10 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}"
     if isinstance(value, list):
-        return ",".join(map(str, value))
+        return _safe(",".join(map(str, value)))
     if isinstance(value, datetime):
         return value.isoformat(sep=" ", timespec="milliseconds")
-    return str(value)
+    return _safe(str(value))
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:

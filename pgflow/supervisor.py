@@ -80,9 +80,18 @@ class Supervisor:
         return 0
 
 
+def exit_code(returncode: int) -> int:
+    """A child's returncode as a shell reports it: one killed by signal N (``-N``) is 128 + N.
+
+    Left negative, a child killed by SIGKILL (out of memory, a kill -9 during the drain) would rank
+    below a clean exit in ``supervise``, and the supervisor would report the fleet stopped cleanly
+    when that child's workflows were cut short."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def supervise(worker_args: Sequence[str], processes: int) -> int:
     """Run ``processes`` workers until a signal; the exit code is the worst of the children's."""
     supervisor = Supervisor(worker_args, processes)
     code = supervisor.run()
-    codes = [child.returncode for child, _ in supervisor._children.values()]
+    codes = [exit_code(child.returncode) for child, _ in supervisor._children.values()]
     return max([code, *codes])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,62 @@ async def test_queues_workers_and_status(app: pgflow.App, dsn: str, worker_env: 
                 while (report := await run(cli, worker_env, "status", "--stuck-after", "0.5")).returncode == 0:
                     await anyio.sleep(0.2)
             assert f"session {stuck.info.backend_pid} idle in a transaction" in report.stdout
+
+
+CLIPBOARD = "\x1b]52;c;cGduZmxvdw==\x07"  # OSC 52: writes the operator's clipboard
+CLEAR = "\x1b[2J"  # clears the screen
+RAW = ("\x1b", "\x07", "\r", "\x7f", "\x9b")  # ESC, BEL, a bare CR, DEL, and CSI in one C1 character
+
+
+async def test_stored_text_reaches_the_terminal_with_its_control_characters_escaped(
+    app: pgflow.App, worker_env: dict[str, str],
+) -> None:
+    """Ids, names, queues, stream keys and values, error types: text anyone who can start a workflow
+    chose, printed on an operator's terminal, which would act on the sequences in it."""
+    queue, key, bad_type = f"q{CLEAR}", f"out{CLEAR}", type(f"Bad{CLEAR}", (Exception,), {})
+
+    @app.step(name=f"ops.step{CLEAR}")
+    async def refuse() -> None:
+        raise bad_type(CLIPBOARD)
+
+    @app.workflow(name=f"ops.evil{CLIPBOARD}", queue=queue)
+    async def evil() -> str:
+        with contextlib.suppress(bad_type):
+            await refuse()
+        await pgflow.write_stream_async(key, f"chunk {CLIPBOARD}{CLEAR}\r\x9b31m\x7f")
+        await pgflow.write_stream_async(key, {"nested": CLEAR, "more": [CLIPBOARD]})
+        await pgflow.close_stream_async(key)
+        return f"result {CLIPBOARD}{CLEAR}"
+
+    run = anyio.to_thread.run_sync
+    wid = f"wf{CLIPBOARD}{CLEAR}\r\x9b"
+    async with app.worker(concurrency=2, queues=[queue]):
+        handle = await evil.with_options(id=wid).start_async()
+        with anyio.fail_after(WAIT):
+            assert await handle.result_async() == f"result {CLIPBOARD}{CLEAR}"
+
+        for args in (("workflows", "ls"), ("workflows", "show", wid), ("tail", wid, key), ("queues",),
+                     ("workflows", "resume", wid), ("workflows", "cancel", wid)):
+            shown = await run(cli, worker_env, *args)
+            assert shown.stdout or shown.stderr, args
+            for raw in RAW:
+                assert raw not in shown.stdout and raw not in shown.stderr, (args, shown.stdout, shown.stderr)
+            if args[0] not in ("queues", "tail"):  # the id, printed visibly escaped
+                assert "wf\\x1b]52;c;cGduZmxvdw==\\x07\\x1b[2J\\r\\x9b" in shown.stdout + shown.stderr, args
+        assert "ops.evil\\x1b]52;" in (await run(cli, worker_env, "workflows", "ls")).stdout
+        text = (await run(cli, worker_env, "workflows", "show", wid)).stdout
+        assert "Bad\\x1b[2J" in text and "ops.step\\x1b[2J" in text and "out\\x1b[2J" in text, text
+        tailed = (await run(cli, worker_env, "tail", wid, key)).stdout.splitlines()
+        assert tailed[0] == "0\tchunk \\x1b]52;c;cGduZmxvdw==\\x07\\x1b[2J\\r\\x9b31m\\x7f", tailed
+
+        # --json: the same text, JSON-escaped (msgspec leaves DEL and C1 raw; they are escaped too).
+        listed = await run(cli, worker_env, "workflows", "ls", "--json")
+        shown_json = await run(cli, worker_env, "workflows", "show", wid, "--json")
+        tailed_json = await run(cli, worker_env, "tail", wid, key, "--json")
+        for result in (listed, shown_json, tailed_json):
+            for raw in RAW:
+                assert raw not in result.stdout, result.stdout
+        assert as_json(listed)[0]["id"] == wid and as_json(shown_json)["record"]["name"] == f"ops.evil{CLIPBOARD}"
+        assert [msgspec.json.decode(line) for line in tailed_json.stdout.splitlines()] == [
+            {"position": 0, "value": f"chunk {CLIPBOARD}{CLEAR}\r\x9b31m\x7f"},
+            {"position": 1, "value": {"nested": CLEAR, "more": [CLIPBOARD]}}]

@@ -521,3 +521,45 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
             if serves_fleet(pid):
                 os.kill(pid, signal.SIGKILL)
         supervisor.stop()
+
+
+def test_a_child_killed_by_a_signal_while_the_supervisor_stops_makes_its_exit_code_non_zero(
+    app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
+) -> None:
+    """A signal death is a negative returncode, which ranked below a clean 0 in the worst-of: the
+    supervisor reported a clean stop when one of its workers had been killed mid-drain."""
+    flows = fleet.build(app)
+    app.migrate()
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+    # A long grace, so the child holding a step is still draining when the test kills it.
+    supervisor = fleet_worker(procs, "supervisor", worker_env, grace=60.0, extra=["--processes", "2"])
+    children: set[int] = set()
+    try:
+        def both() -> set[int] | None:
+            pids = {p for p in registered_pids(dsn, schema) if parent_of(p) == supervisor.pid}
+            children.update(pids)
+            return pids if len(pids) == 2 else None
+
+        wait_until(both, "2 worker processes to register", procs, supervisor)
+        flows.hold.start(str(effects), str(gate))
+        [holder] = wait_until(lambda: [int(line.split()[-1]) for line in lines(effects) if "held start" in line],
+                              "the held step to start", procs, supervisor)
+
+        supervisor.signal(signal.SIGTERM)
+        # Both children log that they drain once the supervisor has passed the signal on: past that
+        # it restarts nothing, and the idle child exits 0 while the holder waits out its step.
+        wait_until(lambda: supervisor.output().count("received SIGTERM: draining") == 2,
+                   "both children to start draining", procs, supervisor)
+        assert not is_gone(holder)
+        os.kill(holder, signal.SIGKILL)
+        assert supervisor.wait_exit() == 128 + signal.SIGKILL, procs.logs()
+        assert all(is_gone(pid) for pid in children)  # the supervisor waited for the other one
+    finally:
+        gate.touch()
+        if supervisor.alive():
+            supervisor.signal(signal.SIGSTOP)
+            children |= children_of(supervisor.pid)
+        for pid in children:
+            if serves_fleet(pid):
+                os.kill(pid, signal.SIGKILL)
+        supervisor.stop()

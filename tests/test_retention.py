@@ -112,3 +112,50 @@ async def test_a_prune_waits_after_each_batch_in_proportion_to_the_time_it_took(
     factor = (1 - pruning.SHARE) / pruning.SHARE
     for (start, end), (next_start, _) in zip(calls, calls[1:], strict=False):
         assert next_start - end >= factor * (end - start)  # the pause grows with the batch's own time
+
+
+async def test_a_prune_without_a_floor_is_refused_before_anything_is_deleted(
+    app: pgflow.App, worker_env: dict[str, str],
+) -> None:
+    streamer = build(app)
+    async with app.worker(concurrency=4):
+        handles = [await streamer.start_async(2) for _ in range(3)]
+        with anyio.fail_after(WAIT):
+            assert [await h.result_async() for h in handles] == [4] * 3
+    before = await counts(app)
+    assert before[0] == 3
+
+    # NaN compares false with everything, so it passed a check of "< 0"; infinity is no age.
+    for older_than in (float("nan"), float("inf"), float("-inf"), -1, -0.5, timedelta(seconds=-1), "1h", None):
+        with pytest.raises(ValueError, match="older_than"):
+            await app.prune_async(older_than)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="older_than"):
+        await anyio.to_thread.run_sync(app.prune, float("nan"))
+    # A batch of 0 never comes back short: the prune would loop for ever (hence the deadline).
+    for batch in (0, -1, 10_001, 2.5, True):
+        with anyio.fail_after(10), pytest.raises(ValueError, match="batch"):
+            await app.prune_async(0, batch=batch)  # type: ignore[arg-type]
+    assert await counts(app) == before
+
+    for retention in (float("nan"), float("inf"), "7d"):
+        with pytest.raises(pgflow.ConfigurationError, match="retention"):
+            pgflow.App(app.dsn, schema=app.schema, retention=retention)  # type: ignore[arg-type]
+
+    def prune(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pgflow", "prune", *args], env=worker_env,
+                              capture_output=True, text=True, timeout=WAIT)
+
+    for bad in ("nan", "inf", "1e400s", "-1h"):
+        refused = await anyio.to_thread.run_sync(prune, f"--older-than={bad}")
+        assert refused.returncode == 2 and "duration" in refused.stderr, refused.stderr
+    # Under an hour takes workflows whose callers may be about to read them: it asks for --yes.
+    for recent in ("0", "30m"):
+        refused = await anyio.to_thread.run_sync(prune, "--older-than", recent, "--json")
+        assert refused.returncode == 2, refused.stderr
+        assert "would delete every workflow that finished more than" in refused.stderr
+        assert "pass --yes" in refused.stderr and refused.stdout == ""
+    assert await counts(app) == before
+    done = await anyio.to_thread.run_sync(prune, "--older-than", "0", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout) == {"deleted": 3}
+    assert await counts(app) == (0, 0, 0)

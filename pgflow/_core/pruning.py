@@ -9,7 +9,9 @@ loaded the server is, and a batch slowed down by load waits longer by itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import anyio
 
@@ -18,12 +20,31 @@ SHARE = 0.25  # of the wall time a prune spends in its statements (benchmarks/pr
 # in many short slices disturbs the streams beside it less than in a few long ones): with 100 chunks
 # a workflow, a statement deletes 10,000 chunks in about 10 ms on a 2-core machine.
 PRUNE_BATCH = 100
+MAX_PRUNE_BATCH = 10_000  # a statement past this holds its locks and fills the WAL for long
+
+
+def check_older_than(older_than: object) -> float:
+    """Seconds, finite and >= 0. NaN compares false with everything, so a check written as
+    ``older_than < 0`` lets it through to the server, and infinity is no age a workflow can have."""
+    seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise ValueError(f"older_than is a finite duration >= 0 (seconds or a timedelta), got {older_than!r}")
+    return float(seconds)
+
+
+def check_batch(batch: object) -> int:
+    """A batch of 0 never comes back short, so the loop in ``prune_paced`` would never end."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_PRUNE_BATCH:
+        raise ValueError(f"batch is an int between 1 and {MAX_PRUNE_BATCH}, got {batch!r}")
+    return batch
 
 
 async def prune_paced(delete_batch: Callable[[], Awaitable[int]], batch: int,
                       progress: Callable[[int], None] | None = None) -> int:
     """Run ``delete_batch`` (which deletes up to ``batch`` workflows, returning how many) until a
     batch comes back short; ``progress(deleted so far)`` after each. Returns how many went."""
+    check_batch(batch)
     share = SHARE  # read here, so the benchmark can measure other shares
     deleted = 0
     while True:
