@@ -134,7 +134,7 @@ def _let_server_in(path: Path) -> None:
             os.chown(ancestor, -1, server.pw_gid)
             os.chmod(ancestor, (mode & ~0o070) | stat.S_IXGRP)
         else:
-            _log.info("letting the embedded PostgreSQL's user %s search %s (o+x) to reach its files",
+            _log.debug("letting the embedded PostgreSQL's user %s search %s (o+x) to reach its files",
                       SERVER_USER, ancestor)
             os.chmod(ancestor, mode | stat.S_IXOTH)
 
