@@ -93,15 +93,16 @@ def run(app: App, args: argparse.Namespace) -> int:
                   f"{health.notification_queue_usage:.1%} full")
             for name, count in health.unserved.items():
                 print(f"  {count} queued workflows named {name!r}: no live worker runs that name")
+            # (Any role chooses its sessions' application names: they are printed escaped.)
             for session in health.stuck_sessions:
                 print(f"  session {session.pid} idle in a transaction for {session.transaction_age_s:.0f} s"
-                      f" ({session.application_name or 'no application name'}): a LISTEN connection in a"
-                      " transaction stalls every NOTIFY of the cluster")
+                      f" ({_safe(session.application_name or 'no application name')}): a LISTEN connection in"
+                      " a transaction stalls every NOTIFY of the cluster")
             if health.notification_queue_usage > 0.5:
                 print("  the NOTIFY queue is filling up; the oldest open transactions of the cluster (whichever"
                       " of them ran LISTEN holds it back):")
                 for session in health.queue_holders:
-                    print(f"    {session.describe()}")
+                    print(f"    {_safe(session.describe())}")
         return 0 if health.ok else 1
     if args.command == "psql":
         dsn = app.dsn  # for the embedded default, starts or joins the project's server
