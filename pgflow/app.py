@@ -21,7 +21,15 @@ from ._core.client import Client
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
-from ._core.registry import Config, NotifyMode, QueueLimits, Registry, StepSpec, WorkflowSpec
+from ._core.registry import (
+    DEFAULT_MAX_ATTEMPTS,
+    Config,
+    NotifyMode,
+    QueueLimits,
+    Registry,
+    StepSpec,
+    WorkflowSpec,
+)
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
 from ._core.sync import LoopThread
@@ -143,22 +151,24 @@ class App:
     @overload
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
-        max_attempts: int | None = None, timeout: float | None = None, schedule: str | None = None,
+        max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None, schedule: str | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
-        priority: int = 0, max_attempts: int | None = None, timeout: float | None = None,
+        priority: int = 0, max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None,
         schedule: str | None = None,
     ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``.
 
-        ``max_attempts`` caps how many times it is claimed (each crash or interrupted run of its
-        worker costs one) before it is marked failed; ``timeout`` fails it once it has run that many
-        seconds since it first started, across crashes. ``schedule`` is a cron expression (UTC; five
-        fields, or six with seconds first): every worker serving ``queue`` starts the workflow at each
-        tick under the id ``name@tick``, so each tick runs once however many workers there are. A
-        scheduled workflow takes no arguments, or one: the tick's datetime.
+        ``max_attempts`` (default 20; None: no cap) caps its runs: each run that a crash, a stop or
+        a lost lease cuts short costs one (a sleep or a wait that gives the slot back costs none),
+        and past the cap it fails with ``MaxAttemptsExceeded`` instead of running again.
+        ``timeout`` fails it once it has run that many seconds since it first started, across crashes.
+        ``schedule`` is a cron expression (UTC; five fields, or six with seconds first): every worker
+        serving ``queue`` starts the workflow at each tick under the id ``name@tick``, so each tick runs
+        once however many workers there are. A scheduled workflow takes no arguments, or one: the
+        tick's datetime.
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:

@@ -18,7 +18,7 @@ from . import telemetry
 from ._core.checks import MAX_ID_BYTES, check_delay, check_id, check_priority, check_queue, check_text
 from ._core.client import Client
 from ._core.execution import journaling
-from ._core.registry import StepSpec, WorkflowSpec
+from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_many, enqueue_named
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
@@ -247,7 +247,7 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
             queue=queue or (spec.queue if spec else "default"),
             priority=priority if priority is not None else (spec.priority if spec else 0),
             delay=delay, max_attempts=max_attempts if max_attempts is not None else (
-                spec.max_attempts if spec else None),
+                spec.max_attempts if spec else DEFAULT_MAX_ATTEMPTS),
             timeout=timeout if timeout is not None else (spec.timeout if spec else None), parent=parent,
         )
         return WorkflowHandle(client, workflow_id)

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.registry import DEFAULT_MAX_ATTEMPTS
 
 pytestmark = pytest.mark.anyio
 
@@ -408,3 +409,23 @@ async def test_cancelling_a_finished_workflow_changes_nothing(app: pgflow.App) -
         assert await ok.result_async(timeout=TIMEOUT) == Point(2, -2)
         with pytest.raises(pgflow.WorkflowFailed):
             await bad.result_async(timeout=TIMEOUT)
+
+
+async def test_every_workflow_has_a_run_cap_unless_it_asks_for_none(app: pgflow.App, dsn: str, schema: str) -> None:
+    """A workflow whose runs keep being cut short (a step that kills its worker) is given up after
+    DEFAULT_MAX_ATTEMPTS of them (tests/test_fleet.py shows the failure itself); ``None`` keeps the
+    old unlimited behaviour, and a start by name of a workflow this process does not know gets the
+    default too."""
+
+    @app.workflow(name="capped.default")
+    async def default() -> None: ...
+
+    @app.workflow(name="capped.none", max_attempts=None)
+    async def unlimited() -> None: ...
+
+    handles = [await default.start_async(), await unlimited.start_async(),
+               await app.start_by_name_async("capped.elsewhere")]
+    caps = {id: cap for id, cap in await query(
+        dsn, f'SELECT id, max_attempts FROM "{schema}".workflows WHERE id = ANY(%s)', [h.id for h in handles])}
+    assert [caps[h.id] for h in handles] == [DEFAULT_MAX_ATTEMPTS, None, DEFAULT_MAX_ATTEMPTS]
+    assert DEFAULT_MAX_ATTEMPTS == 20

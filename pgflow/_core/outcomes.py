@@ -105,8 +105,11 @@ def replay(record: StepRecord, step: StepSpec) -> Any:
 def refused(claimed: Claimed) -> Outcome | None:
     """The failure to record instead of running, for a poison workflow or one past its deadline."""
     if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
+        runs = claimed.max_attempts - (claimed.attempt - claimed.run)  # its max_attempts
         return "failed", None, describe(MaxAttemptsExceeded(
-            f"workflow {claimed.id!r} was claimed {claimed.max_attempts} times without finishing"))
+            f"workflow {claimed.id!r} was given up after {runs} interrupted runs: each was cut short (its"
+            " worker crashed, was stopped or lost its lease) before it finished. Fix what kills it, then"
+            " resume it (pgflow workflows resume ID), or give it a higher max_attempts"))
     if claimed.seconds_left is not None and claimed.seconds_left <= 0:
         return "failed", None, describe(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
     return None

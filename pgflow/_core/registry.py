@@ -19,6 +19,12 @@ from .checks import check_priority, check_queue
 
 NotifyMode = Literal["buffered", "off"]
 
+# Runs of a workflow that a crash, a stop or a lost lease may cut short before it is given up (the
+# default of ``max_attempts``; None: for ever). A step that kills its worker (a segfault, the OOM
+# killer, os._exit) would otherwise crash-loop the fleet for ever; a run given back while it sleeps
+# or waits costs nothing, and ``resume()`` starts the count afresh.
+DEFAULT_MAX_ATTEMPTS = 20
+
 
 @dataclass(frozen=True)
 class Config:
