@@ -209,6 +209,46 @@ async def test_fork_copies_the_first_steps_and_runs_the_rest_anew(app: pgflow.Ap
         app.handle("nobody").fork(1)
 
 
+async def test_a_fork_past_a_fan_out_reuses_the_ended_children(app: pgflow.App) -> None:
+    """The children a copied position started (one by ``start``, three by ``start_many``) are found
+    ended in the fork: none runs twice. Forked before the fan-out, they run anew."""
+    ran: list[int] = []
+
+    @app.workflow(name="fork.child")
+    async def child(i: int) -> int:
+        ran.append(i)
+        return i * 10
+
+    @app.step(name="fork.after")
+    async def after(total: int) -> int:
+        return total + 1
+
+    @app.workflow(name="fork.parent")
+    async def parent() -> int:
+        one = await child.start_async(0)  # position 0
+        many = await child.start_many_async([(1,), (2,), (3,)])  # position 1
+        results = [await h.result_async() for h in (one, *many)]
+        return await after(sum(results))  # position 2
+
+    async with app.worker(concurrency=8):
+        original = await parent.start_async()
+        with anyio.fail_after(WAIT):
+            assert await original.result_async() == 61
+        assert sorted(ran) == [0, 1, 2, 3]
+        ran.clear()
+        past = await original.fork_async(from_step=2)
+        with anyio.fail_after(WAIT):
+            assert await past.result_async() == 61
+        assert ran == []  # every child was reused
+        children = await app.list_workflows_async(name="fork.child", limit=100)
+        assert sorted(r.id for r in children if r.parent_id == past.id) == sorted(
+            [f"{past.id}.0", *(f"{past.id}.1.{n}" for n in range(3))])
+        before = await original.fork_async(from_step=1)  # position 1 (start_many) is not copied
+        with anyio.fail_after(WAIT):
+            assert await before.result_async() == 61
+        assert sorted(ran) == [1, 2, 3]
+
+
 async def test_the_worker_logs_each_start_and_end_and_a_failure_with_its_traceback(
     app: pgflow.App, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -83,8 +83,9 @@ class ManagementStatements(Statements):
 
     async def fork(self, workflow_id: str, new_id: str, from_step: int) -> str | None:
         """A new queued workflow with the same name, queue and arguments, whose journal holds copies of
-        the first ``from_step`` step records, and its streams the chunks those steps had seen written;
-        the queue of the new one (None: no such workflow)."""
+        the first ``from_step`` step records, its events those records published, its streams the
+        chunks those steps had seen written, and its children the ended children those positions
+        started; the queue of the new one (None: no such workflow)."""
         async with self.pool.connection() as conn, conn.transaction():
             # Born with attempt 1 (and counted from there): an execution of attempt 1 skips reading
             # a journal, since a new workflow has none; a fork has one.
@@ -107,6 +108,21 @@ class ManagementStatements(Statements):
                 " SELECT DISTINCT ON (name) %s, substr(name, length('pgflow.set_event:') + 1), output"
                 " FROM {s}.steps WHERE workflow_id = %s AND position < %s AND name LIKE 'pgflow.set\\_event:%%'"
                 " ORDER BY name, position DESC"), (new_id, workflow_id, from_step))
+            # The children that the copied positions started and that have ended, under the ids the
+            # fork's replay derives for them (<new id>.<position>, and .<n> for start_many): the
+            # replay finds them ended instead of starting them again. (A child with an id of its own
+            # is found under that id; one still running is started anew by the fork.)
+            await conn.execute(self._sql(
+                "INSERT INTO {s}.workflows (id, name, queue, priority, inputs, status, output, error, attempt,"
+                "  attempt_base, max_attempts, timeout, parent_id, traceparent, started_at, finished_at)"
+                " SELECT %(new)s || substr(c.id, length(%(old)s) + 1), c.name, c.queue, c.priority, c.inputs,"
+                "  c.status, c.output, c.error, c.attempt, c.attempt_base, c.max_attempts, c.timeout, %(new)s,"
+                "  c.traceparent, c.started_at, c.finished_at FROM {s}.workflows c"
+                " WHERE c.parent_id = %(old)s AND c.status IN ('succeeded', 'failed', 'cancelled')"
+                "  AND left(c.id, length(%(old)s) + 1) = %(old)s || '.'"
+                "  AND substr(c.id, length(%(old)s) + 2) ~ '^[0-9]{1,9}([.][0-9]{1,9})?$'"
+                "  AND split_part(substr(c.id, length(%(old)s) + 2), '.', 1)::int < %(n)s"
+                " ON CONFLICT (id) DO NOTHING"), {"new": new_id, "old": workflow_id, "n": from_step})
             # The chunks written before the last copied step ended: a replay of the copied steps
             # skips exactly those positions, so the fork's streams have no gap.
             await conn.execute(self._sql(
