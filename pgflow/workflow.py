@@ -15,11 +15,18 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import telemetry
-from ._core.checks import MAX_ID_BYTES, check_delay, check_id, check_priority, check_queue, check_text
+from ._core.checks import (
+    MAX_ID_BYTES,
+    check_chosen_id,
+    check_delay,
+    check_priority,
+    check_queue,
+    check_text,
+)
 from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
-from ._core.starting import enqueue, enqueue_many, enqueue_named
+from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
 
@@ -109,7 +116,7 @@ class Starter(Generic[P, R]):
     def with_options(self, *, id: str | None = None, queue: str | None = None,
                      priority: int | None = None, delay: float | None = None) -> Starter[P, R]:
         if id is not None:
-            check_id(id)
+            check_chosen_id(id)
         if queue is not None:
             check_queue(queue)
         if priority is not None:
@@ -148,13 +155,14 @@ class Starter(Generic[P, R]):
         idempotent as ``start`` is: an id that exists starts nothing and its handle comes back."""
         ids_, inputs = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
-            return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id(), telemetry.traceparent())
+            return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id(), telemetry.traceparent(),
+                                               ids is not None)
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
         ids_, inputs = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
-            return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent())
+            return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None)
 
     def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
         if self._options.id is not None:
@@ -176,11 +184,13 @@ class Starter(Generic[P, R]):
             return [str(uuid.uuid4()) for _ in inputs], inputs
         if isinstance(ids, str) or len(ids) != len(inputs):
             raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")
-        return [check_id(id) for id in ids], inputs
+        return [check_chosen_id(id)[0] for id in ids], inputs
 
     async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None,
-                            traceparent: str | None) -> list[WorkflowHandle[R]]:
+                            traceparent: str | None, chosen: bool = False) -> list[WorkflowHandle[R]]:
         workflow, options = self._workflow, self._options
+        if ids and chosen:
+            await refuse_children(workflow._client.runtime(), [check_chosen_id(id) for id in ids])
         if ids:
             await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
                                priority=options.priority, delay=options.delay, parent=parent,
@@ -190,6 +200,8 @@ class Starter(Generic[P, R]):
     async def _enqueue(self, id: str, parent: str | None, inputs: bytes, traceparent: str | None,
                        ) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
+        if options.id is not None:
+            await refuse_children(workflow._client.runtime(), [check_chosen_id(id)])
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
                       priority=options.priority, delay=options.delay, parent=parent, traceparent=traceparent)
         return WorkflowHandle(workflow._client, id)
@@ -238,10 +250,12 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
     if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
         raise TypeError(f"kwargs is a dict of keyword arguments by name, got {kwargs!r:.80}")
     inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})")
-    workflow_id, parent = new_id(None if id is None else check_id(id))
+    workflow_id, parent = new_id(None if id is None else check_chosen_id(id)[0])
     delay = check_delay(delay)
 
     async def start() -> WorkflowHandle[Any]:
+        if id is not None:
+            await refuse_children(client.runtime(), [check_chosen_id(workflow_id)])
         await enqueue_named(
             client.runtime(), name, workflow_id, inputs,
             queue=queue or (spec.queue if spec else "default"),

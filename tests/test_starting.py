@@ -429,3 +429,29 @@ async def test_every_workflow_has_a_run_cap_unless_it_asks_for_none(app: pgflow.
         dsn, f'SELECT id, max_attempts FROM "{schema}".workflows WHERE id = ANY(%s)', [h.id for h in handles])}
     assert [caps[h.id] for h in handles] == [DEFAULT_MAX_ATTEMPTS, None, DEFAULT_MAX_ATTEMPTS]
     assert DEFAULT_MAX_ATTEMPTS == 20
+
+
+async def test_ids_of_pgflows_own_forms_are_refused_before_anything_is_written(app: pgflow.App, dsn: str,
+                                                                                schema: str) -> None:
+    """A caller who could take a scheduled tick's id (``name@<time>``) or a child's (``<parent>.<n>``)
+    first, with a far delay say, would stop that tick or child from ever running: such ids are refused."""
+
+    @app.workflow(name="reserved.flow")
+    async def flow() -> None: ...
+
+    parent = await flow.start_async()
+    tick = "reserved.flow@2026-12-01T10:00:00+00:00"
+    for bad in (tick, f"{parent.id}.3", f"{parent.id}.1.0"):
+        with pytest.raises(ValueError, match="is reserved"):
+            await flow.with_options(id=bad).start_async()
+        with pytest.raises(ValueError, match="is reserved"):
+            flow.with_options(id=bad, delay=3600).start()
+        with pytest.raises(ValueError, match="is reserved"):
+            await flow.start_many_async([()], ids=[bad])
+        with pytest.raises(ValueError, match="is reserved"):
+            await app.start_by_name_async("reserved.flow", id=bad)
+    [(count,)] = await query(dsn, f'SELECT count(*) FROM "{schema}".workflows')
+    assert count == 1
+    # Ids that only look alike are the caller's to choose.
+    for fine in ("order.42", "alice@example.com", "report@2026-12-01T10:00:00", f"{parent.id}.x"):
+        assert (await flow.with_options(id=fine).start_async()).id == fine

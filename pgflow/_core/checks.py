@@ -5,6 +5,8 @@ the parameter and the limit, and never a statement or a batch shared with others
 from __future__ import annotations
 
 import math
+import re
+from datetime import datetime
 
 from .. import codec
 
@@ -35,6 +37,32 @@ def check_text(value: object, what: str, limit: int) -> str:
 
 def check_id(id: object) -> str:
     return check_text(id, "a workflow id", MAX_ID_BYTES)
+
+
+_TICK_ID = re.compile(r"(.+)@(.+)", re.S)  # what the scheduler names a tick: <workflow name>@<ISO time>
+# A child: <parent id>.<position>, or <parent id>.<position>.<n> (start_many).
+_CHILD_IDS = (re.compile(r"(.+)\.[0-9]+", re.S), re.compile(r"(.+)\.[0-9]+\.[0-9]+", re.S))
+
+
+def check_chosen_id(id: object) -> tuple[str, list[str]]:
+    """A workflow id that a caller chose (not one pgflow derived): refused when it has the form of a
+    scheduled tick's (``<name>@<ISO time with a zone>``), which a caller could otherwise take first
+    and so stop that tick from running. Returns it, and for an id of a child's form
+    (``<parent id>.<position>[.<n>]``) the ids of the parents it could be a child of, which
+    ``starting.refuse_children`` looks up: a caller may not take the id of a child that a workflow
+    has started or will start."""
+    check_id(id)
+    assert isinstance(id, str)
+    tick = _TICK_ID.fullmatch(id)
+    if tick is not None:
+        try:
+            when = datetime.fromisoformat(tick[2])
+        except ValueError:
+            when = None
+        if when is not None and when.tzinfo is not None:
+            raise ValueError(f"workflow id {id!r} is reserved: ids of the form <name>@<ISO time> are what the"
+                             " scheduler gives the ticks of scheduled workflows; choose another id")
+    return id, [match[1] for pattern in _CHILD_IDS if (match := pattern.fullmatch(id)) is not None]
 
 
 def check_queue(queue: object) -> str:

@@ -44,6 +44,22 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     return created
 
 
+async def refuse_children(runtime: Runtime, chosen: list[tuple[str, list[str]]]) -> None:
+    """Refuse ids a caller chose that are the id of a child of an existing workflow (``(id, the
+    parents it could be a child of)`` pairs from ``checks.check_chosen_id``): only the parent's replay
+    may start it, and a caller that took it first (with a far delay, say) would stop it from ever
+    running. (One query, and only for ids of that form.)"""
+    parents = sorted({parent for _, candidates in chosen for parent in candidates})
+    if not parents:
+        return
+    existing = await runtime.db(lambda store: store.existing(parents))
+    for id, candidates in chosen:
+        for parent in (p for p in candidates if p in existing):
+            raise ValueError(f"workflow id {id!r} is reserved: it is the id pgflow gives a child that workflow"
+                             f" {parent!r} starts from its body; choose another id (app.handle({id!r}) reaches"
+                             " the child itself)")
+
+
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
                        queue: str | None = None, priority: int | None = None, delay: float = 0.0,
                        parent: str | None = None, traceparent: str | None = None) -> None:

@@ -149,6 +149,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             found[n - 1] = (bool(created), str(row_name), int(born))
         return found
 
+    async def existing(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` name workflows."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)"), (ids,))
+            return {str(row[0]) for row in await cur.fetchall()}
+
     async def workflow(self, id: str) -> WorkflowRow | None:
         row = await self._fetchone(
             f"SELECT id, name, status, attempt, output, error, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,)
