@@ -34,6 +34,7 @@ from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
 from ._core.sync import LoopThread
 from ._core.worker import Worker
+from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
@@ -67,6 +68,10 @@ class App:
     ``suspend_after`` (seconds): a durable sleep, or a wait for a message, longer than this gives
     the worker slot back (the workflow is queued again, due when the wait ends); a shorter one waits
     in its slot.
+
+    ``max_value_bytes`` bounds every value pgflow stores, encoded: a workflow's arguments and result,
+    a step's output, an event's value, a message (8 MiB by default, as a stream chunk). A bigger one
+    raises ``SerializationError`` naming it, its size and the limit, before anything is written.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class App:
         retention: float | timedelta | None = timedelta(days=7),
         data_dir: str | os.PathLike[str] | None = None,
         suspend_after: float = 5.0,
+        max_value_bytes: int = DEFAULT_VALUE_LIMIT,
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
         if not _SCHEMA.fullmatch(schema):
@@ -115,7 +121,11 @@ class App:
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
                               suspend_after=float(suspend_after))
-        self.registry = Registry()
+        if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int) or not (
+                1024 <= max_value_bytes <= 512 * 1024 * 1024):
+            raise ConfigurationError(f"max_value_bytes is an int between 1024 and {512 * 1024 * 1024}, got"
+                                     f" {max_value_bytes!r}")
+        self.registry = Registry(value_limit=max_value_bytes)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
@@ -174,7 +184,8 @@ class App:
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             _check_registrable(fn, "workflow")
             spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
-                                   Cron.parse(schedule) if schedule is not None else None)
+                                   Cron.parse(schedule) if schedule is not None else None,
+                                   self.registry.value_limit)
             self.registry.add_workflow(spec)
             workflow: Workflow[Any, Any] = Workflow(spec, self._client)
             self.workflows[spec.name] = workflow
@@ -210,7 +221,7 @@ class App:
 
         def register(fn: Callable[..., Any]) -> Step[Any, Any]:
             _check_registrable(fn, "step")
-            spec = StepSpec.of(fn, name or qualified_name(fn), retry, timeout)
+            spec = StepSpec.of(fn, name or qualified_name(fn), retry, timeout, self.registry.value_limit)
             self.registry.steps[spec.name] = spec
             step: Step[Any, Any] = Step(spec)
             self.steps[spec.name] = step

@@ -23,10 +23,14 @@ _encoder = msgspec.msgpack.Encoder()
 _untyped = untyped = msgspec.msgpack.Decoder()  # ``untyped.decode``: the decoding of a value read as Any
 
 
-def encode(value: object, what: str) -> bytes:
-    """Encode one value; ``what`` names it in the error ("the result of workflow 'x'")."""
+DEFAULT_VALUE_LIMIT = 8 * 1024 * 1024  # bytes of one encoded value (App(max_value_bytes=...)); chunks too
+
+
+def encode(value: object, what: str, limit: int | None = None) -> bytes:
+    """Encode one value; ``what`` names it in the error ("the result of workflow 'x'"), which a value
+    over ``limit`` bytes encoded raises too (checked before anything is written)."""
     try:
-        return _encoder.encode(value)
+        data = _encoder.encode(value)
     except (TypeError, msgspec.EncodeError, OverflowError) as exc:
         raise SerializationError(
             f"{what} cannot be stored: {exc}. Use str, bytes, numbers, lists, dicts, "
@@ -39,6 +43,12 @@ def encode(value: object, what: str) -> bytes:
         ) from exc
     except RecursionError as exc:
         raise SerializationError(f"{what} cannot be stored: it is nested too deeply") from exc
+    if limit is not None and len(data) > limit:
+        raise SerializationError(
+            f"{what} is {len(data)} bytes encoded; the limit is {limit} (App(max_value_bytes=...)). Store big"
+            " data elsewhere and pass a reference, or stream it in chunks."
+        )
+    return data
 
 
 def encode_quietly(value: object) -> bytes | None:
@@ -57,21 +67,21 @@ def decode(data: bytes, type_: Any = Any) -> Any:
     return msgspec.msgpack.decode(data, type=type_)
 
 
-def checked(value: object, type_: Any, what: str) -> tuple[bytes, Any]:
+def checked(value: object, type_: Any, what: str, limit: int | None = None) -> tuple[bytes, Any]:
     """Encode ``value`` and decode it back as ``type_``: the stored form, and the value a reader of
-    it will get; a value that does not match its type hint raises SerializationError now, rather
-    than when somebody reads it."""
-    data = encode(value, what)
+    it will get; a value that does not match its type hint (or is over ``limit`` bytes) raises
+    SerializationError now, rather than when somebody reads it."""
+    data = encode(value, what, limit)
     try:
         return data, decode(data, type_)
     except msgspec.ValidationError as exc:
         raise SerializationError(f"{what} does not match its type hint: {exc}") from exc
 
 
-def encode_unchecked(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> bytes:
+def encode_unchecked(args: tuple[Any, ...], kwargs: dict[str, Any], what: str, limit: int | None = None) -> bytes:
     """The stored arguments of a call to a function this process does not know: a msgpack array
     ``[args, kwargs]``, which ``decode_arguments`` tells from the map a checked call is stored as."""
-    return encode([list(args), kwargs], what)
+    return encode([list(args), kwargs], what, limit)
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -84,8 +94,9 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 class FunctionCodec:
     """Encodes a function's arguments and result, checked against its signature and type hints."""
 
-    def __init__(self, fn: Callable[..., Any], label: str) -> None:
+    def __init__(self, fn: Callable[..., Any], label: str, limit: int | None = None) -> None:
         self._label = label
+        self.limit = limit  # bytes of the encoded arguments, and of the encoded result
         self._signature = inspect.signature(fn)
         hints = _hints(fn)
         self.return_type: Any = hints.get("return", Any)
@@ -107,8 +118,8 @@ class FunctionCodec:
             raise SerializationError(f"{self._label}: {exc}") from exc
         bound.apply_defaults()
         for name, value in bound.arguments.items():
-            encode(value, f"argument {name!r} of {self._label}")
-        data = encode(bound.arguments, f"the arguments of {self._label}")
+            encode(value, f"argument {name!r} of {self._label}", self.limit)
+        data = encode(bound.arguments, f"the arguments of {self._label}", self.limit)
         try:
             msgspec.msgpack.decode(data, type=self._arguments)
         except msgspec.ValidationError as exc:
@@ -141,7 +152,7 @@ class FunctionCodec:
         return args, kwargs
 
     def encode_result(self, value: object) -> bytes:
-        return checked(value, self.return_type, f"the result of {self._label}")[0]
+        return checked(value, self.return_type, f"the result of {self._label}", self.limit)[0]
 
     def decode_result(self, data: bytes) -> Any:
         return decode(data, self.return_type)

@@ -32,22 +32,22 @@ def sleep(seconds: float) -> None:
     from_thread("sleep", waits.sleep, seconds)
 
 
-def _event(key: str, value: object) -> bytes:
+def _event(key: str, value: object, what: str) -> bytes:
     check_text(key, "an event key", 256)
-    return codec.encode(value, f"the value of event {key!r}")
+    return codec.encode(value, f"the value of event {key!r}", running(what).value_limit)
 
 
 async def set_event_async(key: str, value: object) -> None:
     """Publish ``value`` under ``key`` for this workflow: a durable row keyed (workflow id, key),
     the last value set winning, read by ``handle.get_event(key)`` from any process. Journaled: a
     replay of the workflow does not publish it again."""
-    data = _event(key, value)
+    data = _event(key, value, "set_event_async")
     await waits.set_event(running("set_event_async"), key, data)
 
 
 def set_event(key: str, value: object) -> None:
     """Sync twin of ``set_event_async``, for ``def`` workflows."""
-    data = _event(key, value)
+    data = _event(key, value, "set_event")
     from_thread("set_event", waits.set_event, key, data)
 
 

@@ -116,7 +116,7 @@ class WorkflowHandle(Generic[R]):
         twice; elsewhere without one, a fresh key, so a send retried after a lost answer is stored
         once."""
         check_text(topic, "a message topic", 256)
-        data = encode(value, f"the message on {topic!r}")
+        data = encode(value, f"the message on {topic!r}", self._client.registry.value_limit)
         if idempotency_key is not None:
             return data, check_text(idempotency_key, "an idempotency key", MAX_ID_BYTES)
         sender = journaling()

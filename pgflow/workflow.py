@@ -249,7 +249,8 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
         raise ValueError(f"timeout is a positive number of seconds, got {timeout!r}")
     if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
         raise TypeError(f"kwargs is a dict of keyword arguments by name, got {kwargs!r:.80}")
-    inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})")
+    inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})",
+                              client.registry.value_limit)
     workflow_id, parent = new_id(None if id is None else check_chosen_id(id)[0])
     delay = check_delay(delay)
 

@@ -109,6 +109,7 @@ class Execution:
     run: int = 1  # the attempt counted against the workflow's budget (``pgflow.attempt()``)
     # When the journal was read: its seconds until a wake-up are counted from then.
     loaded_at: float = field(default_factory=time.monotonic)
+    value_limit: int | None = None  # bytes of a value the body publishes (an event)
 
     @property
     def suspend_after(self) -> float:
@@ -176,7 +177,8 @@ class Execution:
                 await self._record(position, step.name, None, describe(exc), attempt)
                 raise
             try:
-                data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}")
+                data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}",
+                                             step.limit)
             except SerializationError as exc:
                 await self._record(position, step.name, None, describe(exc), attempt)
                 raise

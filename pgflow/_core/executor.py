@@ -51,7 +51,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             journal={} if first else await store.journal(claimed.id),
             token=anyio.lowlevel.current_token(), writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
-            loaded_at=loaded_at,
+            loaded_at=loaded_at, value_limit=workflow.codec.limit,
         )
         with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
                                claimed.waited) as span:

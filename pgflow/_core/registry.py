@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..codec import FunctionCodec, decode
+from ..codec import DEFAULT_VALUE_LIMIT, FunctionCodec, decode
 from ..cron import Cron
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy
@@ -66,13 +66,15 @@ class StepSpec:
     is_async: bool
     return_type: Any
     timeout: float | None = None  # seconds an attempt may run before it is cancelled and failed
+    limit: int | None = None  # bytes of its encoded output
 
     @classmethod
-    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy, timeout: float | None = None) -> StepSpec:
+    def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy, timeout: float | None = None,
+           limit: int | None = None) -> StepSpec:
         if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
             raise ConfigurationError(f"a step's timeout is a positive number of seconds, got {timeout!r}")
         return cls(fn, name, retry, inspect.iscoroutinefunction(fn),
-                   FunctionCodec(fn, f"step {name!r}").return_type, timeout)
+                   FunctionCodec(fn, f"step {name!r}").return_type, timeout, limit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +93,7 @@ class WorkflowSpec:
 
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
-           timeout: float | None, schedule: Cron | None) -> WorkflowSpec:
+           timeout: float | None, schedule: Cron | None, limit: int | None = None) -> WorkflowSpec:
         check_queue(queue)
         check_priority(priority)
         if max_attempts is not None and max_attempts < 1:
@@ -102,7 +104,7 @@ class WorkflowSpec:
             raise ConfigurationError(
                 f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
         return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
-                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}"))
+                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit))
 
     @property
     def takes_tick(self) -> bool:
@@ -111,6 +113,7 @@ class WorkflowSpec:
 
 @dataclass
 class Registry:
+    value_limit: int = DEFAULT_VALUE_LIMIT  # bytes of any encoded value: arguments, results, outputs, events, messages
     workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
     steps: dict[str, StepSpec] = field(default_factory=dict)
     queues: dict[str, QueueLimits] = field(default_factory=dict)

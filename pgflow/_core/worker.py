@@ -43,6 +43,8 @@ from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.worker")
 
+MAX_WARNED_NAMES = 1000  # names of queued workflows nobody runs, warned of once each (then again)
+
 
 class Worker:
     """``async with app.worker(...)``: runs workflows until the block exits.
@@ -222,6 +224,8 @@ class Worker:
         assert self._store is not None
         for name, count in await self._store.unserved(max(30.0, 3 * self.heartbeat)):
             if name not in self._warned_names:
+                if len(self._warned_names) >= MAX_WARNED_NAMES:  # bounded: names are anybody's to make up
+                    self._warned_names.clear()
                 self._warned_names.add(name)
                 log.warning("%d queued workflows are named %r, which no live worker runs: they wait until a"
                             " worker that registers that name starts (a renamed workflow? a worker serving"

@@ -107,12 +107,13 @@ class StreamStatements(Statements):
 
     async def read_streams(
         self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
-        limit: int,
+        limit: int, budget: int,
     ) -> tuple[list[list[tuple[int, bytes | None]]], dict[int, int], dict[int, tuple[str | None, bool]]]:
         """For each (stream id if known, workflow, key, offset) asked, in one query: up to ``limit``
-        chunks from the offset on; the ids learnt of streams whose id was not known (by index asked);
-        and for the streams with no chunks found, the workflow's status (None when there is no such
-        workflow) and whether the stream is closed (by index asked).
+        chunks and ``budget`` bytes (one chunk at least) from the offset on; the ids learnt of streams
+        whose id was not known (by index asked); and for the streams with no chunks found, the
+        workflow's status (None when there is no such workflow) and whether the stream is closed (by
+        index asked).
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
@@ -126,9 +127,14 @@ class StreamStatements(Statements):
             "  WHERE stream_id = r.sid ORDER BY position DESC LIMIT 1), false) ELSE false END,"
             " c.position, c.value"
         )
+        # Up to ``limit`` chunks and ``budget`` bytes of each stream (its first chunk whatever its size:
+        # a chunk may be 8 MiB), so a reader holds one bounded batch however big its stream's chunks are.
         chunks = (
-            " LEFT JOIN LATERAL (SELECT position, value FROM {s}.chunks"
-            "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) c ON true"
+            " LEFT JOIN LATERAL (SELECT w.position, w.value FROM (SELECT position, value,"
+            "   sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
+            "    - coalesce(octet_length(value), 0) AS before FROM {s}.chunks"
+            "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) w"
+            "  WHERE w.before < %s) c ON true"
             " ORDER BY r.i, c.position"
         )
         known = None not in stream_ids
@@ -140,7 +146,8 @@ class StreamStatements(Statements):
                     " CASE WHEN c.position IS NULL THEN (SELECT w.status FROM {s}.stream_ids i"
                     "  JOIN {s}.workflows w ON w.id = i.workflow_id WHERE i.id = r.sid) END," + ended +
                     " FROM unnest(%b::int8[], %b::int[]) WITH ORDINALITY AS r(sid, start, i)" + chunks
-                ), (arrays.int8s(stream_ids), arrays.int4s(offsets), limit), binary=True)  # type: ignore[arg-type]
+                ), (arrays.int8s(stream_ids), arrays.int4s(offsets), limit, budget),  # type: ignore[arg-type]
+                    binary=True)
             else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
                 cur = await conn.execute(self._sql(
                     "SELECT r.i, r.sid, CASE WHEN c.position IS NULL THEN"
@@ -150,7 +157,7 @@ class StreamStatements(Statements):
                     "  FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
                     "   AS q(sid, workflow_id, key, start, i)) r" + chunks
                 ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
-                    arrays.int4s(offsets), limit), binary=True)
+                    arrays.int4s(offsets), limit, budget), binary=True)
             rows = await cur.fetchall()
         found: list[list[tuple[int, bytes | None]]] = [[] for _ in stream_ids]
         learnt: dict[int, int] = {}

@@ -31,7 +31,9 @@ from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
-READ_BATCH = 1000
+READ_BATCH = 1000  # chunks of one stream per read, at most
+STREAMS_PER_READ = 1000  # streams one query reads at most
+READ_BYTES = 1024 * 1024  # bytes of one stream per read, at most (its first chunk whatever its size)
 ENDED = ("succeeded", "failed", "cancelled")
 Chunks = list[tuple[int, bytes | None]]
 
@@ -203,14 +205,14 @@ class ChunkFetcher:
                 self._busy = False
 
     async def run(self) -> None:
-        """Answer every asked reader, in queries of up to ``READ_BATCH`` streams."""
+        """Answer every asked reader, in queries of up to ``STREAMS_PER_READ`` streams."""
         try:
             with anyio.CancelScope(shield=True):
                 # Readers pinged by the same notification are asked right after this one: let them
                 # be, so one query answers them all.
                 await asyncio.sleep(0)
                 while self._asked:
-                    batch, self._asked = self._asked[:READ_BATCH], self._asked[READ_BATCH:]
+                    batch, self._asked = self._asked[:STREAMS_PER_READ], self._asked[STREAMS_PER_READ:]
                     for read in batch:
                         read.asked = False
                         read.in_flight = True
@@ -231,7 +233,7 @@ class ChunkFetcher:
             store = await self._store()
             found, learnt, states = await store.read_streams(
                 [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
-                [r.offset for r in batch], READ_BATCH)
+                [r.offset for r in batch], READ_BATCH, READ_BYTES)
             self.queries += 1
         except Exception as exc:  # noqa: BLE001 - given to the reads that caused it
             if isinstance(exc, psycopg.Error) and unreachable(exc):
@@ -256,8 +258,8 @@ class ChunkFetcher:
             if chunks:  # the usual answer, first: the reader is woken with its chunks in hand
                 read.offset = chunks[-1][0] + 1
                 read.chunks = chunks
-                if len(chunks) >= READ_BATCH:
-                    read.again = True  # more are waiting: no need for a ping
+                if len(chunks) >= READ_BATCH or sum(len(v) for _, v in chunks if v) >= READ_BYTES:
+                    read.again = True  # more may be waiting (cut by count or by size): no need for a ping
                 signal = read._signal
                 if signal is not None and not signal.done():
                     signal.set_result(None)
