@@ -170,3 +170,38 @@ async def _outcome(task: asyncio.Task[Any]) -> Any:
         return await asyncio.wait_for(task, WAIT)
     except pgflow.WorkflowFailed as exc:
         return exc
+
+
+async def test_pgflows_statements_call_no_function_another_role_created(dsn: str, schema: str) -> None:
+    """A function in a schema on the session's search path (here set by the DSN itself) that matches
+    a call better than the built-in (``unnest(text[])`` against ``unnest(anyarray)``) would run inside
+    pgflow's statements, as pgflow's role. pgflow pins its connections' search path to the catalog."""
+    evil = f"{schema}_evil"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{evil}"')
+        await conn.execute(f'CREATE TABLE "{evil}".calls (n int)')
+        await conn.execute(
+            f'CREATE FUNCTION "{evil}".unnest(a text[]) RETURNS SETOF text LANGUAGE sql AS'
+            f' $$ INSERT INTO "{evil}".calls VALUES (1); SELECT pg_catalog.unnest(a) $$')
+    try:
+        hostile = make_conninfo(dsn, options=f"-c search_path={evil},public")
+        async with pgflow.App(hostile, schema=schema) as app:
+
+            @app.workflow(name="hostile.path")
+            async def path(n: int) -> int:
+                return n
+
+            async with app.worker():
+                handles = await path.start_many_async([(1,), (2,)])
+                assert [await h.result_async(timeout=WAIT) for h in handles] == [1, 2]
+            assert app.stats().pings_refused == 0
+        async with await psycopg.AsyncConnection.connect(hostile, autocommit=True) as conn:
+            cur = await conn.execute(f'SELECT count(*) FROM "{evil}".calls')
+            assert await cur.fetchone() == (0,), "a statement of pgflow's called the other role's function"
+            # The DSN's path does reach the function (the test would prove nothing otherwise).
+            await conn.execute("SELECT unnest(ARRAY['x'])")
+            cur = await conn.execute(f'SELECT count(*) FROM "{evil}".calls')
+            assert await cur.fetchone() == (1,)
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA "{evil}" CASCADE')

@@ -128,7 +128,9 @@ def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
     longer than ``query_timeout`` ends, so that a paused or cut-off worker cannot keep its row locks
     (and the workflows under them) past its lease. A parameter the DSN sets itself is left alone.
 
-    The server-side settings also keep pgflow's statements cheap: they are short, index-driven and
+    The search path is the catalog alone (then pg_temp, last), so nothing another role creates can
+    stand in for the built-ins pgflow's statements call. The server-side settings also keep
+    pgflow's statements cheap: they are short, index-driven and
     the same on every call (ids, arrays and limits as parameters), so one generic plan suits them,
     while the default re-plans a prepared statement whenever the generic plan's estimate looks worse
     (seen: 0.6 ms of planning for a 0.3 ms claim); and no JIT, which on a big batch spends more on
@@ -142,7 +144,10 @@ def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
     if psycopg.pq.version() >= 120000:  # libpq knows tcp_user_timeout from version 12
         settings["tcp_user_timeout"] = seconds * 1000
     settings = {name: value for name, value in settings.items() if name not in own}
-    server = (f"-c plan_cache_mode=force_generic_plan -c jit=off"
+    # search_path pinned to the catalog: pgflow names its own tables with their schema, and no object
+    # another role created (a function or an operator in a schema on the default path, such as
+    # public) can stand in for a built-in one in pgflow's statements.
+    server = (f"-c search_path=pg_catalog,pg_temp -c plan_cache_mode=force_generic_plan -c jit=off"
               f" -c idle_in_transaction_session_timeout={round(query_timeout * 1000)}"
               f" -c tcp_keepalives_idle={max(1, seconds // 2)} -c tcp_keepalives_interval=1"
               f" -c tcp_keepalives_count=3 -c tcp_user_timeout={seconds * 1000}")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql
+
 from ..pool import Pool
 
 
 def quote_identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    """``name`` as an SQL identifier, quoted by psycopg (not by a template: the schema name is safe
+    today only because App checks it against a pattern)."""
+    return sql.Identifier(name).as_string()
 
 
 class Statements:
