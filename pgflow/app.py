@@ -20,6 +20,7 @@ from ._core.checks import check_id, check_queue
 from ._core.client import Client
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
+from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import (
     DEFAULT_MAX_ATTEMPTS,
@@ -38,7 +39,7 @@ from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
-from .records import Health, QueueInfo, Session, WorkerInfo, WorkflowRecord
+from .records import Health, LockHolder, QueueInfo, Session, WorkerInfo, WorkflowRecord
 from .retry import RetryOn, RetryPolicy
 from .workflow import Step, Workflow, qualified_name, start_by_name
 
@@ -322,11 +323,17 @@ class App:
     async def health_async(self, stuck_after: float = 60.0) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
         live while its heartbeat is younger than 30 s."""
-        usage, unserved, stuck, holders = await self._client.runtime().db(
-            lambda store: store.health(30.0, stuck_after))
+        runtime = self._client.runtime()
+        usage, unserved, stuck, holders = await runtime.db(lambda store: store.health(30.0, stuck_after))
         workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
+        services = [REAPER, RETENTION, NAMES, *(cron_service(spec.name) for spec in self.registry.workflows.values()
+                                                if spec.schedule is not None)]
+        by_lock = {lock_name(self.schema, service): service for service in services}
+        locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
         return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],
-                      [Session.of(s) for s in holders])
+                      [Session.of(s) for s in holders],
+                      [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
+                       for name, pid, user, app, age in locks])
 
     def health(self, stuck_after: float = 60.0) -> Health:
         return self._client.call(self.health_async, stuck_after)

@@ -98,6 +98,9 @@ def run(app: App, args: argparse.Namespace) -> int:
                 print(f"  session {session.pid} idle in a transaction for {session.transaction_age_s:.0f} s"
                       f" ({_safe(session.application_name or 'no application name')}): a LISTEN connection in"
                       " a transaction stalls every NOTIFY of the cluster")
+            for holder in health.maintenance:
+                if not holder.worker:
+                    print(f"  maintenance lock {_safe(holder.describe())}")
             if health.notification_queue_usage > 0.5:
                 print("  the NOTIFY queue is filling up; the oldest open transactions of the cluster (whichever"
                       " of them ran LISTEN holds it back):")

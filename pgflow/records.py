@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
+
 
 @dataclass(frozen=True)
 class StepInfo:
@@ -110,10 +112,33 @@ class Session:
 
 
 @dataclass(frozen=True)
+class LockHolder:
+    """The session holding a maintenance service's advisory lock (any role may take one: PostgreSQL
+    checks no privilege on advisory locks), and whether it looks like a worker's lock connection."""
+
+    service: str
+    pid: int
+    user: str | None
+    application_name: str | None
+    session_age_s: float
+
+    @property
+    def worker(self) -> bool:
+        return (self.application_name or "").startswith(MAINTENANCE_APPLICATION)
+
+    def describe(self) -> str:
+        who = "a worker's" if self.worker else "NOT a worker's: the service does not run while it holds it"
+        return (f"{self.service}: held by session {self.pid} ({self.application_name or 'no application name'},"
+                f" role {self.user}, up {self.session_age_s:.0f} s), {who}")
+
+
+@dataclass(frozen=True)
 class Health:
     """What ``pgflow status`` reports. Unhealthy: no live worker, queued workflows whose name no live
-    worker runs (they would wait forever), the NOTIFY queue over half full, or sessions idle in a
-    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster).
+    worker runs (they would wait forever), the NOTIFY queue over half full, sessions idle in a
+    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster), or
+    a maintenance service's lock held by a session that is not a worker's (cron, retention and the
+    reaper stop while it holds them).
     While the queue holds anything, ``queue_holders`` are the oldest open transactions of the
     cluster: whichever of them has run LISTEN holds the queue back (PostgreSQL does not say which)."""
 
@@ -122,8 +147,9 @@ class Health:
     unserved: dict[str, int]  # queued workflows per name no live worker runs
     stuck_sessions: list[Session]  # of this database, idle in a transaction for long
     queue_holders: list[Session]
+    maintenance: list[LockHolder]  # who holds each maintenance service's lock (unheld ones are not listed)
 
     @property
     def ok(self) -> bool:
         return (self.live_workers > 0 and not self.unserved and not self.stuck_sessions
-                and self.notification_queue_usage <= 0.5)
+                and self.notification_queue_usage <= 0.5 and all(h.worker for h in self.maintenance))

@@ -179,3 +179,24 @@ async def test_stored_text_reaches_the_terminal_with_its_control_characters_esca
         assert [msgspec.json.decode(line) for line in tailed_json.stdout.splitlines()] == [
             {"position": 0, "value": f"chunk {CLIPBOARD}{CLEAR}\r\x9b31m\x7f"},
             {"position": 1, "value": {"nested": CLEAR, "more": [CLIPBOARD]}}]
+
+
+async def test_status_names_who_holds_a_maintenance_lock(app: pgflow.App, dsn: str,
+                                                         worker_env: dict[str, str]) -> None:
+    """Any role can take an advisory lock: one taken by a session that is not a worker's stops its
+    service (here the reaper) for good. ``pgflow status`` names the holder and is unhealthy."""
+    ops_app.build(app)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name="squatter") as squat:
+        await squat.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"pgflow.{app.schema}.reaper",))
+        async with app.worker(lease=1.0):
+            with anyio.fail_after(WAIT):  # the worker leads the services it can take
+                while not any(h.service == "names" and h.worker for h in (await app.health_async()).maintenance):
+                    await anyio.sleep(0.1)
+            health = await app.health_async()
+            reaper = [h for h in health.maintenance if h.service == "reaper"]
+            assert [(h.pid, h.application_name, h.worker) for h in reaper] == [
+                (squat.info.backend_pid, "squatter", False)]
+            assert not health.ok
+            report = await anyio.to_thread.run_sync(cli, worker_env, "status")
+            assert report.returncode == 1
+            assert f"reaper: held by session {squat.info.backend_pid} (squatter" in report.stdout, report.stdout

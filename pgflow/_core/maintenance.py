@@ -25,6 +25,20 @@ log = logging.getLogger("pgflow.maintenance")
 
 Service = Callable[[], Awaitable[None]]
 
+REAPER, RETENTION, NAMES = "reaper", "retention", "names"  # the fleet's services besides the schedules
+APPLICATION = "pgflow-maintenance-"  # + the pid: the application name of a worker's lock connection
+
+
+def cron_service(workflow_name: str) -> str:
+    """The service that starts the ticks of a scheduled workflow."""
+    return f"cron:{workflow_name}"
+
+
+def lock_name(schema: str, service: str) -> str:
+    """What the advisory lock of a service is taken by (``hashtext`` of it): one lock per schema and
+    service. Any role can take an advisory lock, so ``pgflow status`` names who holds each."""
+    return f"pgflow.{schema}.{service}"
+
 
 class Maintenance:
     """Elects this worker for the services it offers and runs those it wins."""
@@ -42,7 +56,7 @@ class Maintenance:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, application_name=f"pgflow-maintenance-{os.getpid()}")
+                    self._conninfo, autocommit=True, application_name=f"{APPLICATION}{os.getpid()}")
                 async with conn:
                     await self._lead(conn)
             except* (psycopg.Error, OSError) as lost:  # from the task group of the services, too
@@ -60,7 +74,7 @@ class Maintenance:
                         continue
                     with answered_within(conn, self._query_timeout):
                         cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                                 (f"pgflow.{self._schema}.{name}",))
+                                                 (lock_name(self._schema, name),))
                         row = await cur.fetchone()
                     if row and row[0]:
                         log.info("this worker now runs the %s service", name)

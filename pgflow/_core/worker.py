@@ -30,7 +30,7 @@ from .checks import check_queue
 from .connecting import linked, where
 from .executor import execute
 from .finisher import Finisher
-from .maintenance import Maintenance, Service, every, schedule
+from .maintenance import NAMES, REAPER, RETENTION, Maintenance, Service, cron_service, every, schedule
 from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime, Runtimes
@@ -201,19 +201,19 @@ class Worker:
         workflows past the retention, and the schedules of the workflows it serves."""
         assert self._store is not None
         store, forget_after = self._store, max(60.0, 10 * self.lease)
-        services = {"reaper": every(self.heartbeat, lambda: store.forget_workers(forget_after),
+        services = {REAPER: every(self.heartbeat, lambda: store.forget_workers(forget_after),
                                     "forgetting dead workers")}
         assert self._runtime is not None and self._runtime.config is not None
         retention = self._runtime.config.retention
         if retention is not None:
-            services["retention"] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
+            services[RETENTION] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
                                           lambda: prune(store, retention),
                                           "deleting old finished workflows", shielded=False)
-        services["names"] = every(max(5.0, 3 * self.lease), self._warn_unserved,
+        services[NAMES] = every(max(5.0, 3 * self.lease), self._warn_unserved,
                                   "looking for queued workflows nobody runs")
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
-                services[f"cron:{spec.name}"] = schedule(spec.schedule, self._start_tick(spec),
+                services[cron_service(spec.name)] = schedule(spec.schedule, self._start_tick(spec),
                                                          catch_up=3 * self.lease)
         return services
 

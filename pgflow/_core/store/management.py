@@ -192,6 +192,21 @@ class ManagementStatements(Statements):
                 holders = list(await cur.fetchall())
             return usage, orphans, stuck, holders
 
+    async def lock_holders(self, locks: list[str]) -> list[tuple[Any, ...]]:
+        """Who holds each of these advisory locks (``pg_advisory_lock(hashtext(name))``) in this
+        database: (name, pid, role, application name, seconds the session has lived). A bigint key shows in
+        pg_locks as its high and low 32 bits (classid, objid)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "WITH asked AS (SELECT name, hashtext(name)::bigint AS key FROM unnest(%s::text[]) AS n(name))"
+                " SELECT a.name, l.pid, s.usename, s.application_name,"
+                "  extract(epoch FROM now() - s.backend_start)::float8"
+                " FROM asked a JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                "  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                "  AND l.classid = ((a.key >> 32) & 4294967295)::oid AND l.objid = (a.key & 4294967295)::oid"
+                " LEFT JOIN pg_stat_activity s ON s.pid = l.pid ORDER BY a.name", (locks,))
+            return list(await cur.fetchall())
+
     async def unserved(self, silent_after: float) -> list[tuple[str, int]]:
         """Queued workflow names no worker with a heartbeat in the last ``silent_after`` seconds
         runs, with their counts."""
