@@ -12,7 +12,7 @@ from typing import Any
 from . import codec
 from ._core import waits
 from ._core.checks import MAX_DELAY, check_text
-from ._core.execution import from_thread, running
+from ._core.execution import current_execution, from_thread, running
 
 __all__ = ["recv", "recv_async", "set_event", "set_event_async", "sleep", "sleep_async"]
 
@@ -32,22 +32,23 @@ def sleep(seconds: float) -> None:
     from_thread("sleep", waits.sleep, seconds)
 
 
-def _event(key: str, value: object, what: str) -> bytes:
+def _event(key: str, value: object) -> bytes:
     check_text(key, "an event key", 256)
-    return codec.encode(value, f"the value of event {key!r}", running(what).value_limit)
+    execution = current_execution.get()  # (outside one, the value is still checked, then refused)
+    return codec.encode(value, f"the value of event {key!r}", execution.value_limit if execution else None)
 
 
 async def set_event_async(key: str, value: object) -> None:
     """Publish ``value`` under ``key`` for this workflow: a durable row keyed (workflow id, key),
     the last value set winning, read by ``handle.get_event(key)`` from any process. Journaled: a
     replay of the workflow does not publish it again."""
-    data = _event(key, value, "set_event_async")
+    data = _event(key, value)
     await waits.set_event(running("set_event_async"), key, data)
 
 
 def set_event(key: str, value: object) -> None:
     """Sync twin of ``set_event_async``, for ``def`` workflows."""
-    data = _event(key, value, "set_event")
+    data = _event(key, value)
     from_thread("set_event", waits.set_event, key, data)
 
 

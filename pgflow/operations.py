@@ -1,0 +1,124 @@
+"""The management API of an App: listing and looking into workflows, the fleet's queues, workers and
+health, retention on demand, and the signal keyring's rotation. ``App`` inherits it; everything here
+reaches the database through the App's client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._core.checks import check_queue
+from ._core.client import Client
+from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
+from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
+from ._core.registry import Registry
+from .records import Health, LockHolder, QueueInfo, Session, WorkerInfo, WorkflowRecord
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
+
+
+class Operations:
+    """What ``pgflow workflows|queues|workers|status|prune|keys`` call, with ``_async`` twins."""
+
+    _client: Client
+    _settings: dict[str, Any]
+    registry: Registry
+
+    @property
+    def schema(self) -> str:
+        return str(self._settings["schema"])
+
+    async def list_workflows_async(
+        self, status: str | None = None, name: str | None = None, queue: str | None = None,
+        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
+        order: str = "desc",
+    ) -> list[WorkflowRecord]:
+        """Light records of the workflows that match every filter given, newest first (``order="asc"``:
+        oldest first), at most ``limit`` of them."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status is one of {', '.join(STATUSES)}, got {status!r}")
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order is 'asc' or 'desc', got {order!r}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit is between 1 and 10000, got {limit!r}")
+        for when in (created_after, created_before):
+            if when is not None and (not isinstance(when, datetime) or when.tzinfo is None):
+                raise ValueError(f"created_after and created_before are timezone-aware datetimes, got {when!r}")
+        rows = await self._client.runtime().db(lambda store: store.list_workflows(
+            status, name, check_queue(queue) if queue is not None else None, created_after, created_before,
+            limit, order == "desc"))
+        return [WorkflowRecord.of(row) for row in rows]
+
+    def list_workflows(
+        self, status: str | None = None, name: str | None = None, queue: str | None = None,
+        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
+        order: str = "desc",
+    ) -> list[WorkflowRecord]:
+        return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
+                                 limit, order)
+
+    async def queues_info_async(self) -> list[QueueInfo]:
+        """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
+        rows = await self._client.runtime().db(lambda store: store.queues_overview())
+        return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
+                          r[5], r[6], r[7]) for r in rows]
+
+    def queues_info(self) -> list[QueueInfo]:
+        return self._client.call(self.queues_info_async)
+
+    async def workers_info_async(self) -> list[WorkerInfo]:
+        """The registered workers: where they run, what they serve, their heartbeat's age, how many
+        workflows each holds."""
+        rows = await self._client.runtime().db(lambda store: store.workers_overview())
+        return [WorkerInfo(str(r[0]), str(r[1]), int(r[2]), list(r[3]), str(r[4]), float(r[5]), int(r[6]),
+                           list(r[7])) for r in rows]
+
+    def workers_info(self) -> list[WorkerInfo]:
+        return self._client.call(self.workers_info_async)
+
+    async def health_async(self, stuck_after: float = 60.0) -> Health:
+        """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
+        live while its heartbeat is younger than 30 s."""
+        runtime = self._client.runtime()
+        usage, unserved, stuck, holders = await runtime.db(lambda store: store.health(30.0, stuck_after))
+        workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
+        services = [REAPER, RETENTION, NAMES, *(cron_service(spec.name) for spec in self.registry.workflows.values()
+                                                if spec.schedule is not None)]
+        by_lock = {lock_name(self.schema, service): service for service in services}
+        locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
+        return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],
+                      [Session.of(s) for s in holders],
+                      [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
+                       for name, pid, user, app, age in locks])
+
+    def health(self, stuck_after: float = 60.0) -> Health:
+        return self._client.call(self.health_async, stuck_after)
+
+    async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
+                          progress: Callable[[int], None] | None = None) -> int:
+        """Delete the workflows that finished more than ``older_than`` ago, with their steps and
+        stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
+        long); ``progress(deleted so far)`` after each batch. Returns how many went. Workers do this
+        by themselves for ``App(retention=...)``."""
+        seconds, batch = check_older_than(older_than), check_batch(batch)
+        runtime = self._client.runtime()
+        return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
+
+    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
+              progress: Callable[[int], None] | None = None) -> int:
+        return self._client.call(self.prune_async, older_than, batch, progress)
+
+    async def rotate_signal_key_async(self, overlap: float = ROTATION_OVERLAP) -> int:
+        """Add a new key to the keyring that seals pings, without downtime: processes seal with it
+        from ``overlap`` seconds on (each reloads the keyring at least every 30 s, so every one knows
+        it by then) and accept the older keys until ``overlap`` seconds after that. Returns the new
+        key's id. Rotate after a role that could read ``signal_keys`` lost that right."""
+        if isinstance(overlap, bool) or not isinstance(overlap, int | float) or not 60.0 <= overlap <= 86400.0:
+            raise ValueError(f"overlap is between 60 and 86400 seconds (processes reload the keys every 30 s),"
+                             f" got {overlap!r}")
+        return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
+
+    def rotate_signal_key(self, overlap: float = ROTATION_OVERLAP) -> int:
+        return self._client.call(self.rotate_signal_key_async, overlap)
