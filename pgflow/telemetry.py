@@ -11,8 +11,9 @@ workflow span is a child of the caller's start span, and the step spans are chil
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -54,10 +55,23 @@ claim_delays = meter.create_histogram(
                                          10, 30, 60, 300, 3600])
 
 
+_sdk_seen = False
+_UNKNOWN = object()
+_PROVIDER_IN_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
 def tracing() -> bool:
     """Whether an SDK is set up to receive spans. Without one every span is a no-op, but making one
-    still costs a context switch in and out: for a no-op workflow, a tenth of its worker's time."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    still costs a context switch in and out: for a no-op workflow, a tenth of its worker's time. The
+    public lookup reads the environment on every call (a twentieth of a no-op's worker time), so
+    until a provider is set only the API's global is looked at; a provider, once set, stays."""
+    global _sdk_seen
+    if _sdk_seen:
+        return True
+    if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_IN_ENV:
+        return False
+    _sdk_seen = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _sdk_seen
 
 
 def traceparent() -> str | None:
@@ -92,19 +106,20 @@ def starting(name: str, queue: str, count: int | None = None) -> Iterator[Span]:
         yield span
 
 
-@contextmanager
+_NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)  # (reusable: it does nothing)
+
+
 def running(name: str, queue: str, id: str, attempt: int, stored: str | None, waited: float | None,
-            ) -> Iterator[Span]:
-    """The worker's span of one execution, a child of the caller's start span when one was stored."""
+            ) -> AbstractContextManager[Span]:
+    """The worker's span of one execution, a child of the caller's start span when one was stored
+    (with no SDK, nothing to enter: no generator per workflow)."""
     if waited is not None:
         claim_delays.record(max(0.0, waited), {WORKFLOW_NAME: name, QUEUE: queue})
     if not tracing():
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
     attributes: dict[str, Any] = {WORKFLOW_ID: id, WORKFLOW_NAME: name, QUEUE: queue, ATTEMPT: attempt}
-    with tracer.start_as_current_span(f"pgflow.workflow {name}", context=continued(stored), kind=SpanKind.CONSUMER,
-                                      attributes=attributes) as span:
-        yield span
+    return tracer.start_as_current_span(f"pgflow.workflow {name}", context=continued(stored), kind=SpanKind.CONSUMER,
+                                        attributes=attributes)
 
 
 def ended(span: Span, name: str, queue: str, status: str, error: dict[str, Any] | None) -> None:

@@ -7,6 +7,7 @@ once, and under load batches grow by themselves.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
@@ -32,19 +33,35 @@ class GroupCommit(ABC, Generic[T]):
         self._wake = anyio.Event()
         self._in_flight = 0
         self._stopped = False
+        self._gathering: list[T] | None = None  # an inline batch taking what this turn of the loop submits
 
     def _put(self, item: T) -> None:
         self._queue.append(item)
         self._wake.set()
 
     async def _submit(self, item: T) -> None:
-        """Write the item now, in the caller's task, when it would go alone anyway (nothing queued,
-        room in flight) or once ``run`` has stopped; otherwise queue it for the next batch."""
+        """Write the item now, in the caller's task, when nothing is queued and there is room in
+        flight, with whatever other tasks submit in the same turn of the event loop (the workflows of
+        one claim end together: alone, the first end was a statement and a commit of its own); or once
+        ``run`` has stopped; otherwise queue it for the next batch. The caller then awaits its item's
+        own answer."""
         if self._stopped:
             await self._flush([item])
+        elif self._gathering is not None:
+            self._gathering.append(item)
         elif self.inline and not self._queue and self._in_flight < self._max_in_flight:
             self._in_flight += 1
-            await self._send([item])  # no hop through ``run`` and a task of its own
+            batch = self._gathering = [item]
+            try:
+                await asyncio.sleep(0)  # the other tasks ready in this turn run, and join the batch
+            except BaseException:
+                self._gathering = None
+                self._in_flight -= 1
+                for queued in batch:
+                    self._put(queued)
+                raise
+            self._gathering = None
+            await self._send(batch)  # no hop through ``run`` and a task of its own
         else:
             self._put(item)
 

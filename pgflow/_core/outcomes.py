@@ -116,10 +116,11 @@ def refused(claimed: Claimed) -> Outcome | None:
 
 
 def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:
-    """One line per workflow end at INFO; a failure at WARNING, with its traceback."""
+    """One line per workflow end at INFO; a failure at WARNING, with its traceback. The attempt is
+    ``pgflow.attempt()``'s (runs cut short count, wakes from a sleep do not), not the claims."""
     status, _, error = outcome
     if status == "failed" and error is not None:
         runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
-                     claimed.attempt, error.get("type"), error.get("message"), error.get("traceback", ""))
+                     claimed.run, error.get("type"), error.get("message"), error.get("traceback", ""))
     else:
-        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.attempt)
+        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.run)

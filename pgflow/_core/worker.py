@@ -21,6 +21,7 @@ from datetime import datetime
 from types import TracebackType
 
 import anyio
+import anyio.lowlevel
 import psycopg
 from anyio.abc import TaskGroup
 
@@ -112,6 +113,7 @@ class Worker:
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
         self._wake = Waiter()
+        self._token = anyio.lowlevel.current_token()  # the loop's, for every execution's sync callbacks
         for queue in self.queues:
             runtime.signals.waiters.add(signal_keys.queue(queue), self._wake)
         self._group = anyio.create_task_group()
@@ -260,9 +262,10 @@ class Worker:
                     with anyio.CancelScope(shield=True):
                         claimed, due, refill = await self._claim(unlimited, limited, names, free)
                     self._slot_wanted = len(claimed) == free
+                    if claimed and self._idle.is_set():
+                        self._idle = anyio.Event()  # busy again: a drain waits for this one
                     for row in claimed:
                         self.running[row.id] += 1
-                        self._idle = anyio.Event()
                         self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
                     wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
@@ -308,7 +311,7 @@ class Worker:
             freed = (signal_keys.queue(workflow.queue),) if workflow.queue in self.registry.queues else ()
             assert self._writer is not None and self._finisher is not None
             await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
-                          self._finisher, freed, self._cancellers, self._starts)
+                          self._finisher, freed, self._cancellers, self._starts, self._token)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:

@@ -92,8 +92,8 @@ def byteas(values: Sequence[bytes | None]) -> ByteaArray:
     return ByteaArray(_pieces(_BYTEA, values))
 
 
-def texts(values: Sequence[str]) -> TextArray:
-    return TextArray(_pieces(_TEXT, [value.encode() for value in values]))
+def texts(values: Sequence[str | None]) -> TextArray:
+    return TextArray(_pieces(_TEXT, [None if value is None else value.encode() for value in values]))
 
 
 def _pieces(oid: int, values: Sequence[bytes | None]) -> bytes:

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from . import arrays
 from .channel import Pings, ping_parameters, riding
 from .statements import Statements
 
@@ -30,9 +31,10 @@ class EndStatements(Statements):
         reads as a lost lease, and nothing is recorded twice.
         """
         async with self.pool.connection() as conn:
+            arrays.ready(conn)
             cur = await conn.execute(self._sql(
-                "WITH ends AS (SELECT * FROM unnest(%(ids)b::text[], %(leases)b::int8[], %(statuses)b::text[],"
-                "   %(outputs)b::bytea[], %(errors)b::text[]) AS e(id, lease, status, output, error)),"
+                "WITH ends AS (SELECT * FROM unnest(%(ids)s::text[], %(leases)s::int8[], %(statuses)s::text[],"
+                "   %(outputs)s::bytea[], %(errors)s::text[]) AS e(id, lease, status, output, error)),"
                 " owned AS (SELECT w.id FROM {s}.workflows w JOIN ends e ON w.id = e.id AND w.lease_token = e.lease"
                 "   WHERE w.status = 'running' ORDER BY w.id FOR UPDATE OF w),"
                 " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
@@ -41,7 +43,8 @@ class EndStatements(Statements):
                 "   RETURNING w.id, w.lease_token)"
                 " SELECT id, lease_token FROM done"
                 + riding(2, "(SELECT count(*) FROM done) = %(n)s")
-            ), {"ids": workflow_ids, "leases": leases, "statuses": statuses, "outputs": outputs,
-                "errors": [None if e is None else _ERRORS.encode(e).decode() for e in errors],
+            ), {"ids": arrays.texts(workflow_ids), "leases": arrays.int8s(leases), "statuses": arrays.texts(statuses),
+                "outputs": arrays.byteas(outputs),
+                "errors": arrays.texts([None if e is None else _ERRORS.encode(e).decode() for e in errors]),
                 "n": len(workflow_ids), **ping_parameters(conn, pings)})
             return {(str(id), int(lease)) for id, lease in await cur.fetchall()}
