@@ -122,12 +122,18 @@ def running(name: str, queue: str, id: str, attempt: int, stored: str | None, wa
                                         attributes=attributes)
 
 
-def ended(span: Span, name: str, queue: str, status: str, error: dict[str, Any] | None) -> None:
-    """Mark a workflow span with the end this execution recorded, and count it."""
+def ended(span: Span, status: str, error: dict[str, Any] | None) -> None:
+    """Mark a workflow span with the end its execution came to (recorded just after: ``finished``)."""
+    if not span.is_recording():
+        return
     span.set_attribute(STATUS, status)
     if status == "failed":
         detail = f"{error.get('type')}: {error.get('message')}" if error else None
         span.set_status(Status(StatusCode.ERROR, detail))
+
+
+def finished(name: str, queue: str, status: str) -> None:
+    """Count a workflow end, once it is recorded."""
     workflows_finished.add(1, {WORKFLOW_NAME: name, QUEUE: queue, STATUS: status})
 
 

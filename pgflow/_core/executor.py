@@ -78,9 +78,9 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             del cancellers[claimed.id]  # not another execution's of the same id
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
-            if outcome is not None and await _finish(finisher, execution, claimed, workflow.name, outcome, freed):
-                telemetry.ended(span, workflow.name, claimed.queue, outcome[0], outcome[2])
-                log_end(workflow.name, claimed, outcome, time.monotonic() - began)
+            if outcome is not None:
+                telemetry.ended(span, outcome[0], outcome[2])
+                await _finish(finisher, execution, claimed, workflow, outcome, began, freed)
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
         await _suspend(runtime, store, workflow, claimed, pause, freed)
@@ -171,18 +171,27 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
         current_execution.reset(reset)
 
 
-async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, name: str, outcome: Outcome,
-                  freed: tuple[str, ...] = ()) -> bool:
-    """Record the end (True when it was this execution's to record), in the worker's next batch of
-    ends; ``freed`` are pings for workers waiting on a limited queue's free slot. Shielded: the body
-    is done, and a worker stopping now waits for its end (the finisher sends what it still holds when
-    it stops) rather than giving a finished workflow back to be run again."""
+async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, workflow: WorkflowSpec,
+                  outcome: Outcome, began: float, freed: tuple[str, ...] = ()) -> None:
+    """Hand the end to the worker's next batch of ends, and what follows its commit (the log line,
+    the count) with it; ``freed`` are pings for workers waiting on a limited queue's free slot. The
+    execution does not wait: the body is done, and a worker stopping now records what its finisher
+    holds rather than giving a finished workflow back to be run again. Only a finisher that has
+    stopped already makes the end be recorded here, shielded."""
     status, output, error = outcome
-    end = End(execution.workflow_id, claimed.born, execution.attempt, name, status, output, error)
-    with anyio.CancelScope(shield=True):
-        recorded = await finisher.finish(end, execution.lease, set(freed))
-    if recorded:
-        return True
-    log.warning("workflow %r attempt %d lost its lease before it could record %s",
-                execution.workflow_id, execution.attempt, status)
-    return False
+    end = End(execution.workflow_id, claimed.born, execution.attempt, workflow.name, status, output, error)
+
+    def then(recorded: bool, failure: BaseException | None) -> None:
+        if failure is not None:
+            log.warning("could not record the end of workflow %r (%s): its lease runs out and another worker"
+                        " runs it again", execution.workflow_id, failure)
+        elif recorded:
+            telemetry.finished(workflow.name, claimed.queue, status)
+            log_end(workflow.name, claimed, outcome, time.monotonic() - began)
+        else:
+            log.warning("workflow %r attempt %d lost its lease before it could record %s",
+                        execution.workflow_id, execution.attempt, status)
+
+    if not finisher.finish_soon(end, execution.lease, set(freed), then):
+        with anyio.CancelScope(shield=True):
+            then(*await finisher.finish(end, execution.lease, set(freed)))

@@ -20,7 +20,6 @@ class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
     """One batch of notes at a time: while it is out, the next gathers."""
 
     drains = True  # a step cut short by the worker stopping waits for its note, which counts it
-    inline = False  # a note is waited for at most NOTE_WITHIN: its sender must not be shielded
 
     def __init__(self, store: Store, max_batch: int = 1000) -> None:
         super().__init__(max_batch, max_in_flight=1)

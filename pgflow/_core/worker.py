@@ -107,7 +107,7 @@ class Worker:
         runtime.writers.add(self._writer)
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.
-        self._finisher = Finisher(self._store, runtime.signals, queued=self._slot_freed, recorded=runtime.count_ends)
+        self._finisher = Finisher(self._store, runtime.signals, recorded=runtime.count_ends)
         self._starts = StepStarts(self._store)
         config = runtime.config
         self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
@@ -161,8 +161,9 @@ class Worker:
                      len(self.running), grace)
             with anyio.move_on_after(grace):
                 await self._idle.wait()
-        # Workflows whose bodies are done only wait for their ends to be recorded: they finish.
-        running = len(self.running) - (self._finisher.pending if self._finisher is not None else 0)
+        # (Workflows whose bodies are done are no longer running: their ends wait in the finisher,
+        # which records them when it stops.)
+        running = len(self.running)  # (a workflow whose end waits in the finisher runs no more)
         if running > 0 and not self._running_scope.cancel_called:
             self.interrupted = running
             log.warning("worker %s interrupting %d workflows; they go back to the queue", self.id,
@@ -251,7 +252,7 @@ class Worker:
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             self._wake.arm()
-            free = self.concurrency - len(self.running) + self._finisher.pending
+            free = self.concurrency - len(self.running)
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
             # workflow may have work waiting for it.
@@ -327,10 +328,6 @@ class Worker:
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
             if self._slot_wanted or freed:
                 self._wake.wake()
-
-    def _slot_freed(self) -> None:
-        if self._slot_wanted and self._wake is not None:
-            self._wake.wake()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
