@@ -72,7 +72,7 @@ class Sizes:
 
 
 def sizes(a: argparse.Namespace) -> Sizes:
-    tasks = a.tasks or (2000 if a.quick else 5000)
+    tasks = a.tasks or (2000 if a.quick else 20000)
     return Sizes(tasks=tasks, single=tasks // 5, runs=a.runs or (100 if a.quick else 200), warmup=20)
 
 
@@ -134,12 +134,16 @@ class Tasks:
 
     def env(self, system: str, db: str, concurrency: int) -> dict[str, str]:
         return harness.child_env(BENCH_DSN=db, BENCH_CONCURRENCY=str(concurrency), BENCH_REDIS_URL=REDIS_URL,
-                                 BENCH_LOG_LEVEL=self.a.worker_log_level, PGFLOW_DSN=db)
+                                 BENCH_LOG_LEVEL=self.level(system), PGFLOW_DSN=db)
+
+    def level(self, system: str) -> str:
+        """--worker-log-level, or by default: pgflow at its CLI's default (INFO, a line per workflow's
+        end, as a user runs it), the peers at WARNING (no line per task: the peers' advantage)."""
+        return self.a.worker_log_level or ("INFO" if system == "pgflow" else "WARNING")
 
     def worker_argv(self, system: str, concurrency: int) -> list[str]:
-        """Each system's own worker command, every one logging at --worker-log-level (WARNING by default:
-        pgflow and procrastinate log a line per task at their default INFO, as Celery does)."""
-        py, level = sys.executable, self.a.worker_log_level
+        """Each system's own worker command, logging at ``level``."""
+        py, level = sys.executable, self.level(system)
         return {
             "pgflow": [py, "-m", "pgflow", "--log-level", level, "worker", "benchmarks.peers.pgflow_peer:app",
                        "--concurrency", str(concurrency), "--grace", "0"],
@@ -414,10 +418,10 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=int, default=None, help="tasks per drain (default 5000; --quick 2000)")
+    p.add_argument("--tasks", type=int, default=None, help="tasks per drain (default 20000; --quick 2000)")
     p.add_argument("--runs", type=int, default=None, help="latency runs after 20 warm-up (default 200; --quick 100)")
     p.add_argument("--timeout", type=float, default=300.0, help="deadline of one run, seconds")
-    p.add_argument("--worker-log-level", default="WARNING", type=str.upper,
+    p.add_argument("--worker-log-level", default=None, type=str.upper,
                    help="log level of every system's worker (default WARNING: no line per task)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="record pgflow's worker during each drain with py-spy (raw collapsed stacks) into DIR")

@@ -39,7 +39,11 @@ def in_step(app: pgflow.App, second_app: pgflow.App, name: str) -> tuple[Any, li
 
 
 async def listening(app: pgflow.App) -> None:
-    while app.stats().listeners_connected == 0:
+    """Until the listener listens and the read its connection caused (it wakes every reader, since
+    pings sent before it listened are gone) is over: news that came during that read would make
+    the reader read instead of taking the chunk, on a loaded machine."""
+    fetcher = app._client.runtime().fetcher
+    while app.stats().listeners_connected == 0 or fetcher._busy:
         await asyncio.sleep(0.02)
 
 

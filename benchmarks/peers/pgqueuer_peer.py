@@ -2,7 +2,8 @@
 its quick start).
 
 The worker runs as ``python -m benchmarks.peers.pgqueuer_peer``: ``pgqueuer.run(factory)``, which is what
-``pgq run`` calls, on uvloop as ``pgq run`` does. (``pgq run`` itself fails at start-up in pgqueuer 1.6.0
+``pgq run`` calls, on uvloop as ``pgq run`` does, with ``--batch-size`` half the concurrency and
+``--max-concurrent-tasks`` the concurrency (its best setting). (``pgq run`` itself fails at start-up in pgqueuer 1.6.0
 with typer 0.29: its --log-level reaches the logging setup as a str, ``'str' object has no attribute
 'name'``.) Logging is set to BENCH_LOG_LEVEL (WARNING).
 """
@@ -108,6 +109,9 @@ if __name__ == "__main__":
     try:
         import uvloop
 
-        uvloop.run(pgqueuer.run(main))
+        runner = uvloop.run
     except ImportError:
-        asyncio.run(pgqueuer.run(main))
+        runner = asyncio.run
+    # Its best setting: batches of up to half its concurrency (the most it takes per its docs; its
+    # default of 10 runs it at a quarter of what its CLI does at concurrency 64).
+    runner(pgqueuer.run(main, batch_size=max(1, CONCURRENCY // 2), max_concurrent_tasks=CONCURRENCY))
