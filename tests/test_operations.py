@@ -366,3 +366,22 @@ def test_a_wrong_password_raises_configuration_error_within_3_seconds(embedded_s
         with psycopg.connect(embedded_server.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
             conn.execute("DROP ROLE IF EXISTS pgflow_password_probe")
+
+
+async def test_the_names_a_worker_warned_of_are_bounded(app: pgflow.App, dsn: str, schema: str) -> None:
+    """Names of queued workflows are anybody's to make up: the worker remembers at most
+    MAX_WARNED_NAMES of those it warned of, however many there are."""
+    from pgflow._core.worker import MAX_WARNED_NAMES
+
+    @app.workflow
+    async def known() -> int:
+        return 1
+
+    await app.migrate_async()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs)'
+                           " SELECT 'x' || n, 'made.up.' || n, 'default', '\\x80'"
+                           " FROM generate_series(1, %s) AS n", (MAX_WARNED_NAMES + 50,))
+    async with app.worker(concurrency=1, queues=["elsewhere"]) as worker:
+        await worker._warn_unserved()
+        assert 0 < len(worker._warned_names) <= MAX_WARNED_NAMES
