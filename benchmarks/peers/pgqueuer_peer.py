@@ -2,8 +2,7 @@
 its quick start).
 
 The worker runs as ``python -m benchmarks.peers.pgqueuer_peer``: ``pgqueuer.run(factory)``, which is what
-``pgq run`` calls, on uvloop as ``pgq run`` does, with ``--batch-size`` half the concurrency and
-``--max-concurrent-tasks`` the concurrency (its best setting). (``pgq run`` itself fails at start-up in pgqueuer 1.6.0
+``pgq run`` calls, on uvloop as ``pgq run`` does, at its best batch size measured here (see below). (``pgq run`` itself fails at start-up in pgqueuer 1.6.0
 with typer 0.29: its --log-level reaches the logging setup as a str, ``'str' object has no attribute
 'name'``.) Logging is set to BENCH_LOG_LEVEL (WARNING).
 """
@@ -112,6 +111,9 @@ if __name__ == "__main__":
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    # Its best setting: batches of up to half its concurrency (the most it takes per its docs; its
-    # default of 10 runs it at a quarter of what its CLI does at concurrency 64).
-    runner(pgqueuer.run(main, batch_size=max(1, CONCURRENCY // 2), max_concurrent_tasks=CONCURRENCY))
+    # Its best setting, measured here draining 20,000 (BENCH_BATCH and BENCH_MAX_TASKS try others): batches of its concurrency up to 32 (c16: 16 gave 1,785/s against 1,030-1,268/s with
+    # its default of 10; c64: 32 gave 3,197-4,200/s against 1,345/s), and no max_concurrent_tasks
+    # beside the entrypoint's concurrency_limit (setting it to the concurrency halved the rate).
+    batch = int(os.environ.get("BENCH_BATCH") or min(CONCURRENCY, 32))
+    limit = int(os.environ.get("BENCH_MAX_TASKS") or 0)
+    runner(pgqueuer.run(main, batch_size=batch, max_concurrent_tasks=limit or None))
