@@ -111,9 +111,10 @@ if __name__ == "__main__":
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    # Its best setting, measured here draining 20,000 (BENCH_BATCH and BENCH_MAX_TASKS try others): batches of its concurrency up to 32 (c16: 16 gave 1,785/s against 1,030-1,268/s with
-    # its default of 10; c64: 32 gave 3,197-4,200/s against 1,345/s), and no max_concurrent_tasks
-    # beside the entrypoint's concurrency_limit (setting it to the concurrency halved the rate).
+    # Its best setting, measured here draining 20,000 (BENCH_BATCH and BENCH_MAX_TASKS try others):
+    # batches of its concurrency up to 32 (c16: 16 gave 1,785/s against 1,030-1,268/s with its
+    # default of 10; c64: 32 gave 3,197-4,200/s against 1,345/s), and no max_concurrent_tasks beside
+    # the entrypoint's concurrency_limit (setting it to the concurrency halved the rate).
     batch = int(os.environ.get("BENCH_BATCH") or min(CONCURRENCY, 32))
     limit = int(os.environ.get("BENCH_MAX_TASKS") or 0)
     runner(pgqueuer.run(main, batch_size=batch, max_concurrent_tasks=limit or None))
