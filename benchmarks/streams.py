@@ -68,7 +68,6 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout without `pip in
 DESIGNS = ["raw", "naive", "pgflow", "pgflow-off", "dbos"]
 # Chunks per stream, chosen so one run of each design lasts roughly 5-15 s on a 2-core machine.
 DEFAULT_CHUNKS = {"raw": 500, "naive": 100, "pgflow": 500, "pgflow-off": 500, "dbos": 20}
-RAW_BATCH = 5000
 NAIVE_POOL = 32
 DBOS_POOL = int(os.environ.get("BENCH_DBOS_POOL", "32"))
 DBOS_THREADS = int(os.environ.get("BENCH_DBOS_THREADS", "64"))
@@ -319,49 +318,18 @@ async def raw_writer(a: argparse.Namespace) -> None:
     import msgspec
     from psycopg_pool import AsyncConnectionPool
 
+    from benchmarks.raw_design import GroupWriter
+
     table, channel = naive_names(a.schema)
     sql = (f"WITH w AS (INSERT INTO {table} (stream_id, position, value)"
            " SELECT * FROM unnest(%b::text[], %b::int[], %b::bytea[]) RETURNING 1)"
-           " SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p WHERE (SELECT count(*) FROM w) > 0")
+           f" SELECT pg_notify('{channel}', p) FROM unnest(%s::text[]) AS p WHERE (SELECT count(*) FROM w) > 0")
     tally, go = Tally(), asyncio.Event()
-    pending: list[tuple[str, int, bytes | None, asyncio.Future[None]]] = []
-    wake = asyncio.Event()
-    in_flight = asyncio.Semaphore(2)
-
-    async def flush(batch: list[tuple[str, int, bytes | None, asyncio.Future[None]]]) -> None:
-        try:
-            payloads, ids = [], sorted({sid for sid, _, _, _ in batch})
-            while ids:  # as many ids per NOTIFY as fit under its 8000-byte limit
-                take = ids[:200]
-                ids = ids[200:]
-                payloads.append(json.dumps(take))
-            async with pool.connection() as conn:
-                await conn.execute(sql, ([b[0] for b in batch], [b[1] for b in batch], [b[2] for b in batch],
-                                         channel, payloads))
-            for *_, done in batch:
-                done.set_result(None)
-        finally:
-            in_flight.release()
-
-    async def batcher() -> None:
-        while True:
-            await wake.wait()
-            wake.clear()
-            while pending:
-                await in_flight.acquire()
-                batch = pending[:RAW_BATCH]
-                del pending[:RAW_BATCH]
-                asyncio.create_task(flush(batch))
-
-    async def write(sid: str, position: int, value: bytes | None) -> None:
-        done = asyncio.get_running_loop().create_future()
-        pending.append((sid, position, value, done))
-        wake.set()
-        await done
 
     async with AsyncConnectionPool(a.dsn, min_size=2, max_size=2, open=False,
                                    kwargs={"autocommit": True}) as pool:
         await pool.open(wait=True, timeout=30)
+        writer = GroupWriter(pool, sql, per_payload=200)
 
         async def produce(i: int) -> None:
             sid = stream_id(a.run, i)
@@ -369,12 +337,12 @@ async def raw_writer(a: argparse.Namespace) -> None:
             for n in range(a.chunks):
                 ts = time.time()
                 tally.first_write = min(tally.first_write, ts)
-                await write(sid, n, msgspec.json.encode([ts, n, "tok"]))
+                await writer.write(sid, n, msgspec.json.encode([ts, n, "tok"]))
                 tally.last_write = max(tally.last_write, time.time())
-            await write(sid, a.chunks, None)
+            await writer.write(sid, a.chunks, None)
             tally.last_close = max(tally.last_close, time.time())
 
-        batching = asyncio.create_task(batcher())
+        batching = asyncio.create_task(writer.run())
         tasks = [asyncio.create_task(produce(i)) for i in range(a.streams)]
         emit("ready")
         await wait_for_go()

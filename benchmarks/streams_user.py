@@ -40,7 +40,6 @@ from benchmarks import harness
 
 DESIGNS = ["raw", "pgflow"]
 STARTS = ["one", "many"]
-RAW_BATCH = 5000
 
 try:
     import pgflow
@@ -147,42 +146,16 @@ async def raw_worker(a: argparse.Namespace) -> None:
     import psycopg
     from psycopg_pool import AsyncConnectionPool
 
+    from benchmarks.raw_design import GroupWriter
+
     sql = raw_sql(a.schema)
-    pending: list[tuple[int, int, bytes | None, asyncio.Future[None]]] = []
-    wake, jobs_pinged = asyncio.Event(), asyncio.Event()
-    in_flight = asyncio.Semaphore(2)
+    jobs_pinged = asyncio.Event()
     producers: set[asyncio.Task[None]] = set()
 
     async with AsyncConnectionPool(a.dsn, min_size=3, max_size=3, open=False, kwargs={"autocommit": True}) as pool:
         await pool.open(wait=True)
-
-        async def flush(batch: list[tuple[int, int, bytes | None, asyncio.Future[None]]]) -> None:
-            try:
-                ids = sorted({b[0] for b in batch})
-                payloads = [json.dumps(ids[k:k + 500]) for k in range(0, len(ids), 500)]
-                async with pool.connection() as conn:
-                    await conn.execute(sql["write"], ([b[0] for b in batch], [b[1] for b in batch],
-                                                      [b[2] for b in batch], payloads))
-                for *_, done in batch:
-                    done.set_result(None)
-            finally:
-                in_flight.release()
-
-        async def batcher() -> None:
-            while True:
-                await wake.wait()
-                wake.clear()
-                while pending:
-                    await in_flight.acquire()
-                    batch = pending[:RAW_BATCH]
-                    del pending[:RAW_BATCH]
-                    asyncio.get_running_loop().create_task(flush(batch))
-
-        async def write(sid: int, position: int, value: bytes | None) -> None:
-            done = asyncio.get_running_loop().create_future()
-            pending.append((sid, position, value, done))
-            wake.set()
-            await done
+        writer = GroupWriter(pool, sql["write"], per_payload=500)
+        write = writer.write
 
         async def produce(sid: int, chunks: int) -> None:
             for n in range(chunks):
@@ -196,7 +169,7 @@ async def raw_worker(a: argparse.Namespace) -> None:
                 async for _ in conn.notifies():
                     jobs_pinged.set()
 
-        tasks = [asyncio.create_task(batcher()), asyncio.create_task(listen())]
+        tasks = [asyncio.create_task(writer.run()), asyncio.create_task(listen())]
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(jobs_pinged.wait(), 1.0)
