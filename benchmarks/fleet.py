@@ -689,7 +689,7 @@ def versions() -> dict[str, Any]:
     from importlib import metadata
 
     found: dict[str, Any] = {}
-    for package in ("pgflow", "psycopg", "psycopg-pool", "anyio"):
+    for package in ("pgflow-durable", "psycopg", "psycopg-pool", "anyio"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

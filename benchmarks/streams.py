@@ -759,7 +759,7 @@ class Orchestrator:
                 try:
                     import dbos  # noqa: F401
                 except ImportError as exc:
-                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow[bench]'): {exc}") from None
+                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow-durable[bench]'): {exc}") from None
             await self.setup(design, schema)
             writer = await self.spawn("writer", design, schema, run, chunks, f"{design}-{repeat}")
             children.append(writer)
@@ -889,7 +889,7 @@ def versions() -> dict[str, Any]:
     from importlib import metadata
 
     found: dict[str, Any] = {}
-    for package in ("pgflow", "dbos", "psycopg", "anyio"):
+    for package in ("pgflow-durable", "dbos", "psycopg", "anyio"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
