@@ -65,8 +65,12 @@ class Clock:
     def move_on_after(self, seconds: float | None, *, owner: str | None = None) -> Iterator[anyio.CancelScope]:
         """``anyio.move_on_after`` on this clock. ``owner``: the workflow that waits for it (parked
         meanwhile); None for a deadline around work (a workflow's timeout)."""
-        if not self.virtual or seconds is None:
+        if not self.virtual:
             with anyio.move_on_after(seconds) as scope:
+                yield scope
+            return
+        if seconds is None:  # no timer, but a wait all the same
+            with anyio.CancelScope() as scope, self._parking(owner):
                 yield scope
             return
         due = self.monotonic() + max(0.0, seconds)

@@ -23,8 +23,11 @@ STEP_PAST = 0.001  # seconds past a due time that a step lands on, so "due_at <=
 
 def span(seconds: float = 0.0, minutes: float = 0.0, hours: float = 0.0, days: float = 0.0,
          weeks: float = 0.0) -> float:
+    parts = (seconds, minutes, hours, days, weeks)
+    if any(isinstance(part, bool) or not isinstance(part, int | float) or not math.isfinite(part) for part in parts):
+        raise ValueError(f"the clock only moves forward, by a finite span: got {parts!r}")
     total = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days, weeks=weeks).total_seconds()
-    if not math.isfinite(total) or total < 0:
+    if total < 0:
         raise ValueError(f"the clock only moves forward, by a finite span: got {total!r} seconds")
     return total
 
