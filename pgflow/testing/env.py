@@ -6,7 +6,7 @@ schema of its own and back afterwards; nothing of the engine is replaced. The wo
 (``app.worker()``) on an event loop in a thread of its own, so sync and async tests alike reach it
 through the App's ordinary API. Waits that are longer than nothing give their slot back
 (``suspend_after=0``): a sleeping or waiting workflow is then a queued row with a due time, and
-"idle" is a question the rows answer.
+"idle" is a question the rows answer. Retention is off, so finished workflows stay to be read.
 """
 
 from __future__ import annotations
@@ -65,27 +65,37 @@ class PgflowEnv:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._saved: tuple[str | None, dict[str, Any]] | None = None
+        self._created = False  # the schema exists (migrated), so stop drops it
         self.clock = VirtualClock(self, app._runtimes.clock)
 
     # -- life -------------------------------------------------------------------------------------------
 
     def start(self) -> PgflowEnv:
-        """Point the App at the test's schema, migrate it and start the worker."""
+        """Point the App at the test's schema, migrate it and start the worker; on any failure,
+        undo what was done (the App points back) and raise."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> PgflowEnv:
         app = self.app
         app.close()
         self._saved = (app._dsn, dict(app._settings))
         app._dsn = self.dsn
-        app._settings.update(schema=self.schema, suspend_after=0.0)
+        # Finished workflows stay readable for the test's assertions, however far the clock moves.
+        app._settings.update(schema=self.schema, suspend_after=0.0, retention=None)
         app._runtimes.reset(app._config, self.schema)
         clock = app._runtimes.clock
         clock.virtual = True
         self.clock = VirtualClock(self, clock)
+        self._created = True  # (a migration that fails half-way may leave it behind: dropped too)
         app.migrate()
         self._thread = threading.Thread(target=self._serve, name=f"pgflow-test-worker-{self.schema}", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._failure is not None:
-            self.stop()
             raise self._failure
         return self
 
@@ -98,8 +108,10 @@ class PgflowEnv:
             thread.join(30)
         self.app.close()
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            if self._created:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+                self._created = False
         finally:
             if self._saved is not None:
                 self.app._dsn, settings = self._saved
