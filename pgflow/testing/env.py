@@ -24,6 +24,7 @@ import anyio
 import psycopg
 
 from .. import App, WorkflowHandle
+from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
 from .._core.store import Store
@@ -76,7 +77,7 @@ class PgflowEnv:
         try:
             return self._start()
         except BaseException:
-            self.stop()
+            self._teardown(after_failure=True)
             raise
 
     def _start(self) -> PgflowEnv:
@@ -101,6 +102,9 @@ class PgflowEnv:
 
     def stop(self) -> None:
         """Stop the worker, close the App, drop the schema and point the App back where it was."""
+        self._teardown(after_failure=False)
+
+    def _teardown(self, after_failure: bool) -> None:
         loop, stop, thread = self._loop, self._stop, self._thread
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)
@@ -109,8 +113,13 @@ class PgflowEnv:
         self.app.close()
         try:
             if self._created:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+                try:
+                    with psycopg.connect(self.dsn, autocommit=True) as conn:
+                        conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+                except psycopg.Error:
+                    if not after_failure:
+                        raise
+                    # (the start's own error, which says what is wrong with the server, is raised)
                 self._created = False
         finally:
             if self._saved is not None:
@@ -134,10 +143,21 @@ class PgflowEnv:
         try:
             async with self.app.worker(concurrency=self.concurrency, queues=self.queues) as worker:
                 self.worker = worker
+                await self._schedules_armed(worker)
                 self._ready.set()
                 await self._stop.wait()
         finally:
             await self.app._runtimes.aclose_current()
+
+    async def _schedules_armed(self, worker: Worker, within: float = 30.0) -> None:
+        """Wait until the worker runs the schedule of each cron workflow it serves and each has
+        armed its timer for the next tick: a clock moved before that would skip the ticks between."""
+        crons = {cron_service(spec.name) for spec in self.app.registry.workflows.values()
+                 if spec.schedule is not None and spec.queue in self.queues}
+        clock = self.app._runtimes.clock
+        with anyio.fail_after(within):
+            while not (crons <= worker.leading and clock.timers() >= len(crons)):
+                await anyio.sleep(IDLE_LOOK)
 
     def _alive(self) -> None:
         if self._failure is not None:
@@ -161,7 +181,8 @@ class PgflowEnv:
             due, running, _ = await (await self._store()).activity(self.queues, self.names)
             parked = clock.parked_owners()
             busy = [id for id in running if id not in parked]
-            if not due and not busy and seen == clock.activity:
+            working = clock.working()  # a schedule woken by the clock, its tick not started yet
+            if not due and not busy and not working and seen == clock.activity:
                 if calm == seen:  # idle at two looks in a row, nothing woken between them
                     return
                 calm = seen
@@ -169,7 +190,7 @@ class PgflowEnv:
                 calm = None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pgflow did not become idle within {timeout}s: {due} workflows due, running"
-                                   f" and not waiting: {busy[:10]}")
+                                   f" and not waiting: {busy[:10]}, services busy: {sorted(working)}")
             await anyio.sleep(IDLE_LOOK)
 
     async def next_due_async(self) -> float | None:
