@@ -34,6 +34,7 @@ from pgflow._core.signals.notifier import Notifier, Refusals
 from pgflow.streams import MAX_CHUNK_BYTES, MAX_KEY_BYTES
 
 from .channel import named, opened, seal
+from .helpers import Point, query
 
 pytestmark = pytest.mark.anyio
 
@@ -42,11 +43,6 @@ WAIT = 60.0  # seconds: the bound of every wait on something a worker does
 GATE_POLL = 0.01  # seconds between looks at a gate inside a workflow body
 SLOW_POLL = 60.0  # the poll of an App whose readers must be woken by pings, not by the poll
 PING_WAIT = 25.0  # seconds within which only a ping, not such a poll, can deliver
-
-
-class Point(msgspec.Struct):
-    x: int
-    y: int
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -83,12 +79,6 @@ async def consume(kind: str, handle: pgflow.WorkflowHandle[Any], key: str, into:
                 into.append(value)
 
         await anyio.to_thread.run_sync(run, limiter=_readers, abandon_on_cancel=True)
-
-
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
 
 
 async def stored(dsn: str, schema: str, workflow_id: str, key: str) -> list[tuple[int, Any]]:
