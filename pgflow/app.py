@@ -32,6 +32,7 @@ from ._core.registry import (
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
 from ._core.sync import LoopThread
+from ._core.twins import blocking
 from ._core.worker import Worker
 from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
@@ -257,6 +258,7 @@ class App(Operations):
         delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
         kwargs: dict[str, Any] | None = None,
     ) -> WorkflowHandle[Any]:
+        """Blocking twin of ``start_by_name_async``; the id (a child's, in a workflow body) is taken here."""
         return self._client.call(start_by_name(self._client, name, args, kwargs, queue=queue, id=id,
                                                priority=priority, delay=delay, max_attempts=max_attempts,
                                                timeout=timeout))
@@ -284,8 +286,7 @@ class App(Operations):
 
         return await self._client.runtime().db(migrate)
 
-    def migrate(self) -> int:
-        return self._client.call(self.migrate_async)
+    migrate = blocking(migrate_async)
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream

@@ -13,6 +13,7 @@ from ._core.client import Client
 from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
+from ._core.twins import blocking
 from .records import Health, LockHolder, QueueInfo, Session, WorkerInfo, WorkflowRecord
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -51,13 +52,7 @@ class Operations:
             limit, order == "desc"))
         return [WorkflowRecord.of(row) for row in rows]
 
-    def list_workflows(
-        self, status: str | None = None, name: str | None = None, queue: str | None = None,
-        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
-        order: str = "desc",
-    ) -> list[WorkflowRecord]:
-        return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
-                                 limit, order)
+    list_workflows = blocking(list_workflows_async)
 
     async def queues_info_async(self) -> list[QueueInfo]:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
@@ -65,8 +60,7 @@ class Operations:
         return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
                           r[5], r[6], r[7]) for r in rows]
 
-    def queues_info(self) -> list[QueueInfo]:
-        return self._client.call(self.queues_info_async)
+    queues_info = blocking(queues_info_async)
 
     async def workers_info_async(self) -> list[WorkerInfo]:
         """The registered workers: where they run, what they serve, their heartbeat's age, how many
@@ -75,8 +69,7 @@ class Operations:
         return [WorkerInfo(str(r[0]), str(r[1]), int(r[2]), list(r[3]), str(r[4]), float(r[5]), int(r[6]),
                            list(r[7])) for r in rows]
 
-    def workers_info(self) -> list[WorkerInfo]:
-        return self._client.call(self.workers_info_async)
+    workers_info = blocking(workers_info_async)
 
     async def health_async(self, stuck_after: float = 60.0) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
@@ -93,8 +86,7 @@ class Operations:
                       [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
                        for name, pid, user, app, age in locks])
 
-    def health(self, stuck_after: float = 60.0) -> Health:
-        return self._client.call(self.health_async, stuck_after)
+    health = blocking(health_async)
 
     async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
@@ -106,9 +98,7 @@ class Operations:
         runtime = self._client.runtime()
         return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
 
-    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
-              progress: Callable[[int], None] | None = None) -> int:
-        return self._client.call(self.prune_async, older_than, batch, progress)
+    prune = blocking(prune_async)
 
     async def rotate_signal_key_async(self, overlap: float = ROTATION_OVERLAP) -> int:
         """Add a new key to the keyring that seals pings, without downtime: processes seal with it
@@ -120,5 +110,4 @@ class Operations:
                              f" got {overlap!r}")
         return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
 
-    def rotate_signal_key(self, overlap: float = ROTATION_OVERLAP) -> int:
-        return self._client.call(self.rotate_signal_key_async, overlap)
+    rotate_signal_key = blocking(rotate_signal_key_async)

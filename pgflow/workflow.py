@@ -90,9 +90,11 @@ class Workflow(Generic[P, R]):
         return Starter(self, StartOptions()).with_options(id=id, queue=queue, priority=priority, delay=delay)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Enqueue the workflow with its default options; see ``Starter.start``."""
         return Starter(self, StartOptions()).start(*args, **kwargs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         return await Starter(self, StartOptions()).start_async(*args, **kwargs)
 
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
@@ -103,6 +105,7 @@ class Workflow(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         return await Starter(self, StartOptions()).start_many_async(calls, ids=ids)
 
 
@@ -138,6 +141,7 @@ class Starter(Generic[P, R]):
             return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
             id, parent = new_id(self._options.id)
@@ -160,6 +164,7 @@ class Starter(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         ids_, inputs = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
             return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None)
