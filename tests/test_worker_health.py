@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import psycopg
@@ -156,3 +157,13 @@ def test_health_port_is_refused_with_several_processes(worker_env: dict[str, str
                                 env=worker_env, capture_output=True, text=True, timeout=WAIT)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert words in result.stderr.splitlines()[-1]
+
+
+def test_the_kubernetes_manifest_probes_the_port_the_worker_serves() -> None:
+    manifest = (Path(__file__).resolve().parent.parent / "workers" / "kubernetes.yaml").read_text()
+    served = re.search(r'"--health-port", "(\d+)"', manifest)
+    assert served is not None
+    assert f"- {{name: health, containerPort: {served[1]}}}" in manifest
+    probe_spec = manifest[manifest.index("livenessProbe:"):]
+    assert "httpGet: {path: /healthz, port: health}" in probe_spec
+    assert "pgflow status" not in probe_spec  # the fleet's health is no pod's liveness
