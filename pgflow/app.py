@@ -268,14 +268,17 @@ class App(Operations):
         return WorkflowHandle(self._client, check_id(workflow_id))
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
-               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:
+               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0,
+               health_port: int | None = None, health_host: str = "0.0.0.0") -> Worker:
         """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``.
 
         ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
         ``grace`` is how long leaving the block waits for running workflows before giving them back.
+        ``health_port`` (0: any free one, see ``worker.health.port``) serves its liveness probe,
+        ``GET /healthz``, for as long as the worker runs (see pgflow/_core/health.py).
         """
         return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
-                      grace=grace)
+                      grace=grace, health_port=health_port, health_host=health_host)
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""

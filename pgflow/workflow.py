@@ -7,7 +7,6 @@ before anything is written.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -27,6 +26,7 @@ from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
+from ._core.sync import on_a_loop
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
 
@@ -54,9 +54,7 @@ class Step(Generic[P, R]):
             return self.fn(*args, **kwargs)
         # Awaitable on an event loop (an async workflow, or async code anywhere in one); a plain
         # call in a thread (a sync workflow, or sync code an async workflow runs in a thread).
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if not on_a_loop():
             return execution.call_step_from_thread(self.spec, args, kwargs)
         return execution.step_call(self.spec, args, kwargs)
 

@@ -107,7 +107,7 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
             return
     if found is None:
-        log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.attempt)
+        log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.run)
         return
     queue, status = found
     runs.info("workflow %s %s %s", workflow.name, claimed.id,
@@ -190,7 +190,7 @@ async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, wo
             log_end(workflow.name, claimed, outcome, time.monotonic() - began)
         else:
             log.warning("workflow %r attempt %d lost its lease before it could record %s",
-                        execution.workflow_id, execution.attempt, status)
+                        execution.workflow_id, execution.run, status)
 
     if not finisher.finish_soon(end, execution.lease, set(freed), then):
         with anyio.CancelScope(shield=True):

@@ -24,6 +24,7 @@ from psycopg_pool import PoolClosed
 from . import migrations
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
+from .details import DetailStatements
 from .ends import EndStatements
 from .management import ManagementStatements
 from .streams import StreamStatements
@@ -61,7 +62,7 @@ class WorkflowRow:
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements):
+            ChannelStatements, DetailStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -185,11 +186,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
-                              version: str, names: Sequence[str]) -> None:
+                              version: str, names: Sequence[str], lease: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "INSERT INTO {s}.workers (id, host, pid, queues, version, names) VALUES (%s, %s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version, list(names)))
+                "INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            ), (id, host, pid, list(queues), version, list(names), lease))
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
@@ -208,8 +210,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         async with self.pool.connection(within=within) as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
-                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names)"
-                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s)"
+                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
@@ -287,11 +289,14 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             # The attempts every execution started, this one's included: the record counts them all.
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
-            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
+            # Its start: this execution's first attempt's (the duration a reader sees is this run's).
             " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends)"
+            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends, started_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
-            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s,"
+            "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
+            "    (SELECT max(started_at) FROM started))"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
