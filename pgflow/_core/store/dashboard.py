@@ -14,10 +14,9 @@ from typing import Any
 
 from .statements import Statements
 
-# The light columns of a workflow in a list, as the page's read selects them and as its filter sees them.
-LISTED = ("id, name, queue, status, attempt - attempt_base AS run, created_at, started_at, finished_at,"
-          " error->>'type' AS error_type, left(error->>'message', 300) AS error_message, parent_id")
-SHOWN = "id, name, queue, status, run, created_at, started_at, finished_at, error_type, error_message, parent_id"
+# The light columns of a workflow in a list: what a row of the table shows.
+LISTED = ("w.id, w.name, w.queue, w.status, w.attempt - w.attempt_base, w.created_at, w.started_at, w.finished_at,"
+          " w.error->>'type', left(w.error->>'message', 300), w.parent_id")
 # The list's filters, in the order of preference for the index a page is read through: a name or a
 # queue narrows more often than a status does.
 FILTERS = ("name", "queue", "status")
@@ -30,18 +29,21 @@ def value_column(column: str, limit: str) -> str:
 
 
 def list_statement(schema: str, driving: str | None, others: tuple[str, ...], since: bool) -> str:
-    """The statement of one page of the list, read newest first through the index of ``driving``
-    (or of creation time) from the cursor on, at most ``%(scan)s`` index entries of it, and kept
-    where the ``others`` filters match. The inner LIMIT bounds the work of a page whose filters
-    match rarely; the outer one stops the read as soon as the page is full."""
+    """The statement of one page of the list, newest first from the cursor on: the positions
+    (created_at, id) come from the index of ``driving`` (or of creation time) alone, at most
+    ``%(scan)s`` of them, and each row is then looked up by id and kept where the ``others``
+    filters match. The inner LIMIT bounds the work of a page whose filters match rarely; the outer
+    one stops the read as soon as the page is full. Only that index holds the positions' order, so
+    the plan cannot read another one and filter it (which, for a rare queue, reads the whole table)."""
     inner = [f"{driving} = %({driving})s"] if driving else []
     if since:
         inner.append("created_at > %(since)s")
     inner.append("(created_at, id) < (%(at)s, %(after)s)")
-    outer = " AND ".join(f"{name} = %({name})s" for name in others) or "true"
-    return (f"SELECT {SHOWN} FROM (SELECT {LISTED} FROM {schema}.workflows WHERE {' AND '.join(inner)}"
+    outer = "".join(f" AND w.{name} = %({name})s" for name in others)
+    return (f"SELECT {LISTED} FROM (SELECT created_at, id FROM {schema}.workflows WHERE {' AND '.join(inner)}"
             " ORDER BY created_at DESC, id DESC LIMIT %(scan)s) page"
-            f" WHERE {outer} ORDER BY created_at DESC, id DESC LIMIT %(limit)s")
+            f" JOIN {schema}.workflows w ON w.id = page.id{outer}"
+            " ORDER BY page.created_at DESC, page.id DESC LIMIT %(limit)s")
 
 
 def edge_statement(schema: str, driving: str | None, since: bool) -> str:
@@ -68,15 +70,17 @@ QUEUES = (
     " named AS (SELECT queue FROM waiting WHERE queue IS NOT NULL UNION SELECT queue FROM busy"
     "  WHERE queue IS NOT NULL UNION SELECT name FROM (SELECT name FROM {s}.queues ORDER BY name"
     "  LIMIT %(queues)s) limited)"
+    # Counts read in index order, so each stops after %(cap)s entries (a bitmap scan would gather
+    # every entry of a deep backlog before its limit applied).
     " SELECT n.queue,"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
-    "   LIMIT %(cap)s) c),"
+    "   ORDER BY w.due_at LIMIT %(cap)s) c),"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
-    "   AND w.due_at <= now() LIMIT %(cap)s) c),"
+    "   AND w.due_at <= now() ORDER BY w.due_at LIMIT %(cap)s) c),"
     "  (SELECT extract(epoch FROM now() - w.due_at)::float8 FROM {s}.workflows w WHERE w.status = 'queued'"
     "   AND w.queue = n.queue AND w.due_at <= now() ORDER BY w.due_at LIMIT 1),"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'running' AND w.queue = n.queue"
-    "   LIMIT %(cap)s) c),"
+    "   ORDER BY w.queue LIMIT %(cap)s) c),"
     "  q.concurrency, q.rate_limit, q.rate_period"
     " FROM (SELECT queue FROM named ORDER BY queue LIMIT %(queues)s) n"
     " LEFT JOIN {s}.queues q ON q.name = n.queue ORDER BY n.queue"
@@ -154,10 +158,13 @@ WORKFLOW = (
       "  JOIN up ON p.id = up.parent_id WHERE up.depth < %(depth)s)"
       " SELECT coalesce(jsonb_agg(up ORDER BY up.depth DESC), '[]') FROM up),"
     # Breadth first and cut at %(rows)s: a parent of a hundred thousand children reads that many.
+    # (Each generation's children looked up by their parent's id, a LIMIT apiece, so the planner
+    # cannot join a generation to every workflow that has a parent.)
     + "(WITH RECURSIVE down AS (SELECT c.id, c.name, c.status, c.parent_id, 1 AS depth FROM {s}.workflows c"
       "  WHERE c.parent_id = w.id"
-      " UNION ALL SELECT c.id, c.name, c.status, c.parent_id, down.depth + 1 FROM {s}.workflows c"
-      "  JOIN down ON c.parent_id = down.id WHERE down.depth < %(depth)s)"
+      " UNION ALL SELECT c.id, c.name, c.status, c.parent_id, down.depth + 1 FROM down"
+      "  CROSS JOIN LATERAL (SELECT k.id, k.name, k.status, k.parent_id FROM {s}.workflows k"
+      "   WHERE k.parent_id = down.id LIMIT %(rows)s) c WHERE down.depth < %(depth)s)"
       " SELECT coalesce(jsonb_agg(d), '[]') FROM (SELECT * FROM down LIMIT %(rows)s) d)"
     " FROM {s}.workflows w WHERE w.id = %(id)s"
 )
