@@ -16,6 +16,8 @@ import anyio
 
 from .app import App
 from .commands import add_commands, explain, run
+from .dashboard.command import add_parser as add_dashboard
+from .dashboard.command import run as run_dashboard
 from .errors import ConfigurationError, EmbeddedUnavailable, PgflowError
 from .supervisor import supervise
 
@@ -155,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     add_commands(commands, with_app)
+    add_dashboard(commands)
 
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
@@ -184,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 app.close()
             _exit_despite_abandoned_threads(code)
             return code
+        if args.command == "dashboard":
+            with load_app(args.app_target) if args.app_target else App() as app:
+                return run_dashboard(app, args)
         if args.command != "migrate":
             with load_app(args.app_target) if args.app_target else App() as app:
                 return run(app, args)
