@@ -191,7 +191,7 @@ def postgres_cpu(postmaster: int | None) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def versions(packages: tuple[str, ...] = ("pgflow", "psycopg", "psycopg-pool", "anyio")) -> dict[str, Any]:
+def versions(packages: tuple[str, ...] = ("pgflow-durable", "psycopg", "psycopg-pool", "anyio")) -> dict[str, Any]:
     """What was measured: the packages' versions and the pgflow commit (marked when the tree had local
     changes)."""
     from importlib import metadata

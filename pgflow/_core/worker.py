@@ -250,7 +250,7 @@ class Worker:
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[cron_service(spec.name)] = schedule(spec.schedule, self._start_tick(spec),
-                                                         catch_up=3 * self.lease)
+                                                         catch_up=3 * self.lease, clock=self.runtimes.clock)
         return services
 
     async def _warn_unserved(self) -> None:

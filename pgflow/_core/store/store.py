@@ -24,6 +24,7 @@ from psycopg_pool import PoolClosed
 from . import migrations
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
+from .clock import ClockStatements
 from .details import DetailStatements
 from .ends import EndStatements
 from .management import ManagementStatements
@@ -62,7 +63,7 @@ class WorkflowRow:
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements, DetailStatements):
+            ChannelStatements, DetailStatements, ClockStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -90,7 +91,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " INSERT INTO {s}.workflows"
                 "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
                 " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
-                "  now() + make_interval(secs => %(delay)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
+                "  {s}.clock_now() + make_interval(secs => %(delay)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
                 "  %(traceparent)s)"
                 f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
                 " SELECT true, name, born FROM new"
@@ -122,7 +123,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "   WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
                 "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
-                "  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, now() + make_interval(secs => %(delay)s),"
+                "  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs,"
+                "   {s}.clock_now() + make_interval(secs => %(delay)s),"
                 "   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s"
                 "  FROM asked ORDER BY n"
                 f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
@@ -172,7 +174,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
                 " asked AS (UPDATE {s}.workflows SET"
                 "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
-                "  finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
+                "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
                 "  cancel_requested = status IN ('queued', 'running')"
                 "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
                 "  RETURNING id, status)"
@@ -247,7 +249,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT position, name, output, error, stream_ends, wake_at,"
-                " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
+                " extract(epoch FROM wake_at - {s}.clock_now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
             ), (workflow_id,))
             return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
 
