@@ -19,6 +19,7 @@ from .errors import (
     WorkflowFailed,
 )
 from .handle import WorkflowHandle
+from .patches import deprecate_patch, patched, patched_async
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 from .retry import RetryPolicy
 from .streams import (
@@ -58,6 +59,9 @@ __all__ = [
     "attempt",
     "close_stream",
     "close_stream_async",
+    "deprecate_patch",
+    "patched",
+    "patched_async",
     "recv",
     "recv_async",
     "set_event",

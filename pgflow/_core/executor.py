@@ -47,9 +47,10 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
         first = claimed.attempt == 1
         loaded_at = time.monotonic()
+        journal, horizon = ({}, -1) if first else await store.journal(claimed.id)
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt, lease=claimed.lease,
-            journal={} if first else await store.journal(claimed.id),
+            journal=journal, horizon=horizon,
             token=token, writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
             loaded_at=loaded_at, value_limit=workflow.codec.limit,

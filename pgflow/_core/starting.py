@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import telemetry
 from ..errors import WorkflowConflict
+from .execution import journaling
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
@@ -26,6 +27,9 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
                         parent: str | None = None, traceparent: str | None = None) -> bool:
     """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
     workflow whose body starts it, cancelled with it."""
+    starter = journaling()
+    if starter is not None and not await starter.before_child_start([id], name):
+        return False
     await runtime.store()
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])  # delayed ones too: idle workers re-read when the next falls due
@@ -67,6 +71,9 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
+    starter = journaling()
+    if starter is not None and not await starter.before_child_start(ids, workflow.name):
+        return
     await runtime.store()
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])

@@ -37,6 +37,19 @@ T = TypeVar("T")
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
 
 
+# A journal's records, and one more row (its name NULL) holding the highest position from which the
+# body started a child: a child's id is its parent's, a dot and the position (and for start_many a
+# dot and its index), so a run that started one there reached that position without a record.
+JOURNAL = (
+    "SELECT position, name, output, error, stream_ends, wake_at,"
+    " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %(id)s"
+    " UNION ALL SELECT max(split_part(substr(id, length(%(id)s) + 2), '.', 1)::int), NULL, NULL, NULL, NULL,"
+    "  NULL, NULL, false FROM {s}.workflows WHERE parent_id = %(id)s"
+    "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
+    "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     position: int
@@ -47,6 +60,13 @@ class StepRecord:
     wake_at: datetime | None = None  # a sleep's wake-up time
     remaining: float | None = None  # seconds until wake_at when the journal was read
     waiting: bool = False  # a receive that has no message yet (wake_at is its deadline)
+
+
+def journal_of(rows: Sequence[tuple[Any, ...]]) -> tuple[dict[int, StepRecord], int]:
+    """``JOURNAL``'s rows as the records by position, and the horizon."""
+    journal = {row[0]: StepRecord(*row) for row in rows if row[1] is not None}
+    children = max((row[0] for row in rows if row[1] is None and row[0] is not None), default=-1)
+    return journal, max(children, max(journal, default=-1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +261,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     # -- the journal -----------------------------------------------------------------------------------
 
-    async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
+    async def journal(self, workflow_id: str) -> tuple[dict[int, StepRecord], int]:
+        """The journal of a workflow, and its horizon: the highest position an earlier run reached,
+        by a record or by a child it started from that position (``<id>.<position>[.<n>]``), -1
+        when none; one round trip."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT position, name, output, error, stream_ends, wake_at,"
-                " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
-            ), (workflow_id,))
-            return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
+            cur = await conn.execute(self._sql(JOURNAL), {"id": workflow_id})
+            return journal_of(await cur.fetchall())
 
     async def start_steps(self, notes: Sequence[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
         """Note, for each (workflow id, attempt, claim lease, position, tries), that the execution
