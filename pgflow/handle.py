@@ -279,7 +279,7 @@ class WorkflowHandle(Generic[R]):
         if row.status == "succeeded":
             return self._client.registry.decode_result(row.name, row.output or b"\xc0")  # type: ignore[no-any-return]
         if row.status == "cancelled":
-            raise WorkflowCancelled(self.id)
+            raise WorkflowCancelled(self.id, (row.error or {}).get("message") or None)
         error = row.error or {}
         raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),
                              error.get("traceback", ""))

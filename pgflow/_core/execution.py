@@ -118,6 +118,7 @@ class Execution:
     # anything the body journals after it (see ``write_marks``).
     marks: dict[int, str] = field(default_factory=dict)
     marks_lock: anyio.Lock | None = None
+    failure: BaseException | None = None  # what the body raised, for the workflow's retry policy
 
     @property
     def suspend_after(self) -> float:

@@ -26,12 +26,31 @@ from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
 from .ends import EndStatements
 from .management import ManagementStatements
+from .reruns import RerunStatements
 from .streams import StreamStatements
 from .waits import WaitStatements
 
 log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
 
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """When a new workflow falls due and when it expires: ``eta`` (a time) or else ``delay`` seconds
+    from now on the server's clock; ``expires_at`` (a time) or ``expires_in`` seconds from now."""
+
+    eta: datetime | None = None
+    expires_at: datetime | None = None
+    expires_in: float | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        return {"eta": self.eta, "expires_at": self.expires_at, "expires_in": self.expires_in}
+
+
+NO_TIMING = Timing()
+DUE = "coalesce(%(eta)s::timestamptz, now() + make_interval(secs => %(delay)s))"
+EXPIRES = ("coalesce(%(expires_at)s::timestamptz,"
+           " now() + make_interval(secs => %(expires_in)s::float8))")
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -81,7 +100,7 @@ class WorkflowRow:
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements):
+            ChannelStatements, RerunStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -98,7 +117,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings,
-        parent: str | None = None, traceparent: str | None = None,
+        parent: str | None = None, traceparent: str | None = None, when: Timing | None = None,
     ) -> tuple[bool, str, int]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's
         workflow, its birth: ``BORN``). ``pings`` go out with the commit; ``parent`` is the workflow
@@ -107,17 +126,17 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+                "   expires_at)"
                 " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
-                "  now() + make_interval(secs => %(delay)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
-                "  %(traceparent)s)"
+                f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
                 f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
                 " SELECT true, name, born FROM new"
                 f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
                 "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
             ), {"id": id, "name": name, "queue": queue, "priority": priority, "inputs": inputs, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(conn, pings)})
+                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -131,7 +150,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings, parent: str | None = None,
-        traceparent: str | None = None,
+        traceparent: str | None = None, when: Timing | None = None,
     ) -> list[tuple[bool, str, int]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow, its birth)."""
@@ -140,9 +159,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
                 "   WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
-                "  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, now() + make_interval(secs => %(delay)s),"
-                "   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+                "   expires_at)"
+                f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
+                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}"
                 "  FROM asked ORDER BY n"
                 f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
@@ -151,7 +171,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
             ), {"ids": ids, "inputs": inputs, "name": name, "queue": queue, "priority": priority, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(conn, pings)})
+                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
         found: list[tuple[bool, str, int]] = [(False, "", 0)] * len(ids)
         created_here: set[str] = set()
