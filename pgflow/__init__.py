@@ -3,6 +3,7 @@
 from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
+from .canvas import Canvas, Signature, chain, chord, group
 from .context import attempt, step_attempt, workflow_id
 from .durable import recv, recv_async, set_event, set_event_async, sleep, sleep_async
 from .errors import (
@@ -34,12 +35,14 @@ from .workflow import Starter, Step, Workflow
 
 __all__ = [
     "App",
+    "Canvas",
     "CannotResume",
     "ConfigurationError",
     "NonDeterministicWorkflow",
     "PgflowError",
     "RetryPolicy",
     "SerializationError",
+    "Signature",
     "Starter",
     "Stats",
     "Step",
@@ -57,9 +60,12 @@ __all__ = [
     "WorkflowInfo",
     "WorkflowRecord",
     "attempt",
+    "chain",
+    "chord",
     "close_stream",
     "close_stream_async",
     "deprecate_patch",
+    "group",
     "patched",
     "patched_async",
     "recv",

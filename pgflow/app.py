@@ -129,6 +129,9 @@ class App(Operations):
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
+        from .canvas import register as register_canvas  # (canvas builds on this module's Workflow)
+
+        register_canvas(self)
 
     @property
     def dsn(self) -> str:

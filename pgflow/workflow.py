@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import telemetry
 from ._core.checks import (
@@ -32,6 +32,9 @@ from ._core.store.store import Timing
 from ._core.timing import check_eta, check_expires, timing
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
+
+if TYPE_CHECKING:
+    from .canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -101,6 +104,12 @@ class Workflow(Generic[P, R]):
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         return Starter(self, StartOptions()).start(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """This workflow with (some of) its arguments, for ``pgflow.chain``, ``group`` and ``chord``."""
+        from .canvas import Signature
+
+        return Signature(self, args, kwargs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         return await Starter(self, StartOptions()).start_async(*args, **kwargs)
