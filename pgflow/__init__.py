@@ -4,11 +4,14 @@ from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
 from .canvas import Canvas, Signature, chain, chord, group
+from .checkreplay import Mismatch, ReplayReport, check_replay, check_replay_async
 from .context import attempt, step_attempt, workflow_id
 from .durable import recv, recv_async, set_event, set_event_async, sleep, sleep_async
 from .errors import (
     CannotResume,
     ConfigurationError,
+    EmbeddedUnavailable,
+    MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     PgflowError,
     SerializationError,
@@ -17,7 +20,9 @@ from .errors import (
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowConflict,
+    WorkflowExpired,
     WorkflowFailed,
+    WorkflowTimeout,
 )
 from .handle import WorkflowHandle
 from .patches import deprecate_patch, patched, patched_async
@@ -38,8 +43,12 @@ __all__ = [
     "Canvas",
     "CannotResume",
     "ConfigurationError",
+    "EmbeddedUnavailable",
+    "MaxAttemptsExceeded",
+    "Mismatch",
     "NonDeterministicWorkflow",
     "PgflowError",
+    "ReplayReport",
     "RetryPolicy",
     "SerializationError",
     "Signature",
@@ -55,12 +64,16 @@ __all__ = [
     "Workflow",
     "WorkflowCancelled",
     "WorkflowConflict",
+    "WorkflowExpired",
     "WorkflowFailed",
     "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowRecord",
+    "WorkflowTimeout",
     "attempt",
     "chain",
+    "check_replay",
+    "check_replay_async",
     "chord",
     "close_stream",
     "close_stream_async",

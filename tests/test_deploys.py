@@ -179,3 +179,18 @@ def _arguments(*args: Any) -> bytes:
 
     return msgspec.msgpack.encode([list(args), {}])
 
+
+
+def test_every_exception_the_readme_names_is_exported() -> None:
+    import inspect
+    import re
+
+    from pgflow import errors
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    public = {name for name, value in vars(errors).items() if inspect.isclass(value)
+              and issubclass(value, Exception) and not name.startswith("_")}
+    named = set(re.findall(r"\b([A-Z][A-Za-z]+)\b", readme)) & public
+    assert {"WorkflowTimeout", "MaxAttemptsExceeded", "StepTimeout", "WorkflowFailed"} <= named
+    missing = sorted(name for name in named | public if name not in pgflow.__all__)
+    assert missing == [], f"exceptions named in the README or public in pgflow.errors, not exported: {missing}"
