@@ -127,6 +127,9 @@ class App(Operations):
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
+        from .canvas import register as register_canvas  # (canvas builds on this module's Workflow)
+
+        register_canvas(self)
 
     @property
     def dsn(self) -> str:
@@ -154,12 +157,13 @@ class App(Operations):
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
         max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None, schedule: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
         priority: int = 0, max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None,
-        schedule: str | None = None,
+        schedule: str | None = None, retry: RetryPolicy | None = None,
     ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``.
 
@@ -171,13 +175,16 @@ class App(Operations):
         serving ``queue`` starts the workflow at each tick under the id ``name@tick``, so each tick runs
         once however many workers there are. A scheduled workflow takes no arguments, or one: the
         tick's datetime.
+        ``retry`` (a ``RetryPolicy``) runs the body again when it raises an exception the policy
+        retries: up to ``max_attempts`` runs in all, after its backoff (the slot is given back
+        meanwhile); recorded steps replay, the step that failed runs again.
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             _check_registrable(fn, "workflow")
             spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
                                    Cron.parse(schedule) if schedule is not None else None,
-                                   self.registry.value_limit)
+                                   self.registry.value_limit, retry)
             self.registry.add_workflow(spec)
             workflow: Workflow[Any, Any] = Workflow(spec, self._client)
             self.workflows[spec.name] = workflow

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from .app import App
+from .checkreplay import add_command as add_check_replay
 from .commands import add_commands, explain, run
 from .dashboard.command import add_parser as add_dashboard
 from .dashboard.command import run as run_dashboard
@@ -158,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_commands(commands, with_app)
     add_dashboard(commands)
+    add_check_replay(commands, with_app)
 
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
@@ -165,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "handler", None) is not None:  # a command of its own module (check-replay)
+            return int(args.handler(args))
         if args.command == "worker":
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]

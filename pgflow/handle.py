@@ -56,6 +56,9 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
+        parent = journaling()
+        if parent is not None and (known := await parent.child_outcome(self.id)) is not None:
+            return self._outcome(known)
         runtime = self._client.runtime()
         seen: WorkflowRow | None = None
         read = False
@@ -123,6 +126,9 @@ class WorkflowHandle(Generic[R]):
         return data, str(uuid.uuid4())
 
     async def _send(self, topic: str, data: bytes, key: str) -> None:
+        sender = journaling()
+        if sender is not None and sender.replay_only:
+            return  # a check of the sender's journal writes nothing
         runtime = self._client.runtime()
         found = await runtime.db(lambda store: store.send(self.id, topic, data, key))
         if found is None:
@@ -263,7 +269,7 @@ class WorkflowHandle(Generic[R]):
         if row.status == "succeeded":
             return self._client.registry.decode_result(row.name, row.output or b"\xc0")  # type: ignore[no-any-return]
         if row.status == "cancelled":
-            raise WorkflowCancelled(self.id)
+            raise WorkflowCancelled(self.id, (row.error or {}).get("message") or None)
         error = row.error or {}
         raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),
                              error.get("traceback", ""))

@@ -11,7 +11,7 @@ from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
           " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
-          " CASE WHEN status = 'queued' THEN waiting_for END")
+          " CASE WHEN status = 'queued' THEN waiting_for END, retries, expires_at")
 
 
 class ManagementStatements(Statements):
