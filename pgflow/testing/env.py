@@ -24,6 +24,7 @@ import anyio
 import psycopg
 
 from .. import App, WorkflowHandle
+from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
 from .._core.store import Store
@@ -122,10 +123,22 @@ class PgflowEnv:
         try:
             async with self.app.worker(concurrency=self.concurrency, queues=self.queues) as worker:
                 self.worker = worker
+                await self._schedules_armed(worker)
                 self._ready.set()
                 await self._stop.wait()
         finally:
             await self.app._runtimes.aclose_current()
+
+    async def _schedules_armed(self, worker: Worker, timeout: float = 30.0) -> None:
+        """Until the worker runs the schedule of every workflow it serves that has one: a schedule
+        takes its first tick from the clock when it starts, so a clock moved on before then would
+        skip the ticks in between."""
+        wanted = {cron_service(spec.name) for spec in self.app.registry.workflows.values()
+                  if spec.schedule is not None and spec.queue in worker.queues}
+        with anyio.fail_after(timeout):
+            while not wanted <= worker.leading:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0)  # their tasks begin, and wait on the clock from the time it shows now
 
     def _alive(self) -> None:
         if self._failure is not None:
