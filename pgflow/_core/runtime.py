@@ -28,8 +28,9 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import PoolClosed
 
-from .connecting import check_connectable, linked
+from .connecting import check_connectable, link_settings, linked
 from .pool import Pool
+from .pooler import warn_of_missing_settings
 from .registry import Config
 from .signals import Keyring, News, Signals
 from .store import Store, retrying
@@ -106,13 +107,20 @@ class Runtime:
     async def _open(self) -> Store:
         config = await self.hub.config_async()
         if not self.hub.reached:
-            await check_connectable(config.dsn)  # a wrong DSN fails now, and says why
+            # A wrong DSN fails now, and says why.
+            await check_connectable(config.dsn, link_settings(config.dsn, config.query_timeout,
+                                                              session=not config.pooled))
+            if config.pooled:
+                await check_connectable(config.session_dsn, link_settings(config.session_dsn, config.query_timeout))
             self.hub.reached = True
         self.config = config
         pool = Pool(config)
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
         try:
+            if config.pooled and not self.hub.pooled_checked:
+                self.hub.pooled_checked = True
+                await warn_of_missing_settings(pool, config.query_timeout)
             await self.hub.migrate_once(store)
             await self.hub.load_keys(store)
         except BaseException:
@@ -122,7 +130,8 @@ class Runtime:
         async def opened_pool() -> Pool:
             return pool
 
-        self.signals.start(config, opened_pool, lambda: linked(config.dsn, config.query_timeout), store.signal_keys)
+        self.signals.start(config, opened_pool, lambda: linked(config.session_dsn, config.query_timeout),
+                           store.signal_keys)
         self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
         return store
 
@@ -208,6 +217,7 @@ class Runtimes:
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         self._migrated = False
         self.reached = False  # the server answered once: later failures are outages, waited out
+        self.pooled_checked = False  # the pooler's server sessions were looked at (Config.pooled)
         self.keyring = Keyring(Config.channel_of(schema))
 
     def config(self) -> Config:
