@@ -9,6 +9,8 @@ core path running here shows pgflow relies on no session state on ``dsn``.
 from __future__ import annotations
 
 import logging
+import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 import pgflow
 
 from .pgbouncer import SKIP_REASON, Pgbouncer, binary
+from .processes import Processes, result_of, wait_until
 
 pytestmark = pytest.mark.skipif(binary() is None, reason=SKIP_REASON)
 
@@ -204,3 +207,22 @@ async def test_statements_run_many_times_are_not_prepared_on_the_pooled_connecti
             for i in range(12):  # the same statements, well past psycopg's prepare_threshold (5)
                 assert await (await many.start_async(i)).result_async(timeout=60) == i
     assert not [r for r in caplog.records if "prepared statement" in r.getMessage()]
+
+
+def test_a_worker_process_whose_pgbouncer_is_killed_and_restarted_finishes_everything(
+        dsn: str, schema: str, bouncer: Pgbouncer, worker_env: dict[str, str], procs: Processes) -> None:
+    env = {**worker_env, "PGFLOW_DSN": bouncer.dsn(dsn), "PGFLOW_LISTEN_DSN": dsn}
+    worker = procs.worker("pooled-worker", "tests.apps.pooled:app", env, concurrency=8, grace=5.0)
+    with pooled_app(dsn, schema, bouncer) as app:
+        first = [app.start_by_name("pooled.nap", i) for i in range(8)]
+        wait_until(lambda: all(handle.status() == "queued" for handle in first) and
+                   all(handle.info().steps for handle in first), "the first naps", procs, worker)
+        bouncer.kill()
+        time.sleep(1.0)  # an outage of a second, not an event to wait for: the worker meets it
+        bouncer.start()
+        second = [app.start_by_name("pooled.nap", i) for i in range(8, 16)]
+        assert [result_of(handle, procs) for handle in first + second] == [2 * i * i for i in range(16)]
+        assert [list(handle.stream("done")) for handle in second] == [[i] for i in range(8, 16)]
+    assert worker.alive(), procs.logs()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0, procs.logs()
