@@ -249,7 +249,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             holders.append(asyncio.create_task(hold(a.dsn, schema, a.hold, marks, t0)))
             if k < 2:
                 await watching(a.hold / 3, tasks)
-        await watching(a.hold * 2, tasks + holders)
+        while not all(holder.done() for holder in holders):
+            await watching(1.0, tasks + [holder for holder in holders if holder.done()])
         await asyncio.gather(*holders)
         during_end = time.monotonic() - t0
         await watching(a.after, tasks)
@@ -287,7 +288,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="30 s transactions, 30 s before and 60 s after")
     p.add_argument("--label", default="", help="a word for the results file name")
     p.add_argument("--output", default=None, help="results file")
+    p.add_argument("--summarize", default=None, metavar="FILE",
+                   help="print a results file's summary again, its phases taken from the transactions' marks")
     a = p.parse_args(argv)
+    if a.summarize:
+        report = json.loads(Path(a.summarize).read_text())
+        marks = report["summary"]["long_transactions"]
+        report["summary"] = summarise(report["samples"], marks, report["settings"]["warmup"],
+                                      (min(m["began"] for m in marks), max(m["ended"] for m in marks)))
+        Path(a.summarize).write_text(json.dumps(report, indent=1, default=str))
+        print_summary(report["summary"])
+        return
     if a.quick:
         a.warmup, a.before, a.hold, a.after = 10.0, 30.0, 30.0, 60.0
     report = asyncio.run(run(a))
@@ -298,8 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.output) if a.output else HERE / "results" / (
         f"long-transaction-{stamp}{'-' + a.label if a.label else ''}-pg{major}.json")
     out.write_text(json.dumps(report, indent=1, default=str))
-    s = report["summary"]
     log(f"results in {out}")
+    print_summary(report["summary"])
+
+
+def print_summary(s: dict[str, Any]) -> None:
     for name in ("before", "during", "after"):
         log(f"{name:7s} {json.dumps(s[name])}")
     log(f"during/before {s['during_over_before']}, recovered {s['recovered_after_s']} s after,"
