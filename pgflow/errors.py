@@ -53,11 +53,17 @@ class WorkflowFailed(PgflowError):
 
 
 class WorkflowCancelled(PgflowError):
-    """The workflow was cancelled before it produced a result."""
+    """The workflow was cancelled before it produced a result; ``reason`` says why when pgflow
+    cancelled it itself (it expired before it started)."""
 
-    def __init__(self, workflow_id: str) -> None:
-        super().__init__(f"workflow {workflow_id!r} was cancelled")
+    def __init__(self, workflow_id: str, reason: str | None = None) -> None:
+        super().__init__(f"workflow {workflow_id!r} was cancelled" + (f": {reason}" if reason else ""))
         self.workflow_id = workflow_id
+        self.reason = reason
+
+
+class WorkflowExpired(PgflowError):
+    """The recorded reason of a workflow cancelled because it had not started by its ``expires=``."""
 
 
 class StepFailed(PgflowError):

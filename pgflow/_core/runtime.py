@@ -29,8 +29,9 @@ import psycopg
 from psycopg_pool import PoolClosed
 
 from .clock import OWNER, Clock
-from .connecting import check_connectable, linked
+from .connecting import check_connectable, link_settings, linked
 from .pool import Pool
+from .pooler import warn_of_missing_settings
 from .registry import Config
 from .signals import Keyring, News, Signals
 from .store import Store, retrying
@@ -107,13 +108,20 @@ class Runtime:
     async def _open(self) -> Store:
         config = await self.hub.config_async()
         if not self.hub.reached:
-            await check_connectable(config.dsn)  # a wrong DSN fails now, and says why
+            # A wrong DSN fails now, and says why.
+            await check_connectable(config.dsn, link_settings(config.dsn, config.query_timeout,
+                                                              session=not config.pooled))
+            if config.pooled:
+                await check_connectable(config.session_dsn, link_settings(config.session_dsn, config.query_timeout))
             self.hub.reached = True
         self.config = config
         pool = Pool(config)
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
         try:
+            if config.pooled and not self.hub.pooled_checked:
+                self.hub.pooled_checked = True
+                await warn_of_missing_settings(pool, config.query_timeout)
             await self.hub.migrate_once(store)
             await self.hub.load_keys(store)
         except BaseException:
@@ -123,7 +131,8 @@ class Runtime:
         async def opened_pool() -> Pool:
             return pool
 
-        self.signals.start(config, opened_pool, lambda: linked(config.dsn, config.query_timeout), store.signal_keys)
+        self.signals.start(config, opened_pool, lambda: linked(config.session_dsn, config.query_timeout),
+                           store.signal_keys)
         self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
         return store
 
@@ -219,6 +228,7 @@ class Runtimes:
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         self._migrated = False
         self.reached = False  # the server answered once: later failures are outages, waited out
+        self.pooled_checked = False  # the pooler's server sessions were looked at (Config.pooled)
         self.keyring = Keyring(Config.channel_of(schema))
         self.clock = Clock()  # the time this App's timers follow here (pgflow.testing moves it)
 
@@ -230,7 +240,7 @@ class Runtimes:
                 raise RuntimeError("close the App (app.close()) before pointing it elsewhere")
             self._by_loop.clear()
             self._make_config, self._config_blocks, self._config = config, config_blocks, None
-            self._migrated = self.reached = False
+            self._migrated = self.reached = self.pooled_checked = False
             self.keyring = Keyring(Config.channel_of(schema))
             self.clock = Clock()
 
