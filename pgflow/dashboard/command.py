@@ -61,6 +61,6 @@ def run(app: Any, args: argparse.Namespace) -> int:
         from .server import serve
     except ImportError as exc:
         raise ConfigurationError(
-            f"the dashboard needs Starlette and uvicorn: pip install 'pgflow[web]' ({exc})") from exc
+            f"the dashboard needs Starlette and uvicorn: pip install 'pgflow-durable[web]' ({exc})") from exc
     serve(app, host, port, token, actions)
     return 0
