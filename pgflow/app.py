@@ -137,7 +137,8 @@ class App(Operations):
             from .embedded import embedded_dsn
 
             self._dsn = embedded_dsn(self._data_dir)
-            log.info("embedded PostgreSQL with its data in %s", self._data_dir)
+            # DEBUG: every command would say it at the CLI's INFO; `pgflow psql --print` shows where.
+            log.debug("embedded PostgreSQL with its data in %s", self._data_dir)
         return self._dsn
 
     @property
