@@ -31,8 +31,10 @@ class StreamInfo:
 
 @dataclass(frozen=True)
 class WorkflowRecord:
-    """A workflow as ``app.list_workflows`` lists it. ``attempt`` counts the claims of this run (a
-    resume starts it again from 0; taking a sleeping or waiting workflow up again is no new attempt);
+    """A workflow as ``app.list_workflows`` lists it. ``attempt`` is ``pgflow.attempt()``'s count, as
+    the worker's log and ``pgflow workflows show`` have it: runs begun, one more for each that a crash,
+    a stop or a lost lease cut short (a resume starts it again; taking a sleeping or waiting workflow
+    up again is no new attempt);
     ``error_type`` is the recorded failure's type, if any; ``parent_id`` the workflow whose body
     started it. A queued workflow is due at ``due_at`` (a sleeping one wakes then), and one that gave
     its slot back to wait for a message names the topic in ``waiting_for``."""
