@@ -13,13 +13,20 @@ from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
 
 @dataclass(frozen=True)
 class StepInfo:
-    """A recorded step call: its position in the workflow, its name, and how it ended."""
+    """A recorded step call: its position in the workflow, its name, how it ended, and when it started
+    (the first attempt of the run that recorded it; None for the body's own entries, such as sleeps,
+    and for steps recorded before version 17 of the schema)."""
 
     position: int
     name: str
     error_type: str | None
     attempts: int
     finished_at: datetime
+    started_at: datetime | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return seconds_between(self.started_at, self.finished_at)
 
 
 @dataclass(frozen=True)
