@@ -15,7 +15,10 @@ from typing import Any
 import anyio
 
 from .app import App
+from .checkreplay import add_command as add_check_replay
 from .commands import add_commands, explain, run
+from .dashboard.command import add_parser as add_dashboard
+from .dashboard.command import run as run_dashboard
 from .errors import ConfigurationError, EmbeddedUnavailable, PgflowError
 from .supervisor import supervise
 
@@ -155,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     add_commands(commands, with_app)
+    add_dashboard(commands)
+    add_check_replay(commands, with_app)
 
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
@@ -162,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "handler", None) is not None:  # a command of its own module (check-replay)
+            return int(args.handler(args))
         if args.command == "worker":
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]
@@ -184,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 app.close()
             _exit_despite_abandoned_threads(code)
             return code
+        if args.command == "dashboard":
+            with load_app(args.app_target) if args.app_target else App() as app:
+                return run_dashboard(app, args)
         if args.command != "migrate":
             with load_app(args.app_target) if args.app_target else App() as app:
                 return run(app, args)

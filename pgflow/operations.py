@@ -15,6 +15,7 @@ from ._core.client import Client
 from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
+from ._core.twins import blocking
 from .errors import UnknownWorkflow
 from .records import (
     SILENT_AFTER,
@@ -71,13 +72,7 @@ class Operations:
             limit, order == "desc"))
         return [WorkflowRecord.of(row) for row in rows]
 
-    def list_workflows(
-        self, status: str | None = None, name: str | None = None, queue: str | None = None,
-        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
-        order: str = "desc",
-    ) -> list[WorkflowRecord]:
-        return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
-                                 limit, order)
+    list_workflows = blocking(list_workflows_async)
 
     async def workflow_details_async(self, workflow_id: str, steps_limit: int = 1000) -> WorkflowDetails:
         """Everything kept of one workflow, from one snapshot, for a person finding out what happened:
@@ -96,8 +91,7 @@ class Operations:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
         return _details(*found)
 
-    def workflow_details(self, workflow_id: str, steps_limit: int = 1000) -> WorkflowDetails:
-        return self._client.call(self.workflow_details_async, workflow_id, steps_limit)
+    workflow_details = blocking(workflow_details_async)
 
     async def queues_info_async(self) -> list[QueueInfo]:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
@@ -105,8 +99,7 @@ class Operations:
         return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
                           r[5], r[6], r[7]) for r in rows]
 
-    def queues_info(self) -> list[QueueInfo]:
-        return self._client.call(self.queues_info_async)
+    queues_info = blocking(queues_info_async)
 
     async def workers_info_async(self) -> list[WorkerInfo]:
         """The registered workers: where they run, what they serve, their heartbeat's age, how many
@@ -116,8 +109,7 @@ class Operations:
                            list(r[7]), None if r[8] is None else float(r[8]),
                            float(r[5]) > (SILENT_AFTER if r[8] is None else float(r[8]))) for r in rows]
 
-    def workers_info(self) -> list[WorkerInfo]:
-        return self._client.call(self.workers_info_async)
+    workers_info = blocking(workers_info_async)
 
     async def health_async(self, stuck_after: float = 60.0) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
@@ -134,8 +126,7 @@ class Operations:
                       [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
                        for name, pid, user, app, age in locks])
 
-    def health(self, stuck_after: float = 60.0) -> Health:
-        return self._client.call(self.health_async, stuck_after)
+    health = blocking(health_async)
 
     async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
@@ -147,9 +138,7 @@ class Operations:
         runtime = self._client.runtime()
         return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
 
-    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
-              progress: Callable[[int], None] | None = None) -> int:
-        return self._client.call(self.prune_async, older_than, batch, progress)
+    prune = blocking(prune_async)
 
     async def rotate_signal_key_async(self, overlap: float = ROTATION_OVERLAP) -> int:
         """Add a new key to the keyring that seals pings, without downtime: processes seal with it
@@ -161,8 +150,7 @@ class Operations:
                              f" got {overlap!r}")
         return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
 
-    def rotate_signal_key(self, overlap: float = ROTATION_OVERLAP) -> int:
-        return self._client.call(self.rotate_signal_key_async, overlap)
+    rotate_signal_key = blocking(rotate_signal_key_async)
 
 
 def _details(row: tuple[Any, ...], steps: list[tuple[Any, ...]], total: int, errors: list[tuple[Any, ...]],

@@ -58,6 +58,8 @@ class WorkflowRecord:
     parent_id: str | None = None
     due_at: datetime | None = None
     waiting_for: str | None = None
+    retries: int = 0  # failed runs of the body run again under the workflow's retry policy
+    expires_at: datetime | None = None  # cancelled unrun if it has not started by then (expires=)
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> WorkflowRecord:

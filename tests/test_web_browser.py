@@ -19,7 +19,7 @@ import pytest
 import pgflow
 
 from .processes import Processes
-from .test_examples import start_web
+from .web import start_web
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from .. import codec
-from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowTimeout
+from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
 from .registry import StepSpec
 from .store import Claimed, StepRecord
 
@@ -126,7 +126,11 @@ def replay(record: StepRecord, step: StepSpec) -> Any:
 
 
 def refused(claimed: Claimed) -> Outcome | None:
-    """The failure to record instead of running, for a poison workflow or one past its deadline."""
+    """The end to record instead of running: for a workflow that expired before it started, a poison
+    workflow, or one past its deadline."""
+    if claimed.expired:
+        return "cancelled", None, describe(WorkflowExpired(
+            f"workflow {claimed.id!r} had not started by its expiry time (expires=), so it never ran"))
     if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
         runs = claimed.max_attempts - (claimed.attempt - claimed.run)  # its max_attempts
         return "failed", None, describe(MaxAttemptsExceeded(

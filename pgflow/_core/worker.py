@@ -135,7 +135,7 @@ class Worker:
         self._finisher = Finisher(self._store, runtime.signals, recorded=runtime.count_ends)
         self._starts = StepStarts(self._store)
         config = runtime.config
-        self._maintenance = Maintenance(linked(config.dsn, config.query_timeout), self._store.schema,
+        self._maintenance = Maintenance(linked(config.session_dsn, config.query_timeout), self._store.schema,
                                         self._services(), interval=self.lease, query_timeout=config.query_timeout)
         self._wake = Waiter()
         self._token = anyio.lowlevel.current_token()  # the loop's, for every execution's sync callbacks
@@ -250,7 +250,7 @@ class Worker:
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[cron_service(spec.name)] = schedule(spec.schedule, self._start_tick(spec),
-                                                         catch_up=3 * self.lease)
+                                                         catch_up=3 * self.lease, clock=self.runtimes.clock)
         return services
 
     async def _warn_unserved(self) -> None:

@@ -11,7 +11,7 @@ from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
           " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
-          " CASE WHEN status = 'queued' THEN waiting_for END")
+          " CASE WHEN status = 'queued' THEN waiting_for END, retries, expires_at")
 
 
 class ManagementStatements(Statements):
@@ -78,7 +78,7 @@ class ManagementStatements(Statements):
                 "DELETE FROM {s}.step_errors e WHERE workflow_id = %s AND NOT EXISTS (SELECT FROM {s}.steps s"
                 " WHERE s.workflow_id = e.workflow_id AND s.position = e.position)"), (workflow_id,))
             await conn.execute(self._sql(
-                "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = now(),"
+                "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = {s}.clock_now(),"
                 " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
                 " deadline_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s"),
                 (workflow_id,))
@@ -148,8 +148,9 @@ class ManagementStatements(Statements):
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH live AS (SELECT queue, count(*) FILTER (WHERE status = 'queued') AS queued,"
-                "   count(*) FILTER (WHERE status = 'queued' AND due_at <= now()) AS due,"
-                "   extract(epoch FROM now() - min(due_at) FILTER (WHERE status = 'queued' AND due_at <= now()))"
+                "   count(*) FILTER (WHERE status = 'queued' AND due_at <= {s}.clock_now()) AS due,"
+                "   extract(epoch FROM {s}.clock_now() - min(due_at) FILTER (WHERE status = 'queued'"
+                "    AND due_at <= {s}.clock_now()))"
                 "    AS waited,"
                 "   count(*) FILTER (WHERE status = 'running') AS running"
                 "  FROM {s}.workflows WHERE status IN ('queued', 'running') GROUP BY queue)"
@@ -232,7 +233,7 @@ class ManagementStatements(Statements):
             cur = await conn.execute(self._sql(
                 "WITH doomed AS (SELECT id FROM {s}.workflows"
                 "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
-                "   AND finished_at < now() - make_interval(secs => %s)"
+                "   AND finished_at < {s}.clock_now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
                 " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))"
                 "   RETURNING id),"
