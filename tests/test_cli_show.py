@@ -331,3 +331,37 @@ async def test_every_statement_of_a_details_read_goes_by_an_index(app: pgflow.Ap
                                       ["id", "lease", "position", "run", "try", "error", "keep"])
     for name, text in plans.items():
         assert "Seq Scan" not in text and "Index" in text, (name, text)
+
+
+def test_durations_follow_the_schemas_clock_under_pgflow_testing(dsn: str) -> None:
+    """Under pgflow.testing's clock, a day ahead of the wall's, a step's start, its attempts' errors and
+    its end are all read on the schema's clock (clock_now()): its duration is its own, not the day."""
+    from pgflow.testing import PgflowEnv
+
+    app = pgflow.App(dsn)
+
+    @app.step(name="show.quick_retry", max_attempts=2, backoff=0.01)
+    async def quick_retry() -> int:
+        if pgflow.step_attempt() == 1:
+            raise ConnectionError("once")
+        return 1
+
+    @app.workflow(name="show.patient")
+    async def patient() -> int:
+        return await quick_retry()
+
+    env = PgflowEnv(app, dsn).start()
+    try:
+        env._call(lambda: env.set_schema_clock(86400.0))
+        handle = patient.start()
+        env.clock.advance(seconds=1)
+        assert handle.result(timeout=WAIT) == 1
+        details = app.workflow_details(handle.id)
+        [step] = details.steps
+        assert step.started_at is not None and step.duration_s is not None
+        assert 0 <= step.duration_s < 60, step
+        [kept] = step.attempt_errors
+        assert details.created_at <= step.started_at <= kept.failed_at <= step.finished_at
+    finally:
+        env.stop()
+        app.close()

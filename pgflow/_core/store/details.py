@@ -44,10 +44,10 @@ DETAILS = {"workflow": WORKFLOW, "steps": STEPS, "step_count": STEP_COUNT, "atte
 NOTE_ERROR = (
     "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
     "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running'),"
-    " noted AS (INSERT INTO {s}.step_errors (workflow_id, position, run, step_attempt, error)"
-    "  SELECT %(id)s, %(position)s, %(run)s, %(try)s, %(error)s FROM owner"
+    " noted AS (INSERT INTO {s}.step_errors (workflow_id, position, run, step_attempt, error, failed_at)"
+    "  SELECT %(id)s, %(position)s, %(run)s, %(try)s, %(error)s, {s}.clock_now() FROM owner"
     "  ON CONFLICT (workflow_id, position, run, step_attempt)"
-    "  DO UPDATE SET error = excluded.error, failed_at = now()),"
+    "  DO UPDATE SET error = excluded.error, failed_at = excluded.failed_at),"
     # (The statement's snapshot does not see the row it inserts: the newest keep - 1 stay.)
     " old AS (DELETE FROM {s}.step_errors WHERE workflow_id = %(id)s AND position = %(position)s"
     "  AND EXISTS (SELECT FROM owner) AND (run, step_attempt) IN (SELECT run, step_attempt"
