@@ -63,7 +63,7 @@ def path(*segments: str, **query: object) -> str:
 
 def table(headers: list[str], rows: Sequence[Sequence[object]], empty: str = "none", **attributes: object) -> Html:
     if not rows:
-        return tag("p", empty, class_="empty")
+        return tag("p", empty, class_="empty", id=attributes.get("id"))
     head = tag("thead", tag("tr", *(tag("th", h) for h in headers)))
     body = tag("tbody", *(tag("tr", *(tag("td", cell) for cell in row)) for row in rows))
     return tag("table", head, body, **attributes)
