@@ -195,7 +195,7 @@ class Dashboard:
                     if detail is None:
                         yield "event: gone\ndata: {}\n\n"
                         return
-                    data = {"html": str(workflow_state(detail)), "status": detail.record["status"],
+                    data = {"html": str(workflow_state(detail, self.allow_actions)), "status": detail.record["status"],
                             "streams": [s.key for s in detail.streams]}
                     yield f"event: state\ndata: {json.dumps(data)}\n\n"
                 await anyio.sleep(WATCH_EVERY)
