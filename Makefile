@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot lint bench clean install-check
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench clean install-check
 
 help:
 	@echo "pgflow development targets:"
@@ -21,6 +21,7 @@ help:
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
 	@echo "  make web     run the web example (examples/web/app.py) on http://127.0.0.1:8000"
 	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
+	@echo "  make dashboard-screenshots  rewrite docs/dashboard/*.png from the dashboard's browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
@@ -79,6 +80,9 @@ web: $(STAMP)
 
 screenshot: $(STAMP)
 	PGFLOW_SCREENSHOT=examples/web/screenshot.png $(PY) -m pytest -q tests/test_web_browser.py -k pg18
+
+dashboard-screenshots: $(STAMP)
+	PGFLOW_DASHBOARD_SCREENSHOTS=docs/dashboard $(PY) -m pytest -q tests/test_dashboard_browser.py -k pg18
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests
