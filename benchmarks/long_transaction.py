@@ -48,6 +48,11 @@ import psycopg
 
 import pgflow
 
+try:
+    from pgflow._core.store.claims import FLOOR_MARGIN, FLOORS
+except ImportError:  # a pgflow from before the bounded claims (an A/B run against an older checkout)
+    FLOORS, FLOOR_MARGIN = "", 0.0
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -135,6 +140,9 @@ WHERE p.type = 'l' AND NOT (p.btpo_next <> 0 AND i.itemoffset = 1)
 PROBES = {
     "queued": "SELECT id FROM {s}.workflows WHERE status = 'queued' AND queue = 'default' AND due_at <= now()"
               " ORDER BY priority DESC, due_at LIMIT 64",
+    # A bounded claim's scan (most claims, since the floors): from the floor a full claim computes.
+    "bounded": "SELECT id FROM {s}.workflows WHERE status = 'queued' AND queue = 'default' AND due_at <= now()"
+               " AND due_at >= '{floor}'::timestamptz ORDER BY priority DESC, due_at LIMIT 64",
     "expired": "SELECT id FROM {s}.workflows WHERE status = 'running' AND lease_expires_at < now()"
                " AND queue = ANY(ARRAY['default']) ORDER BY lease_expires_at LIMIT 64",
 }
@@ -157,9 +165,15 @@ async def monitor(dsn: str, schema: str, every: float, stop: asyncio.Event, coun
             n, p50, p99, dead, queued, pages, holding = row
             entries = (await (await conn.execute(ENTRIES, {"index": f"{s}.workflows_queued"})).fetchone())[0]  # type: ignore[index]
             probes = {}
+            floor = None
+            if FLOORS:
+                floor = (await (await conn.execute(FLOORS.replace("{s}", s), {
+                    "queues": ["default"], "names": ["longtx.flow"], "margin": FLOOR_MARGIN})).fetchone())[1]  # type: ignore[index]
             for name, probe in PROBES.items():
+                if floor is None and name == "bounded":
+                    continue
                 plan = (await (await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                                                  + probe.format(s=s))).fetchone())[0][0]  # type: ignore[index]
+                                                  + probe.format(s=s, floor=floor))).fetchone())[0][0]  # type: ignore[index]
                 probes[f"{name}_scan_ms"] = round(plan["Execution Time"], 3)
                 probes[f"{name}_scan_buffers"] = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get(
                     "Shared Read Blocks", 0)
@@ -176,6 +190,7 @@ async def monitor(dsn: str, schema: str, every: float, stop: asyncio.Event, coun
             log(f"t={last['t']:7.1f}s {last['per_s']:7.1f}/s p50 {last['p50_ms']} p99 {last['p99_ms']} ms"
                 f" backlog {last['backlog']:6d} dead {dead:7d} index dead {last['index_dead']:7d}"
                 f" pages {pages:5d} scans {probes['queued_scan_ms']}/{probes['expired_scan_ms']} ms"
+                f" (bounded {probes.get('bounded_scan_ms')} ms)"
                 f" long tx {holding}")
             since = until
 
@@ -202,7 +217,9 @@ def summarise(samples: list[dict[str, Any]], marks: list[dict[str, float]], befo
                 "index_dead_max": max(r["index_dead"] for r in rows),
                 "index_pages_max": max(r["index_pages"] for r in rows),
                 "queued_scan_ms_max": max(r["queued_scan_ms"] for r in rows),
-                "expired_scan_ms_max": max(r["expired_scan_ms"] for r in rows)}
+                "expired_scan_ms_max": max(r["expired_scan_ms"] for r in rows),
+                **({"bounded_scan_ms_max": max(r["bounded_scan_ms"] for r in rows)} if "bounded_scan_ms" in rows[0]
+                   else {})}
 
     start, end = during
     before = phase([r for r in samples if before_from <= r["t"] <= start])
@@ -215,7 +232,7 @@ def summarise(samples: list[dict[str, Any]], marks: list[dict[str, float]], befo
             if r["per_s"] >= 0.9 * before["per_s"] and r["backlog"] <= max(2 * before["backlog_max"], 100):
                 recovered = round(r["t"] - end, 1)
                 break
-    ratio = round(inside["per_s"] / before["per_s"], 3) if before and inside else None
+    ratio = round(inside["per_s"] / before["per_s"], 3) if before and inside and before["per_s"] else None
     return {"before": before, "during": inside, "after": after, "during_over_before": ratio,
             "recovered_after_s": recovered, "long_transactions": marks,
             "target_met": ratio is not None and ratio >= 0.9 and recovered is not None and recovered <= 60}

@@ -38,7 +38,7 @@ def buffers_of_claim(conn: psycopg.Connection[tuple[object, ...]], schema: str, 
     for n, name in enumerate(PARAMETERS, 1):
         sql = sql.replace(f"%({name})s", f"${n}")
     floors = FLOORS.replace("{s}", quote_identifier(schema))
-    floor = conn.execute(floors, {"queues": ["default"], "margin": FLOOR_MARGIN}).fetchone()
+    floor = conn.execute(floors, {"queues": ["default"], "names": ["n.a"], "margin": FLOOR_MARGIN}).fetchone()
     assert floor is not None
     conn.execute(f"PREPARE probe_claim(text[], timestamptz[], bool, text[], int, text, float8, int8, text) AS {sql}")
     rows: list[tuple[object, ...]] = []
@@ -63,7 +63,7 @@ async def test_a_bounded_claim_skips_the_dead_entries_a_long_transaction_keeps(
     s = quote_identifier(schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         # 20,000 workflows queued, claimed and finished under the held snapshot (as a worker would
-        # leave them), then 100 due ones.
+        # leave them), then 100 due ones, and one of a name this worker does not serve, long queued.
         for batch in range(20):
             conn.execute(f"INSERT INTO {s}.workflows (id, name, queue, inputs, due_at)"
                          f" SELECT 'dead-{batch}-' || i, 'n.a', 'default', '\\x80'::bytea,"
@@ -74,6 +74,8 @@ async def test_a_bounded_claim_skips_the_dead_entries_a_long_transaction_keeps(
                          f" lease_expires_at = NULL WHERE id LIKE 'dead-{batch}-%'")
         conn.execute(f"INSERT INTO {s}.workflows (id, name, queue, inputs)"
                      " SELECT 'live-' || i, 'n.a', 'default', '\\x80'::bytea FROM generate_series(1, 100) i")
+        conn.execute(f"INSERT INTO {s}.workflows (id, name, queue, inputs, due_at)"
+                     " VALUES ('other', 'n.other', 'default', '\\x80'::bytea, now() - interval '1 day')")
         full = buffers_of_claim(conn, schema, full=True)
         bounded = buffers_of_claim(conn, schema, full=False)
     assert full > 1000, full  # the full claim visits the dead versions (and this shows the setup worked)

@@ -66,17 +66,16 @@ CLAIM = (
 
 
 FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
-FLOOR_MARGIN = 30.0  # seconds a floor stays below the oldest due time it saw: a start in flight then
+FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
 
-# Per queue, the lowest due time a queued workflow can have from now on, less a margin: the oldest of
-# its queued and running workflows (a running one can be given back to the queue with its due time),
-# or now when it has none (a start or a wake-up dues a workflow at its statement's now() or later; a
-# statement in flight that longer than the margin, or a row given back that was not running here, is
-# left to the next full claim).
+# Per queue, the lowest due time a workflow this worker can claim there may have from now on, less a
+# margin: the oldest due time of those queued now, or now when none is (a start, a wake-up or a resume
+# dues a workflow at its statement's now() or later). What a floor can leave out (a workflow given
+# back to the queue with its old due time, a start whose statement took longer than the margin) is
+# left to the next full claim, at most FULL_CLAIM_EVERY later.
 FLOORS = (
-    "SELECT q.queue, least(now(),"
-    "  (SELECT min(due_at) FROM {s}.workflows WHERE status = 'queued' AND queue = q.queue),"
-    "  (SELECT min(due_at) FROM {s}.workflows WHERE status = 'running' AND queue = q.queue))"
+    "SELECT q.queue, least(now(), (SELECT min(due_at) FROM {s}.workflows"
+    "   WHERE status = 'queued' AND queue = q.queue AND name = ANY(%(names)s)))"
     "  - make_interval(secs => %(margin)s)"
     " FROM unnest(%(queues)s::text[]) AS q(queue)"
 )
@@ -172,7 +171,8 @@ class ClaimStatements(Statements):
         full = time.monotonic() - self._full_claim_at >= FULL_CLAIM_EVERY or any(q not in floors for q in queues)
         if full:
             self._full_claim_at = time.monotonic()
-            cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "margin": FLOOR_MARGIN})
+            cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
+                                                         "margin": FLOOR_MARGIN})
             floors.update({str(queue): floor for queue, floor in await cur.fetchall()})
         cur = await conn.execute(self._sql(CLAIM
         ), {"queues": list(queues), "floors": [None if full else floors[queue] for queue in queues],
