@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench clean install-check
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs clean install-check
 
 help:
 	@echo "pgflow development targets:"
@@ -25,6 +25,10 @@ help:
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
+	@echo "  make longtx  benchmarks/long_transaction.py: a steady load through three overlapping 120 s REPEATABLE READ"
+	@echo "               transactions (BENCH_ARGS='--rate 200 --dsn ...', '--quick')"
+	@echo "  make costs   benchmarks/costs.py: WAL per workflow and per chunk, NOTIFY's cost per commit, sessions"
+	@echo "               per worker, on a private PostgreSQL 18 (for docs/scaling.md)"
 	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
 	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
 
@@ -91,6 +95,12 @@ lint: $(STAMP)
 BENCH ?= tasks
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks $(BENCH) $(BENCH_ARGS)
+
+longtx: $(STAMP)
+	$(PY) -m benchmarks.long_transaction $(BENCH_ARGS)
+
+costs: $(STAMP)
+	$(PY) -m benchmarks.costs $(BENCH_ARGS)
 
 clean:
 	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.
