@@ -63,7 +63,8 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
                             "workflows that have only just finished")
     with_app(prune)
     psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
-                                            "search path (or print the DSN)")
+                                            "search path (or print the DSN; --json: the DSN, schema and "
+                                            "search path as JSON, psql not opened)")
     psql.add_argument("--print", action="store_true", dest="print_dsn",
                       help="only print the DSN (its password as ***)")
     psql.add_argument("--show-password", action="store_true", help="print the DSN's password as it is")
@@ -122,6 +123,10 @@ def run(app: App, args: argparse.Namespace) -> int:
         return 0 if health.ok else 1
     if args.command == "psql":
         dsn = app.dsn  # for the embedded default, starts or joins the project's server
+        if args.json:  # a script wants where to connect, not an interactive psql
+            _print_json({"dsn": dsn if args.show_password else redact(dsn), "schema": app.schema,
+                         "search_path": f"{app.schema},public"})
+            return 0
         client = shutil.which("psql")
         if args.print_dsn or client is None:
             if client is None and not args.print_dsn:

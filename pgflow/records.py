@@ -13,13 +13,20 @@ from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
 
 @dataclass(frozen=True)
 class StepInfo:
-    """A recorded step call: its position in the workflow, its name, and how it ended."""
+    """A recorded step call: its position in the workflow, its name, how it ended, and when it started
+    (the first attempt of the run that recorded it; None for the body's own entries, such as sleeps,
+    and for steps recorded before version 17 of the schema)."""
 
     position: int
     name: str
     error_type: str | None
     attempts: int
     finished_at: datetime
+    started_at: datetime | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return seconds_between(self.started_at, self.finished_at)
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,10 @@ class StreamInfo:
 
 @dataclass(frozen=True)
 class WorkflowRecord:
-    """A workflow as ``app.list_workflows`` lists it. ``attempt`` counts the claims of this run (a
-    resume starts it again from 0; taking a sleeping or waiting workflow up again is no new attempt);
+    """A workflow as ``app.list_workflows`` lists it. ``attempt`` is ``pgflow.attempt()``'s count, as
+    the worker's log and ``pgflow workflows show`` have it: runs begun, one more for each that a crash,
+    a stop or a lost lease cut short (a resume starts it again; taking a sleeping or waiting workflow
+    up again is no new attempt);
     ``error_type`` is the recorded failure's type, if any; ``parent_id`` the workflow whose body
     started it. A queued workflow is due at ``due_at`` (a sleeping one wakes then), and one that gave
     its slot back to wait for a message names the topic in ``waiting_for``."""

@@ -125,6 +125,10 @@ async def test_workflow_details_sync_and_async_agree(app: pgflow.App) -> None:
     sync_details = await anyio.to_thread.run_sync(app.workflow_details, failed.id)
     assert isinstance(async_details, WorkflowDetails) and async_details == sync_details
     assert [s.name for s in async_details.steps] == ["show.flaky", "show.doomed"]
+    info = await failed.info_async()  # handle.info() carries the same starts and durations
+    assert [(s.started_at, s.duration_s) for s in info.steps] == [
+        (s.started_at, s.duration_s) for s in async_details.steps]
+    assert all(s.duration_s is not None and s.duration_s > 0 for s in info.steps)
     with pytest.raises(pgflow.UnknownWorkflow, match="no workflow with id 'nobody'"):
         await app.workflow_details_async("nobody")
     with pytest.raises(pgflow.UnknownWorkflow):
@@ -273,3 +277,91 @@ async def test_rows_written_by_anyone_are_shown_as_data(app: pgflow.App, dsn: st
         for raw in ("\x1b", "\x07", "\r", "\x9b"):
             assert raw not in text.stdout
         assert "evil\\x1b[2J.step" in text.stdout
+
+
+def prepared_plan(conn: psycopg.Connection[Any], schema: str, name: str, sql: str, types: list[str],
+                  values: list[str], named: list[str] | None = None) -> str:
+    """A statement's generic plan, as pgflow's connections run it (prepared, planned for any value)."""
+    sql = sql.replace("{s}", f'"{schema}"')
+    if named is None:
+        for n in range(1, len(types) + 1):
+            sql = sql.replace("%s", f"${n}", 1)
+    else:
+        for n, param in enumerate(named, 1):
+            sql = sql.replace(f"%({param})s", f"${n}")
+    conn.execute(f"PREPARE {name}({', '.join(types)}) AS {sql}")
+    cur = conn.execute(f"EXPLAIN EXECUTE {name}({', '.join(values)})")
+    return "\n".join(row[0] for row in cur.fetchall())
+
+
+async def test_every_statement_of_a_details_read_goes_by_an_index(app: pgflow.App, dsn: str, schema: str) -> None:
+    """At 50,000 workflows with steps, attempt errors, notes and streams, no statement of a details read
+    (nor the note of an attempt's error) scans a table: the cost of `show` does not grow with the data."""
+    from pgflow._core.store.details import DETAILS, NOTE_ERROR
+
+    await app.migrate_async()
+    s = f'"{schema}"'
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {s}.workflows (id, name, queue, inputs, status, finished_at)"
+                     " SELECT 'w' || i, 'n', 'default', '\\x80', 'succeeded', now() FROM generate_series(1, 50000) i")
+        conn.execute(f"INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt, started_at)"
+                     " SELECT 'w' || i, p, 'step', '\\x01', 1, 1, now() FROM generate_series(1, 50000) i,"
+                     " generate_series(0, 3) p")
+        conn.execute(f"INSERT INTO {s}.step_errors (workflow_id, position, run, step_attempt, error)"
+                     " SELECT 'w' || i, 0, 1, t, '{\"type\": \"E\"}' FROM generate_series(1, 50000) i,"
+                     " generate_series(1, 2) t")
+        conn.execute(f"INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
+                     " SELECT 'w' || i, 4, 1, 1 FROM generate_series(1, 50000, 7) i")
+        conn.execute(f"INSERT INTO {s}.stream_ids (workflow_id, key) SELECT 'w' || i, 'out'"
+                     " FROM generate_series(1, 50000) i")
+        conn.execute(f"INSERT INTO {s}.chunks (stream_id, position, value) SELECT id, p, '\\x01'"
+                     f" FROM {s}.stream_ids, generate_series(0, 4) p")
+        for table in ("workflows", "steps", "step_errors", "step_attempts", "stream_ids", "chunks"):
+            conn.execute(f"ANALYZE {s}.{table}")
+        conn.execute("SET jit = off")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        args = {"workflow": (["text"], ["'w77'"]), "steps": (["text", "int"], ["'w77'", "1000"]),
+                "step_count": (["text"], ["'w77'"]),
+                "attempt_errors": (["text", "bool", "int"], ["'w77'", "true", "3"]),
+                "begun": (["text"], ["'w77'"]), "streams": (["text"], ["'w77'"])}
+        plans = {name: prepared_plan(conn, schema, name, sql, *args[name]) for name, sql in DETAILS.items()}
+        plans["note"] = prepared_plan(conn, schema, "note", NOTE_ERROR,
+                                      ["text", "int8", "int", "int", "int", "jsonb", "int"],
+                                      ["'w77'", "1", "0", "1", "3", "'{}'", "9"],
+                                      ["id", "lease", "position", "run", "try", "error", "keep"])
+    for name, text in plans.items():
+        assert "Seq Scan" not in text and "Index" in text, (name, text)
+
+
+def test_durations_follow_the_schemas_clock_under_pgflow_testing(dsn: str) -> None:
+    """Under pgflow.testing's clock, a day ahead of the wall's, a step's start, its attempts' errors and
+    its end are all read on the schema's clock (clock_now()): its duration is its own, not the day."""
+    from pgflow.testing import PgflowEnv
+
+    app = pgflow.App(dsn)
+
+    @app.step(name="show.quick_retry", max_attempts=2, backoff=0.01)
+    async def quick_retry() -> int:
+        if pgflow.step_attempt() == 1:
+            raise ConnectionError("once")
+        return 1
+
+    @app.workflow(name="show.patient")
+    async def patient() -> int:
+        return await quick_retry()
+
+    env = PgflowEnv(app, dsn).start()
+    try:
+        env._call(lambda: env.set_schema_clock(86400.0))
+        handle = patient.start()
+        env.clock.advance(seconds=1)
+        assert handle.result(timeout=WAIT) == 1
+        details = app.workflow_details(handle.id)
+        [step] = details.steps
+        assert step.started_at is not None and step.duration_s is not None
+        assert 0 <= step.duration_s < 60, step
+        [kept] = step.attempt_errors
+        assert details.created_at <= step.started_at <= kept.failed_at <= step.finished_at
+    finally:
+        env.stop()
+        app.close()

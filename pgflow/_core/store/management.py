@@ -44,7 +44,7 @@ class ManagementStatements(Statements):
             if record is None:
                 return None
             cur = await conn.execute(self._sql(
-                "SELECT position, name, error->>'type', attempts, finished_at FROM {s}.steps"
+                "SELECT position, name, error->>'type', attempts, finished_at, started_at FROM {s}.steps"
                 " WHERE workflow_id = %s ORDER BY position"), (workflow_id,))
             steps = list(await cur.fetchall())
             cur = await conn.execute(self._sql(

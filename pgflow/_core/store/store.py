@@ -307,8 +307,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
                 "   ON w.id = a.id AND w.lease_token = a.lease AND w.status = 'running'),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
-                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
+                # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
+                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
+                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries, {s}.clock_now()"
+                "  FROM owner, lazy"
                 "  ORDER BY id, position, attempt, tries DESC"
                 "  ON CONFLICT (workflow_id, position, attempt)"
                 "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
