@@ -1,13 +1,11 @@
 """The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
 writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
-A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A
-position the journal already holds returns its recorded output (or raises its recorded exception)
-without running; a new position runs the step, with retries, and records the final outcome once,
-fenced by the execution's attempt. Sync workflows run in a
-thread and call back into the worker's loop for every journal operation, so there is one implementation
-of a step call, not two.
-"""
+A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A position
+the journal already holds returns its recorded output (or raises its recorded exception) without
+running; a new position runs the step, with retries, and records the final outcome once, fenced by the
+execution's attempt. Sync workflows run in a thread and call back into the worker's loop for every
+journal operation, so there is one implementation of a step call, not two."""
 
 from __future__ import annotations
 
@@ -365,8 +363,7 @@ class Execution:
         follow those of its earlier attempts (``stream_offset`` tells it how many there were). From the
         workflow body, the n-th write to a key lands at the same position on every run, so a workflow
         replayed after a crash skips the writes that were already committed instead of repeating them.
-        (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)
-        """
+        (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)"""
         if self.interrupt is not None:
             raise self.interrupt
         run = inside_step.get()

@@ -10,13 +10,25 @@ retries with backoff and waits for a message with a timeout goes through every o
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from .._core.clock import Clock
 
-if TYPE_CHECKING:
-    from .env import PgflowEnv
+T = TypeVar("T")
+
+
+class Moved(Protocol):
+    """What the clock needs of the test's environment (env.PgflowEnv) to move time on."""
+
+    def _call(self, fn: Callable[[], Awaitable[T]]) -> T: ...
+    def wall_deadline(self, timeout: float) -> float: ...
+    def wall_left(self, deadline: float) -> float: ...
+    async def run_until_idle_async(self, timeout: float = 30.0) -> None: ...
+    async def next_due_async(self) -> float | None: ...
+    async def set_schema_clock(self, offset: float) -> None: ...
+    def wake_worker(self) -> None: ...
 
 STEP_PAST = 0.001  # seconds past a due time that a step lands on, so "due_at <= clock_now()" holds
 
@@ -35,7 +47,7 @@ def span(seconds: float = 0.0, minutes: float = 0.0, hours: float = 0.0, days: f
 class VirtualClock:
     """The test's time: real time plus what the test has advanced it by."""
 
-    def __init__(self, env: PgflowEnv, clock: Clock) -> None:
+    def __init__(self, env: Moved, clock: Clock) -> None:
         self._env = env
         self._clock = clock
 
