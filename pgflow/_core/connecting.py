@@ -151,7 +151,10 @@ def link_settings(dsn: str, query_timeout: float, *, session: bool = True) -> di
     settings are then the pooler's to make (``connect_query``, see workers/README.md), and
     ``check_pooled_settings`` says which are missing. The client's end (timeouts, keepalives)
     stays: it is this process's link to the pooler."""
-    own = psycopg.conninfo.conninfo_to_dict(dsn)
+    try:
+        own = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:  # said now, and without the password it may hold
+        raise _malformed(dsn, exc) from None
     seconds = max(2, round(query_timeout))
     settings: dict[str, Any] = {"connect_timeout": seconds, "keepalives": 1,
                                 "keepalives_idle": max(1, seconds // 2), "keepalives_interval": 1,

@@ -190,7 +190,7 @@ class PgflowEnv:
             else:
                 calm = None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"pgflow did not become idle within {timeout}s: {due} workflows due, running"
+                raise TimeoutError(f"pgflow did not become idle within {timeout} seconds: {due} workflows due, running"
                                    f" and not waiting: {busy[:10]}, services busy: {sorted(working)}")
             await anyio.sleep(IDLE_LOOK)
 
