@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot lint bench clean install-check
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs clean install-check
 
 help:
 	@echo "pgflow development targets:"
@@ -21,9 +21,14 @@ help:
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
 	@echo "  make web     run the web example (examples/web/app.py) on http://127.0.0.1:8000"
 	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
+	@echo "  make dashboard-screenshots  rewrite docs/dashboard/*.png from the dashboard's browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
+	@echo "  make longtx  benchmarks/long_transaction.py: a steady load through three overlapping 120 s REPEATABLE READ"
+	@echo "               transactions (BENCH_ARGS='--rate 200 --dsn ...', '--quick')"
+	@echo "  make costs   benchmarks/costs.py: WAL per workflow and per chunk, NOTIFY's cost per commit, sessions"
+	@echo "               per worker, on a private PostgreSQL 18 (for docs/scaling.md)"
 	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
 	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
 
@@ -80,6 +85,9 @@ web: $(STAMP)
 screenshot: $(STAMP)
 	PGFLOW_SCREENSHOT=examples/web/screenshot.png $(PY) -m pytest -q tests/test_web_browser.py -k pg18
 
+dashboard-screenshots: $(STAMP)
+	PGFLOW_DASHBOARD_SCREENSHOTS=docs/dashboard $(PY) -m pytest -q tests/test_dashboard_browser.py -k pg18
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests
 	$(PY) -m mypy
@@ -87,6 +95,12 @@ lint: $(STAMP)
 BENCH ?= tasks
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks $(BENCH) $(BENCH_ARGS)
+
+longtx: $(STAMP)
+	$(PY) -m benchmarks.long_transaction $(BENCH_ARGS)
+
+costs: $(STAMP)
+	$(PY) -m benchmarks.costs $(BENCH_ARGS)
 
 clean:
 	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.

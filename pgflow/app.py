@@ -34,6 +34,7 @@ from ._core.store import Store
 from ._core.sync import LoopThread
 from ._core.twins import blocking
 from ._core.worker import Worker
+from .canvas import register as register_canvas
 from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
 from .errors import ConfigurationError
@@ -138,9 +139,7 @@ class App(Operations):
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
-        from .canvas import register as register_canvas  # (canvas builds on this module's Workflow)
-
-        register_canvas(self)
+        register_canvas(self._client)
 
     @property
     def dsn(self) -> str:

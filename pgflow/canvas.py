@@ -19,18 +19,17 @@ chord's callback does not run). Members may nest: a chain inside a group runs as
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
 
 import msgspec
 
 from ._core.checks import check_chosen_id, check_queue
-from .codec import encode_unchecked
-from .workflow import Workflow, start_by_name
+from ._core.registry import DEFAULT_MAX_ATTEMPTS, WorkflowSpec
+from .workflow import Signature, start_by_name
 
 if TYPE_CHECKING:
     from ._core.client import Client
-    from .app import App
     from .handle import WorkflowHandle
 
 __all__ = ["Canvas", "Signature", "chain", "chord", "group"]
@@ -66,27 +65,10 @@ class Chord(msgspec.Struct, tag="chord", frozen=True):
 Node = Union[Call, Chain, Group, Chord]  # noqa: UP007 - msgspec resolves the recursive alias by name
 
 
-@dataclass(frozen=True)
-class Signature:
-    """A workflow with (some of) its arguments, to be run as a canvas member (``wf.s(...)``): a
-    chain prepends the previous member's result to ``args``, a chord's callback gets the group's."""
-
-    workflow: Workflow[Any, Any]
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        registry = self.workflow._client.registry
-        encode_unchecked(self.args, self.kwargs, f"the arguments of {self.workflow.name}.s()", registry.value_limit)
-
-    @property
-    def _client(self) -> Client:
-        return self.workflow._client
-
-    def node(self) -> Call:
-        spec = self.workflow.spec
-        return Call(spec.name, list(self.args), dict(self.kwargs), spec.queue, spec.priority, spec.max_attempts,
-                    spec.timeout)
+def _call(signature: Signature) -> Call:
+    spec = signature.workflow.spec
+    return Call(spec.name, list(signature.args), dict(signature.kwargs), spec.queue, spec.priority,
+                spec.max_attempts, spec.timeout)
 
 
 @dataclass(frozen=True)
@@ -130,8 +112,8 @@ def _nodes(members: Iterable[Member], what: str) -> tuple[list[Node], Client]:
     client: Client | None = None
     for member in members:
         if isinstance(member, Signature):
-            nodes.append(member.node())
-            client = member._client
+            nodes.append(_call(member))
+            client = member.workflow._client
         elif isinstance(member, Canvas):
             nodes.append(member.plan)
             client = member.client
@@ -173,9 +155,9 @@ def chord(header: Canvas | Iterable[Member], callback: Member) -> Canvas:
     return Canvas(Chord(header.plan, done), client)
 
 
-def register(app: App) -> None:
-    """Register the workflow that runs canvases on ``app`` (queue "default")."""
-    client = app._client
+def register(client: Client) -> None:
+    """Register the workflow that runs canvases (on queue "default") in ``client``'s registry, where
+    workers find it; not among the App's own ``workflows``, which are the user's."""
 
     async def start(node: Node, extra: list[Any]) -> WorkflowHandle[Any]:
         """Start one member as a child: a workflow, or a nested canvas."""
@@ -203,4 +185,6 @@ def register(app: App) -> None:
     async def canvas(plan: Node, extra: list[Any]) -> Any:
         return await run(plan, extra)
 
-    app.workflow(name=CANVAS)(canvas)
+    registry = client.registry
+    registry.add_workflow(WorkflowSpec.of(canvas, CANVAS, "default", 0, DEFAULT_MAX_ATTEMPTS, None, None,
+                                          registry.value_limit))

@@ -69,9 +69,8 @@ def add_command(commands: Any, with_app: Callable[[argparse.ArgumentParser], Non
     sub.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from .cli import load_app  # (the CLI imports this module to register the command)
-
+def run(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
+    """The command; ``load_app`` is the CLI's importer of ``module:app``."""
     if not args.app_target:
         raise ConfigurationError("check-replay needs the code to check: --app module:app")
     statuses = [s.strip() for s in args.status.split(",") if s.strip()]

@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if getattr(args, "handler", None) is not None:  # a command of its own module (check-replay)
-            return int(args.handler(args))
+            return int(args.handler(args, load_app))
         if args.command == "worker":
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]

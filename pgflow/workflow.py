@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import telemetry
 from ._core.checks import (
@@ -32,9 +32,6 @@ from ._core.sync import on_a_loop
 from ._core.timing import check_eta, check_expires, timing
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
-
-if TYPE_CHECKING:
-    from .canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -78,6 +75,21 @@ class StartOptions:
         return timing(self.delay, self.eta, self.expires)
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A workflow with (some of) its arguments, to be run as a canvas member (``wf.s(...)``): a
+    chain prepends the previous member's result to ``args``, a chord's callback gets the group's.
+    The arguments are checked to encode here; their types are checked where the member runs."""
+
+    workflow: Workflow[Any, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        encode_unchecked(self.args, self.kwargs, f"the arguments of {self.workflow.name}.s()",
+                         self.workflow._client.registry.value_limit)
+
+
 class Workflow(Generic[P, R]):
     """A durable function: started by id on a queue, run by any worker, resumed from its journal."""
 
@@ -106,8 +118,6 @@ class Workflow(Generic[P, R]):
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """This workflow with (some of) its arguments, for ``pgflow.chain``, ``group`` and ``chord``."""
-        from .canvas import Signature
-
         return Signature(self, args, kwargs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:

@@ -194,3 +194,58 @@ def test_every_exception_the_readme_names_is_exported() -> None:
     assert {"WorkflowTimeout", "MaxAttemptsExceeded", "StepTimeout", "WorkflowFailed"} <= named
     missing = sorted(name for name in named | public if name not in pgflow.__all__)
     assert missing == [], f"exceptions named in the README or public in pgflow.errors, not exported: {missing}"
+
+
+@pytest.mark.anyio
+async def test_patched_is_false_where_an_old_run_started_a_child_without_a_record(
+        app: pgflow.App, second_app: pgflow.App) -> None:
+    """A child start journals no step, but its id names its position: a patch placed before it must
+    not take that position from a parent replayed on new code (which would start a second child)."""
+    import anyio
+
+    ran: list[str] = []
+
+    def build(target: pgflow.App, patched: bool) -> Any:
+        @target.step(name="h.a")
+        async def a() -> None:
+            ran.append("a")
+
+        @target.step(name="h.extra")
+        async def extra() -> None:
+            ran.append("extra")
+
+        @target.workflow(name="h.kid")
+        async def kid() -> str:
+            return str(await pgflow.recv_async("go", timeout=600))
+
+        @target.workflow(name="h.parent")
+        async def parent() -> str:
+            await a()
+            if patched and pgflow.patched("extra"):
+                await extra()
+            child = await kid.start_async()
+            return str(await child.result_async())
+
+        return parent
+
+    old, new = build(app, False), build(second_app, True)
+    async with app.worker(concurrency=4, grace=0.0):
+        handle = await old.start_async()
+        kid = app.handle(f"{handle.id}.1")
+        while True:
+            try:
+                if (await kid.info_async()).record.waiting_for == "go":
+                    break
+            except pgflow.UnknownWorkflow:
+                pass
+            await anyio.sleep(0.05)
+    assert await handle.status_async() == "queued"  # given back, its journal: a at 0, the child at 1
+    report = await pgflow.check_replay_async(second_app)
+    assert report.ok and handle.id in report.passed
+    async with second_app.worker(concurrency=4):
+        assert new is not None
+        await second_app.handle(kid.id).send_async("go", "went")
+        assert await second_app.handle(handle.id).result_async(timeout=60) == "went"
+    assert [s.name for s in await handle.steps_async()] == ["h.a"]
+    assert ran == ["a"]
+    assert {r.id for r in await app.list_workflows_async(name="h.kid")} == {kid.id}

@@ -215,6 +215,13 @@ def test_the_schema_is_the_tests_own_and_dropped_after(dsn: str) -> None:
     assert app._dsn is None and app._settings["schema"] == "pgflow" and not app._runtimes.clock.virtual
 
 
+def test_a_server_that_cannot_be_reached_leaves_the_app_as_it_was() -> None:
+    env = PgflowEnv(app, "postgresql://nobody@127.0.0.1:1/nothing")
+    with pytest.raises(pgflow.ConfigurationError, match="127.0.0.1"):
+        env.start()
+    assert app._dsn is None and app._settings["schema"] == "pgflow" and not app._runtimes.clock.virtual
+
+
 def test_bad_input_is_refused(pgflow_env: PgflowEnv) -> None:
     with pytest.raises(ValueError, match="only moves forward"):
         pgflow_env.clock.advance(-1)

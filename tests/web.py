@@ -1,5 +1,6 @@
-"""Talking to the web example (examples/web/app.py) over HTTP, as its users' browsers do: started as a
-process on a free port, its Server-Sent Events read line by line, its forms and JSON posted."""
+"""Talking to the web servers under test (the web example, examples/web/app.py, and the dashboard) as
+their users' browsers do: started as a process on a free port, Server-Sent Events read line by line,
+forms and JSON posted; and the browser the browser tests drive."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 from .processes import Proc, Processes, wait_until
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# Debian's Chromium, driven by Playwright (no browser download works on these machines).
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def free_port() -> int:

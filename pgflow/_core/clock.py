@@ -48,6 +48,7 @@ class Clock:
         self._lock = threading.Lock()
         self._timers: set[_Timer] = set()
         self._parked: Counter[str] = Counter()
+        self._working: set[str] = set()  # services woken by this clock that have not slept again yet
         self.activity = 0  # counts every park that ended: a waiter woken since a look was taken
 
     # -- reading ----------------------------------------------------------------------------------------
@@ -85,13 +86,20 @@ class Clock:
                 with self._lock:
                     self._timers.discard(timer)
 
-    async def sleep(self, seconds: float, *, owner: str | None = None) -> None:
-        """``anyio.sleep`` on this clock."""
+    async def sleep(self, seconds: float, *, owner: str | None = None, service: str | None = None) -> None:
+        """``anyio.sleep`` on this clock. ``service``: a loop of the worker's that does something
+        each time it wakes (a schedule); it counts as busy from its wake-up until its next sleep."""
         if not self.virtual:
             await anyio.sleep(seconds)
             return
+        if service is not None:
+            with self._lock:
+                self._working.discard(service)
         with self.move_on_after(seconds, owner=owner):
             await anyio.sleep_forever()
+        if service is not None:  # (not when cancelled: the service is stopping)
+            with self._lock:
+                self._working.add(service)
 
     @contextlib.contextmanager
     def parked(self) -> Iterator[None]:
@@ -118,9 +126,18 @@ class Clock:
 
     # -- what a test asks of it -------------------------------------------------------------------------
 
+    def working(self) -> set[str]:
+        with self._lock:
+            return set(self._working)
+
     def parked_owners(self) -> set[str]:
         with self._lock:
             return set(self._parked)
+
+    def timers(self) -> int:
+        """How many timers run on this clock now."""
+        with self._lock:
+            return len(self._timers)
 
     def next_due(self) -> float | None:
         """Seconds until this process's next timer falls due, on this clock; None without one."""

@@ -120,11 +120,12 @@ def schedule(cron: Cron, start_tick: Callable[[datetime], Awaitable[object]], ca
     ``catch_up`` seconds before the service started (while the previous holder was dying) is started
     too; the tick's workflow id makes a second start of it a no-op. Ticks follow ``clock`` (the App's)."""
     clock = clock or Clock()
+    name = f"schedule {cron.expression!r} {id(start_tick):x}"
 
     async def service() -> None:
         tick = cron.next_after(clock.now() - timedelta(seconds=catch_up))
         while True:
-            await clock.sleep(max(0.0, (tick - clock.now()).total_seconds()))
+            await clock.sleep(max(0.0, (tick - clock.now()).total_seconds()), service=name)
             try:
                 with anyio.CancelScope(shield=True):
                     await start_tick(tick)

@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 OVERVIEW_EVERY = 4.0  # seconds between two reads of the queues and the workers
 HEALTH_EVERY = 15.0
-THROUGHPUT_EVERY = 30.0
+THROUGHPUT_EVERY = 15.0
 WATCH_EVERY = 2.0  # seconds between two looks at whether an open workflow page changed
 
 COUNT_CAP = 10_000  # a count over a queue stops here and reads "10,000+"

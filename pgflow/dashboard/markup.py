@@ -63,7 +63,7 @@ def path(*segments: str, **query: object) -> str:
 
 def table(headers: list[str], rows: Sequence[Sequence[object]], empty: str = "none", **attributes: object) -> Html:
     if not rows:
-        return tag("p", empty, class_="empty")
+        return tag("p", empty, class_="empty", id=attributes.get("id"))
     head = tag("thead", tag("tr", *(tag("th", h) for h in headers)))
     body = tag("tbody", *(tag("tr", *(tag("td", cell) for cell in row)) for row in rows))
     return tag("table", head, body, **attributes)
@@ -123,9 +123,10 @@ def _fallback(value: Any) -> Any:
     return repr(value)
 
 
-def page(title: str, body: object, *, nav: str = "", refresh_note: str = "") -> Html:
-    """A whole page: the stylesheet and the script are the package's own files, no CDN."""
-    menu = tag("nav", link("/", "Overview", class_="active" if nav == "overview" else None),
+def page(title: str, body: object, *, nav: str | None = "", refresh_note: str = "") -> Html:
+    """A whole page: the stylesheet and the script are the package's own files, no CDN. ``nav``
+    None: no menu (the sign-in page, whose visitor may go nowhere else)."""
+    menu = "" if nav is None else tag("nav", link("/", "Overview", class_="active" if nav == "overview" else None),
                link("/workflows", "Workflows", class_="active" if nav == "workflows" else None),
                tag("form", tag("input", name="id", placeholder="workflow id", aria_label="workflow id",
                                required=True),

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..records import Health
 from .data import (
+    BIG_VALUE,
     COUNT_CAP,
     HEALTH_EVERY,
     LIVE_AFTER,
@@ -148,11 +149,16 @@ def list_page(result: Page, query: dict[str, str], next_href: str | None, first_
 # -- a workflow -------------------------------------------------------------------------------------------
 
 
-def _value(v: Value, limit: int) -> Html:
+def _value(v: Value, limit: int, arguments: bool = False) -> Html:
     if not v.shown:
         return tag("p", "none" if v.size is None else f"{v.size:,} bytes encoded: over the {limit:,} bytes shown",
                    class_="empty")
-    return tag("pre", shown_value(v.value), class_="value")
+    value = v.value
+    # Started by name, arguments are stored as [positional, by name]; a checked call, by parameter.
+    if arguments and isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) \
+            and isinstance(value[1], dict):
+        value = {"args": value[0], "kwargs": value[1]} if value[1] else {"args": value[0]}
+    return tag("pre", shown_value(value), class_="value")
 
 
 def _inline(v: Value) -> Html:
@@ -172,15 +178,9 @@ def _error(error: dict[str, Any] | None) -> Html:
 
 def workflow_page(d: Detail, tails: dict[str, list[tuple[int, Value]]], *, actions: bool) -> Html:
     r = d.record
-    head = tag("p", status(r["status"]), " ", tag("code", r["name"]), " on queue ", tag("code", r["queue"]),
-               class_="lead")
-    buttons = _actions(d) if actions else tag(
-        "p", "Actions are off: start the dashboard with --allow-actions to cancel, resume or fork.", class_="note")
-    streams = _streams(d, tails)
-    state = tag("div", workflow_state(d), id="state",
-                data_live=path("live", "workflow", id=r["id"]),
+    state = tag("div", workflow_state(d, actions), id="state", data_live=path("live", "workflow", id=r["id"]),
                 data_streams=",".join(s.key for s in d.streams), data_status=r["status"])
-    return page(f"Workflow {r['id']}", join([head, buttons, state, streams]), nav="workflows",
+    return page(f"Workflow {r['id']}", join([state, _streams(d, tails)]), nav="workflows",
                 refresh_note="Live: status, steps, events and messages refresh while the workflow runs; streams"
                              " grow as they are written. Without JavaScript, reload.")
 
@@ -198,9 +198,13 @@ def _actions(d: Detail) -> Html:
     return tag("p", *items, class_="actions")
 
 
-def workflow_state(d: Detail) -> Html:
+def workflow_state(d: Detail, actions: bool) -> Html:
     """The parts of a workflow's page that change while it runs."""
     r = d.record
+    head = tag("p", status(r["status"]), " ", tag("code", r["name"]), " on queue ", tag("code", r["queue"]),
+               class_="lead")
+    buttons = _actions(d) if actions else tag(
+        "p", "Actions are off: start the dashboard with --allow-actions to cancel, resume or fork.", class_="note")
     ran = (r["finished_at"] or d.now) - r["started_at"] if r["started_at"] else None
     facts = [
         ("status", status(r["status"])), ("attempt", f"{r['attempt']} (claims: {r['claims']})"),
@@ -216,12 +220,14 @@ def workflow_state(d: Detail) -> Html:
         ("trace", tag("code", r["traceparent"]) if r["traceparent"] else "-"),
     ]
     record = tag("dl", *(join([tag("dt", k), tag("dd", v)]) for k, v in facts), class_="facts", id="record")
-    parts = [tag("section", tag("h2", "Record"), record)]
+    parts = [head, buttons]
     if d.error:
         parts.append(tag("section", tag("h2", "Error"), _error(d.error), id="error"))
-    parts.append(tag("section", tag("h2", "Arguments"), _value(d.arguments, 256 * 1024), id="arguments"))
+    values = [tag("h2", "Arguments"), _value(d.arguments, BIG_VALUE, arguments=True)]
     if r["status"] == "succeeded" or d.result.size is not None:
-        parts.append(tag("section", tag("h2", "Result"), _value(d.result, 256 * 1024), id="result"))
+        values += [tag("h2", "Result"), tag("div", _value(d.result, BIG_VALUE), id="result")]
+    parts.append(tag("div", tag("section", tag("h2", "Record"), record),
+                     tag("section", *values, id="arguments"), class_="columns"))
     parts.append(_timeline(d))
     parts.append(_events(d))
     parts.append(_messages("Messages received", d.received, "received"))
@@ -304,7 +310,7 @@ def _streams(d: Detail, tails: dict[str, list[tuple[int, Value]]]) -> Html:
         upto = first + len(items)
         boxes.append(tag(
             "div", tag("h3", tag("code", s.key), " ", tag("span", f"{s.length:,} chunks", class_="length"),
-                       " ", tag("span", "closed" if s.closed else "open", class_="state")),
+                       " · ", tag("span", "closed" if s.closed else "open", class_="state")),
             tag("p", f"showing from position {first:,}" if first else "", class_="note"),
             tag("ol", stream_items(items), start=str(first + 1)),
             class_="stream", data_key=s.key, data_next=str(upto),
@@ -349,12 +355,13 @@ def confirm_page(workflow_id: str, action: str, csrf: str, steps: int, from_step
 
 def login_page(message: str | None, csrf: str) -> Html:
     body = tag("form", tag("p", message, class_="error") if message else "",
+               tag("input", type="text", name="username", value="pgflow", autocomplete="username", hidden=True),
                tag("label", "token ", tag("input", type="password", name="token", autocomplete="current-password",
                                           required=True, autofocus=True)),
                tag("input", type="hidden", name="csrf", value=csrf),
                tag("button", "Sign in", type="submit"), method="post", action="/login", class_="login")
     return page("Sign in", join([tag("p", "This dashboard asks for its token (--token or PGFLOW_DASHBOARD_TOKEN).",
-                                     class_="note"), body]))
+                                     class_="note"), body]), nav=None)
 
 
 def message_page(title: str, text: str, back: str | None = None) -> Html:

@@ -9,7 +9,6 @@ dashboard was started with them on.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -196,7 +195,7 @@ class Dashboard:
                     if detail is None:
                         yield "event: gone\ndata: {}\n\n"
                         return
-                    data = {"html": str(workflow_state(detail)), "status": detail.record["status"],
+                    data = {"html": str(workflow_state(detail, self.allow_actions)), "status": detail.record["status"],
                             "streams": [s.key for s in detail.streams]}
                     yield f"event: state\ndata: {json.dumps(data)}\n\n"
                 await anyio.sleep(WATCH_EVERY)
@@ -342,17 +341,10 @@ def _position(text: str | None, what: str, after: bool) -> int | None:
 
 
 def create_app(app: App, *, token: str | None = None, allow_actions: bool = False) -> Any:
-    """The dashboard as an ASGI application over ``app`` (which it does not close: its runtime on
-    the server's loop closes with the server)."""
+    """The dashboard as an ASGI application over ``app``, which it does not close (its runtime on the
+    server's loop closes with that loop; an App that also runs a worker there goes on with it)."""
     access = Access(token)
     dashboard = Dashboard(app, access, allow_actions)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await app._runtimes.aclose_current()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -375,7 +367,7 @@ def create_app(app: App, *, token: str | None = None, allow_actions: bool = Fals
         Route("/logout", dashboard.logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    server = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    server = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     server.state.dashboard = dashboard
     return Guard(server, access, dashboard.refuse)
 

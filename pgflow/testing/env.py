@@ -6,7 +6,7 @@ schema of its own and back afterwards; nothing of the engine is replaced. The wo
 (``app.worker()``) on an event loop in a thread of its own, so sync and async tests alike reach it
 through the App's ordinary API. Waits that are longer than nothing give their slot back
 (``suspend_after=0``): a sleeping or waiting workflow is then a queued row with a due time, and
-"idle" is a question the rows answer.
+"idle" is a question the rows answer. Retention is off, so finished workflows stay to be read.
 """
 
 from __future__ import annotations
@@ -66,32 +66,45 @@ class PgflowEnv:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._saved: tuple[str | None, dict[str, Any]] | None = None
+        self._created = False  # the schema exists (migrated), so stop drops it
         self.clock = VirtualClock(self, app._runtimes.clock)
 
     # -- life -------------------------------------------------------------------------------------------
 
     def start(self) -> PgflowEnv:
-        """Point the App at the test's schema, migrate it and start the worker."""
+        """Point the App at the test's schema, migrate it and start the worker; on any failure,
+        undo what was done (the App points back) and raise."""
+        try:
+            return self._start()
+        except BaseException:
+            self._teardown(after_failure=True)
+            raise
+
+    def _start(self) -> PgflowEnv:
         app = self.app
         app.close()
         self._saved = (app._dsn, dict(app._settings))
         app._dsn = self.dsn
-        app._settings.update(schema=self.schema, suspend_after=0.0)
+        # Finished workflows stay readable for the test's assertions, however far the clock moves.
+        app._settings.update(schema=self.schema, suspend_after=0.0, retention=None)
         app._runtimes.reset(app._config, self.schema)
         clock = app._runtimes.clock
         clock.virtual = True
         self.clock = VirtualClock(self, clock)
+        self._created = True  # (a migration that fails half-way may leave it behind: dropped too)
         app.migrate()
         self._thread = threading.Thread(target=self._serve, name=f"pgflow-test-worker-{self.schema}", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._failure is not None:
-            self.stop()
             raise self._failure
         return self
 
     def stop(self) -> None:
         """Stop the worker, close the App, drop the schema and point the App back where it was."""
+        self._teardown(after_failure=False)
+
+    def _teardown(self, after_failure: bool) -> None:
         loop, stop, thread = self._loop, self._stop, self._thread
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)
@@ -99,8 +112,15 @@ class PgflowEnv:
             thread.join(30)
         self.app.close()
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            if self._created:
+                try:
+                    with psycopg.connect(self.dsn, autocommit=True) as conn:
+                        conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+                except psycopg.Error:
+                    if not after_failure:
+                        raise
+                    # (the start's own error, which says what is wrong with the server, is raised)
+                self._created = False
         finally:
             if self._saved is not None:
                 self.app._dsn, settings = self._saved
@@ -129,16 +149,15 @@ class PgflowEnv:
         finally:
             await self.app._runtimes.aclose_current()
 
-    async def _schedules_armed(self, worker: Worker, timeout: float = 30.0) -> None:
-        """Until the worker runs the schedule of every workflow it serves that has one: a schedule
-        takes its first tick from the clock when it starts, so a clock moved on before then would
-        skip the ticks in between."""
-        wanted = {cron_service(spec.name) for spec in self.app.registry.workflows.values()
-                  if spec.schedule is not None and spec.queue in worker.queues}
-        with anyio.fail_after(timeout):
-            while not wanted <= worker.leading:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0)  # their tasks begin, and wait on the clock from the time it shows now
+    async def _schedules_armed(self, worker: Worker, within: float = 30.0) -> None:
+        """Wait until the worker runs the schedule of each cron workflow it serves and each has
+        armed its timer for the next tick: a clock moved before that would skip the ticks between."""
+        crons = {cron_service(spec.name) for spec in self.app.registry.workflows.values()
+                 if spec.schedule is not None and spec.queue in self.queues}
+        clock = self.app._runtimes.clock
+        with anyio.fail_after(within):
+            while not (crons <= worker.leading and clock.timers() >= len(crons)):
+                await anyio.sleep(IDLE_LOOK)
 
     def _alive(self) -> None:
         if self._failure is not None:
@@ -162,7 +181,8 @@ class PgflowEnv:
             due, running, _ = await (await self._store()).activity(self.queues, self.names)
             parked = clock.parked_owners()
             busy = [id for id in running if id not in parked]
-            if not due and not busy and seen == clock.activity:
+            working = clock.working()  # a schedule woken by the clock, its tick not started yet
+            if not due and not busy and not working and seen == clock.activity:
                 if calm == seen:  # idle at two looks in a row, nothing woken between them
                     return
                 calm = seen
@@ -170,7 +190,7 @@ class PgflowEnv:
                 calm = None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pgflow did not become idle within {timeout}s: {due} workflows due, running"
-                                   f" and not waiting: {busy[:10]}")
+                                   f" and not waiting: {busy[:10]}, services busy: {sorted(working)}")
             await anyio.sleep(IDLE_LOOK)
 
     async def next_due_async(self) -> float | None:

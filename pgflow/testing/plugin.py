@@ -67,8 +67,8 @@ def pgflow_dsn() -> str:
 def pgflow_env(pgflow_app: App, pgflow_dsn: str) -> Iterator[PgflowEnv]:
     """The App on a fresh schema with a worker running it in this process and a virtual clock;
     everything is stopped and the schema dropped after the test."""
-    env = PgflowEnv(pgflow_app, pgflow_dsn).start()
+    env = PgflowEnv(pgflow_app, pgflow_dsn)
     try:
-        yield env
+        yield env.start()
     finally:
-        env.stop()
+        env.stop()  # also after a start that failed half-way: the App is pointed back all the same

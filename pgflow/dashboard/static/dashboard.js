@@ -61,7 +61,7 @@ function streams() {
       end: (event, source) => {
         source.close();
         box.dataset.done = "true";
-        state.textContent = "ended";
+        state.textContent = "ended";  // closed, or its workflow ended
       },
     });
   });
