@@ -35,7 +35,8 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from .outcomes import attempt_error, describe, replay
+from .attempt_errors import keep_attempt_error
+from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
@@ -177,7 +178,7 @@ class Execution:
                     delay = step.retry.delay(attempt)
                     log.info("step %s of %s failed (%s), step attempt %d of workflow attempt %d; retrying in"
                              " %.2fs", step.name, self.workflow_id, exc, attempt, self.run, delay)
-                    await self._note_error(step.name, position, attempt, exc)
+                    await keep_attempt_error(self, step.name, position, attempt, exc)
                     attempt += 1
                     await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
                     self.check_interrupt()
@@ -225,23 +226,6 @@ class Execution:
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await self.fenced(note, f"start step {name!r}")
-
-    async def _note_error(self, name: str, position: int, tries: int, exc: BaseException) -> None:
-        """Keep a retried attempt's error for the people looking at the workflow later. Bounded and
-        shielded as the start's note is; a note that fails costs only the record (logged), and a lost
-        lease or a cancellation it learns of is left in ``interrupt`` for the retry to act on."""
-        error = attempt_error(exc)
-
-        async def note() -> tuple[bool, bool, None]:
-            return (*await self.store.note_step_error(self.workflow_id, self.lease, position, self.run, tries,
-                                                      error), None)
-
-        try:
-            with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
-                await self.fenced(note, f"keep the error of step {name!r}")
-        except Exception as failure:  # noqa: BLE001 - the error is only kept for reading, not needed to run
-            log.warning("could not keep the error of attempt %d of step %s of %s: %s", tries, name,
-                        self.workflow_id, failure)
 
     async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
         """One attempt of the step, cut short at its timeout (which fails the attempt)."""

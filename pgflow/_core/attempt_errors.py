@@ -1,0 +1,39 @@
+"""Keeping a retried step attempt's error, for the people who look at the workflow later
+(``pgflow workflows show``, the dashboard): the execution carries on whatever becomes of the note."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..errors import ExecutionInterrupted
+from .outcomes import attempt_error
+
+if TYPE_CHECKING:
+    from .execution import Execution
+
+log = logging.getLogger("pgflow.execution")
+NOTE_WITHIN = 2.0  # seconds the note may take, as a step start's note: it is only kept for reading
+
+
+async def keep_attempt_error(execution: Execution, name: str, position: int, tries: int,
+                             exc: BaseException) -> None:
+    """Note the error of attempt ``tries`` of the step at ``position``, bounded (outcomes.attempt_error)
+    and fenced by the execution's claim. Shielded and bounded in time, as the start's note is; a note
+    that fails costs only the record (logged), and a lost lease or a cancellation it learns of is left
+    in ``execution.interrupt`` for the retry to act on."""
+    error = attempt_error(exc)
+
+    async def note() -> tuple[bool, bool, None]:
+        return (*await execution.store.note_step_error(execution.workflow_id, execution.lease, position,
+                                                       execution.run, tries, error), None)
+
+    try:
+        with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
+            await execution.fenced(note, f"keep the error of step {name!r}")
+    except Exception as failure:  # noqa: BLE001 - the error is only kept for reading, not needed to run
+        log.warning("could not keep the error of attempt %d of step %s of %s: %s", tries, name,
+                    execution.workflow_id, failure)
