@@ -23,8 +23,7 @@ import pytest
 import pgflow
 
 from .processes import Processes, wait_until
-from .test_examples import free_port, listening
-from .test_web_browser import CHROMIUM, CHROMIUM_ARGS
+from .web import CHROMIUM, CHROMIUM_ARGS, free_port, listening
 
 pytestmark = pytest.mark.slow
 

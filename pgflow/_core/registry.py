@@ -38,6 +38,20 @@ class Config:
     query_timeout: float = 10.0  # seconds without an answer before a connection is taken for dead
     retention: float | None = 7 * 24 * 3600.0  # seconds finished workflows are kept; None: for ever
     suspend_after: float = 5.0  # a wait longer than this (sleep, recv) gives the worker slot back
+    listen_dsn: str | None = None  # the sessions (LISTEN, the fleet's service locks); None: dsn
+
+    @property
+    def session_dsn(self) -> str:
+        """Where the connections that need a server session of their own go: the LISTEN connection
+        and the maintenance connection, whose advisory locks are held by its session."""
+        return self.listen_dsn or self.dsn
+
+    @property
+    def pooled(self) -> bool:
+        """Whether ``dsn`` may be a transaction-mode pooler: a ``listen_dsn`` of its own says so.
+        Nothing then relies on the pool's connections keeping session state: no settings at
+        connect time, no prepared statements."""
+        return self.listen_dsn is not None and self.listen_dsn != self.dsn
 
     @property
     def channel(self) -> str:
@@ -90,10 +104,12 @@ class WorkflowSpec:
     schedule: Cron | None
     is_async: bool
     codec: FunctionCodec
+    retry: RetryPolicy | None = None  # the body's own: run again from its journal after it raised
 
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
-           timeout: float | None, schedule: Cron | None, limit: int | None = None) -> WorkflowSpec:
+           timeout: float | None, schedule: Cron | None, limit: int | None = None,
+           retry: RetryPolicy | None = None) -> WorkflowSpec:
         check_queue(queue)
         check_priority(priority)
         if max_attempts is not None and max_attempts < 1:
@@ -103,8 +119,10 @@ class WorkflowSpec:
         if schedule is not None and len(inspect.signature(fn).parameters) > 1:
             raise ConfigurationError(
                 f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"a workflow's retry is a pgflow.RetryPolicy, got {retry!r}")
         return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
-                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit))
+                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit), retry)
 
     @property
     def takes_tick(self) -> bool:

@@ -76,9 +76,9 @@ QUEUES = (
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
     "   ORDER BY w.due_at LIMIT %(cap)s) c),"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
-    "   AND w.due_at <= now() ORDER BY w.due_at LIMIT %(cap)s) c),"
-    "  (SELECT extract(epoch FROM now() - w.due_at)::float8 FROM {s}.workflows w WHERE w.status = 'queued'"
-    "   AND w.queue = n.queue AND w.due_at <= now() ORDER BY w.due_at LIMIT 1),"
+    "   AND w.due_at <= {s}.clock_now() ORDER BY w.due_at LIMIT %(cap)s) c),"
+    "  (SELECT extract(epoch FROM {s}.clock_now() - w.due_at)::float8 FROM {s}.workflows w"
+    "   WHERE w.status = 'queued' AND w.queue = n.queue AND w.due_at <= {s}.clock_now() ORDER BY w.due_at LIMIT 1),"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'running' AND w.queue = n.queue"
     "   ORDER BY w.queue LIMIT %(cap)s) c),"
     "  q.concurrency, q.rate_limit, q.rate_period"
@@ -107,8 +107,8 @@ THROUGHPUT = (
     # The most recent ends of the last %(window)s seconds, at most %(sample)s of them, read backwards
     # along workflows_finished; per queue and status, how many and the oldest end among them. When
     # the sample is full, the window it covers is shorter than asked, and rates are scaled from it.
-    "SELECT queue, status, count(*), min(finished_at), now() FROM (SELECT queue, status, finished_at"
-    f" FROM {{s}}.workflows WHERE {FINISHED} AND finished_at > now() - make_interval(secs => %(window)s)"
+    "SELECT queue, status, count(*), min(finished_at), {s}.clock_now() FROM (SELECT queue, status, finished_at"
+    f" FROM {{s}}.workflows WHERE {FINISHED} AND finished_at > {{s}}.clock_now() - make_interval(secs => %(window)s)"
     " ORDER BY finished_at DESC LIMIT %(sample)s) recent GROUP BY queue, status ORDER BY queue, status"
 )
 
