@@ -253,6 +253,14 @@ def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app:
     assert quote(parent.id, safe="") in child.body  # its parent, linked
     assert "&quot;from&quot;: &quot;parent&quot;" in child.body  # the message it received
 
+    retried = app.start_by_name("dash.retries")
+    assert retried.result(timeout=WAIT) == 3
+    steps = page(served.base, f"/workflow?id={quote(retried.id)}")
+    # Each failed attempt's error, escaped, and the step's time from its first attempt's start.
+    assert steps.body.count("ConnectionError</strong>: attempt ") == 2
+    assert "attempt 1 &lt;lost&gt;" in steps.body and "attempt 2 &lt;lost&gt;" in steps.body
+    assert "(since the previous entry)" not in steps.body.split('id="steps"')[1].split("</table>")[0]
+
     odd = page(served.base, f"/workflow?id={quote(hostile_id)}")
     assert odd.status == 200
     only_own_script(odd.body)
