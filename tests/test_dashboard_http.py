@@ -253,6 +253,14 @@ def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app:
     assert quote(parent.id, safe="") in child.body  # its parent, linked
     assert "&quot;from&quot;: &quot;parent&quot;" in child.body  # the message it received
 
+    retried = app.start_by_name("dash.retries")
+    assert retried.result(timeout=WAIT) == 3
+    steps = page(served.base, f"/workflow?id={quote(retried.id)}")
+    # Each failed attempt's error, escaped, and the step's time from its first attempt's start.
+    assert steps.body.count("ConnectionError</strong>: attempt ") == 2
+    assert "attempt 1 &lt;lost&gt;" in steps.body and "attempt 2 &lt;lost&gt;" in steps.body
+    assert "(since the previous entry)" not in steps.body.split('id="steps"')[1].split("</table>")[0]
+
     odd = page(served.base, f"/workflow?id={quote(hostile_id)}")
     assert odd.status == 200
     only_own_script(odd.body)
@@ -456,3 +464,21 @@ def test_bad_last_event_ids_are_refused(serve: Any, app: pgflow.App) -> None:
     for last in ("²", "1_0", "-1", "9" * 11, "2147483647", "x"):
         answer = call(served.base, "GET", target, {"Last-Event-ID": last.encode().decode("latin-1")})
         assert answer.status == 400, (last, answer.body)
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--host", "0.0.0.0"], "give a --token"),
+    (["--token", "short"], "at least 16 characters"),
+    (["--port", "0"], "--port is from 1 to 65535"),
+])
+def test_the_command_refuses_what_would_expose_it_before_starting(
+        args: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgflow.cli import main
+
+    monkeypatch.delenv("PGFLOW_DASHBOARD_TOKEN", raising=False)
+    monkeypatch.setenv("PGFLOW_DSN", "postgresql://nobody@127.0.0.1:1/none")  # never reached
+    assert main(["dashboard", *args]) == 2
+    assert says in capsys.readouterr().err

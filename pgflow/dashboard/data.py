@@ -95,12 +95,14 @@ class WorkerRow:
     running: int
     expired_leases: int
     running_names: list[tuple[str, int]]
+    lease_s: float | None = None
 
     @property
     def dead(self) -> bool:
-        """No heartbeat for LIVE_AFTER seconds, or leases of its that have run out: its workflows
-        are, or will be, taken over by others."""
-        return self.heartbeat_age_s >= LIVE_AFTER or self.expired_leases > 0
+        """A heartbeat older than its lease (LIVE_AFTER seconds for a worker that did not record its
+        lease), or leases of its that have run out: its workflows are anybody's to take."""
+        silent_after = self.lease_s if self.lease_s is not None else LIVE_AFTER
+        return self.heartbeat_age_s > silent_after or self.expired_leases > 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,12 @@ class Step:
     wake_at: datetime | None
     waiting: bool
     since_previous_s: float | None  # from the previous entry's end (or the start) to this one's
+    started_at: datetime | None = None  # its first attempt's start (None: recorded before 0017)
+    retried_errors: tuple[dict[str, Any], ...] = ()  # the attempts that failed before its last
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.started_at is None else (self.finished_at - self.started_at).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,7 @@ class Detail:
     error: dict[str, Any] | None
     steps: list[Step]
     more_steps: bool
-    tries_under_way: dict[int, int]
+    tries_under_way: dict[int, tuple[int, datetime | None]]  # position -> (attempts started, first start)
     events: list[tuple[str, Value, datetime]]
     received: list[Message]
     sent: list[Message]
@@ -223,19 +231,24 @@ def detail_of(row: tuple[Any, ...]) -> Detail:
     """A workflow's page from the row of ``DashboardStatements.workflow``."""
     n = len(RECORD_FIELDS)
     record = dict(zip(RECORD_FIELDS, row[:n], strict=True))
-    (in_size, inputs, out_size, output, error, now, steps, tries, events, received, sent, streams, ancestors,
-     descendants) = row[n:]
+    (in_size, inputs, out_size, output, error, now, steps, tries, retried, events, received, sent, streams,
+     ancestors, descendants) = row[n:]
+    errors: dict[int, list[dict[str, Any]]] = {}
+    for e in retried:
+        errors.setdefault(int(e["position"]), []).append(
+            {**(e["error"] or {}), "run": e["run"], "step_attempt": e["step_attempt"], "failed_at": e["failed_at"]})
     previous = record["started_at"] or record["created_at"]
     timeline = []
     for s in steps[:MAX_STEPS]:
         finished = datetime.fromisoformat(s["finished_at"])
         timeline.append(Step(int(s["position"]), str(s["name"]), Value.of(s["size"], s["value"]), s["error"],
                              int(s["attempts"]), finished, _time(s["wake_at"]), bool(s["waiting"]),
-                             (finished - previous).total_seconds() if previous is not None else None))
+                             (finished - previous).total_seconds() if previous is not None else None,
+                             _time(s.get("started_at")), tuple(errors.get(int(s["position"]), ()))))
         previous = finished
     return Detail(
         record, Value.of(in_size, inputs), Value.of(out_size, output), error, timeline, len(steps) >= MAX_STEPS,
-        {int(t["position"]): int(t["tries"]) for t in tries},
+        {int(t["position"]): (int(t["tries"]), _time(t.get("started_at"))) for t in tries},
         [(str(e["key"]), Value.of(e["size"], e["value"]), datetime.fromisoformat(e["set_at"])) for e in events],
         [_message(m) for m in received], [_message(m) for m in sent],
         [StreamRow(str(s["key"]), int(s["id"]), 0 if s["last"] is None else int(s["last"]) + (0 if s["closed"] else 1),
@@ -302,7 +315,8 @@ class Reader:
             workers = await self._db(lambda d: d.workers(MAX_WORKERS, MAX_RUNNING))
             return ([QueueRow(str(q[0]), int(q[1]), int(q[2]), q[3], int(q[4]), q[5], q[6], q[7]) for q in queues],
                     [WorkerRow(str(w[0]), str(w[1]), int(w[2]), list(w[3]), str(w[4]), list(w[5]), float(w[6]),
-                               float(w[7]), int(w[8]), int(w[9]), list(zip(w[10], w[11], strict=True)))
+                               float(w[7]), int(w[8]), int(w[9]), list(zip(w[10], w[11], strict=True)),
+                               None if w[12] is None else float(w[12]))
                      for w in workers])
 
         queues, workers = await self._overview.get(parts)

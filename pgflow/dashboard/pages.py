@@ -77,11 +77,13 @@ def _workers(view: Overview) -> Html:
         state = tag("span", "DEAD", class_="status status-failed") if w.dead else tag(
             "span", "live", class_="status status-succeeded")
         rows.append([state, tag("code", w.id), f"{w.host} pid {w.pid}", ", ".join(w.queues),
-                     seconds(w.heartbeat_age_s), seconds(w.up_s), w.running, runs, w.version])
-    note = (f"A worker is dead when its heartbeat is {LIVE_AFTER:g} s old or a lease it holds has run out:"
-            " other workers take its workflows over.")
+                     seconds(w.heartbeat_age_s), seconds(w.lease_s), seconds(w.up_s), w.running, runs, w.version])
+    note = ("A worker is dead when its heartbeat is older than its lease (or, for a worker that did not record"
+            f" its lease, {LIVE_AFTER:g} s), or a lease it holds has run out: other workers take its workflows"
+            " over.")
     return tag("section", tag("h2", "Workers"),
-               table(["state", "id", "where", "queues", "heartbeat", "up", "running", "what it runs", "version"],
+               table(["state", "id", "where", "queues", "heartbeat", "lease", "up", "running", "what it runs",
+                      "version"],
                      rows, "no worker is registered", id="workers"),
                tag("p", note, class_="note"))
 
@@ -246,18 +248,23 @@ def _timeline(d: Detail) -> Html:
             what = join(["until ", when(s.wake_at)])
         elif kind == "receive" and s.waiting:
             what = join(["waiting, until ", when(s.wake_at)])
-        rows.append([s.position, tag("code", s.name), kind, when(s.finished_at), seconds(s.since_previous_s),
-                     s.attempts, tag("span", "failed", class_="status status-failed") if s.error else "ok", what,
-                     _error(s.error) if s.error else ""])
-    running = [tag("li", f"position {p}: {n} attempt(s) started, not recorded yet")
-               for p, n in sorted(d.tries_under_way.items())]
+        took = seconds(s.duration_s) if s.duration_s is not None else join([
+            seconds(s.since_previous_s), tag("span", " (since the previous entry)", class_="note")])
+        errors = [tag("div", tag("span", f"attempt {e.get('step_attempt')} of run {e.get('run')}: ", class_="note"),
+                      _error(e)) for e in s.retried_errors]
+        rows.append([s.position, tag("code", s.name), kind, when(s.started_at), when(s.finished_at), took, s.attempts,
+                     tag("span", "failed", class_="status status-failed") if s.error else "ok", what,
+                     join([*errors, _error(s.error) if s.error else ""])])
+    running = [tag("li", f"position {p}: {n} attempt(s) started", " at " if at else "", when(at) if at else "",
+                   ", not recorded yet") for p, (n, at) in sorted(d.tries_under_way.items())]
     more = tag("p", "Only the first steps are shown.", class_="note") if d.more_steps else ""
     return tag("section", tag("h2", "Steps"),
-               table(["#", "name", "kind", "recorded", "since previous", "attempts", "outcome", "output", "error"],
-                     rows, "no journal entry yet", id="steps", class_="steps"),
+               table(["#", "name", "kind", "started", "recorded", "took", "attempts", "outcome", "output",
+                      "errors (each failed attempt)"], rows, "no journal entry yet", id="steps", class_="steps"),
                tag("ul", *running, id="under-way") if running else "", more,
-               tag("p", "The journal records when each entry ended, not when it began: \"since previous\" is the"
-                        " time from the previous entry's record (or the start) to this one's.", class_="note"))
+               tag("p", "A step's time runs from its first attempt's start to its record; entries without a"
+                        " start (sleeps, events, steps recorded before pgflow noted starts) show the time since"
+                        " the previous entry's record.", class_="note"))
 
 
 def _events(d: Detail) -> Html:

@@ -20,7 +20,14 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -229,6 +236,16 @@ class Dashboard:
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
+    async def cost(self, request: Request) -> Response:
+        """What this dashboard has asked of the database since it started: its own statements and
+        the stream reads of its live pages (benchmarks/dashboard_load.py reads this)."""
+        import time
+
+        seconds = max(1e-9, time.monotonic() - self.reader.started)
+        fetches = self.app.stats().fetch_queries
+        return JSONResponse({"uptime_s": seconds, "statements": self.reader.statements, "stream_fetches": fetches,
+                             "per_s": (self.reader.statements + fetches) / seconds})
+
     # -- actions -----------------------------------------------------------------------------------------
 
     def _actions_on(self) -> None:
@@ -358,6 +375,7 @@ def create_app(app: App, *, token: str | None = None, allow_actions: bool = Fals
         Route("/live/overview", dashboard.live_overview),
         Route("/workflows", dashboard.workflows),
         Route("/find", dashboard.find),
+        Route("/cost", dashboard.cost),
         Route("/workflow", dashboard.workflow),
         Route("/live/workflow", dashboard.live_workflow),
         Route("/live/stream", dashboard.live_stream),

@@ -58,6 +58,16 @@ def define(app: pgflow.App) -> SimpleNamespace:
         await spin(seconds)
         return "done"
 
+    @app.step(name="dash.flaky", max_attempts=3, backoff=0.01)
+    def flaky() -> int:
+        if pgflow.step_attempt() < 3:
+            raise ConnectionError(f"attempt {pgflow.step_attempt()} <lost>")
+        return pgflow.step_attempt()
+
+    @app.workflow(name="dash.retries")
+    async def retries() -> int:
+        return await flaky()
+
     @app.workflow(name="dash.child")
     async def child(i: int) -> int:
         return i * i

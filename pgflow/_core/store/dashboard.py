@@ -98,7 +98,7 @@ WORKERS = (
     "  FROM held GROUP BY lease_owner)"
     " SELECT w.id, w.host, w.pid, w.queues, w.version, w.names,"
     "  extract(epoch FROM now() - w.started_at)::float8, extract(epoch FROM now() - w.heartbeat_at)::float8,"
-    "  coalesce(p.running, 0), coalesce(p.expired, 0), coalesce(p.names, '{}'), coalesce(p.counts, '{}')"
+    "  coalesce(p.running, 0), coalesce(p.expired, 0), coalesce(p.names, '{}'), coalesce(p.counts, '{}'), w.lease"
     " FROM (SELECT * FROM {s}.workers ORDER BY started_at LIMIT %(workers)s) w"
     " LEFT JOIN per p ON p.lease_owner = w.id ORDER BY w.started_at"
 )
@@ -131,10 +131,14 @@ WORKFLOW = (
     " w.lease_expires_at, w.cancel_requested, w.waiting_for, w.parent_id, w.traceparent,"
     f" {value_column('w.inputs', '%(big)s')}, {value_column('w.output', '%(big)s')}, w.error, now(),"
     + as_json(f"SELECT s.position, s.name, {json_value('s.output', '%(small)s')}, s.error, s.attempts,"
-              " s.finished_at, s.wake_at, s.waiting FROM {s}.steps s WHERE s.workflow_id = w.id"
+              " s.finished_at, s.wake_at, s.waiting, s.started_at FROM {s}.steps s WHERE s.workflow_id = w.id"
               " ORDER BY s.position LIMIT %(steps)s", "x.position") + ","
-    + as_json("SELECT a.position, sum(a.tries)::int8 AS tries FROM {s}.step_attempts a WHERE a.workflow_id = w.id"
-              " GROUP BY a.position", "x.position") + ","
+    + as_json("SELECT a.position, sum(a.tries)::int8 AS tries, min(a.started_at) AS started_at"
+              " FROM {s}.step_attempts a WHERE a.workflow_id = w.id GROUP BY a.position", "x.position") + ","
+    # The errors of the attempts that failed before each step's last (its record holds the last one's).
+    + as_json("SELECT e.position, e.run, e.step_attempt, e.error, e.failed_at FROM {s}.step_errors e"
+              " WHERE e.workflow_id = w.id ORDER BY e.position, e.run, e.step_attempt LIMIT %(rows)s",
+              "x.position, x.run, x.step_attempt") + ","
     + as_json(f"SELECT e.key, {json_value('e.value', '%(small)s')}, e.set_at FROM {{s}}.events e"
               " WHERE e.workflow_id = w.id ORDER BY e.key LIMIT %(rows)s", "x.key") + ","
     + as_json(f"SELECT m.id, m.topic, {json_value('m.value', '%(small)s')}, m.idempotency_key, m.sent_at,"
@@ -198,7 +202,8 @@ class DashboardStatements(Statements):
 
     async def workers(self, workers: int, running: int) -> list[tuple[Any, ...]]:
         """(id, host, pid, queues, version, names it serves, seconds since it started, seconds since
-        its heartbeat, workflows it runs, of which leases expired, names running, their counts)."""
+        its heartbeat, workflows it runs, of which leases expired, names running, their counts, its
+        lease in seconds or None for a worker of a version that did not record it)."""
         return await self._all(WORKERS, {"workers": workers, "running": running})
 
     async def throughput(self, window: float, sample: int) -> list[tuple[Any, ...]]:
@@ -235,9 +240,9 @@ class DashboardStatements(Statements):
                        depth: int) -> tuple[Any, ...] | None:
         """Everything a workflow's page shows, in one statement: its record (the arguments and the
         result only when at most ``big`` bytes), then as jsonb arrays its first ``steps`` steps, the
-        tries of steps under way, events, messages received and sent, streams, ancestors and
-        descendants (``rows`` of each at most, values only when at most ``small`` bytes, in base64);
-        None when there is no such workflow."""
+        tries of steps under way, the errors of attempts retried, events, messages received and sent,
+        streams, ancestors and descendants (``rows`` of each at most, values only when at most
+        ``small`` bytes, in base64); None when there is no such workflow."""
         rows_found = await self._all(WORKFLOW, {"id": workflow_id, "big": big, "small": small, "steps": steps,
                                                 "rows": rows, "depth": depth})
         return rows_found[0] if rows_found else None
