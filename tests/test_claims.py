@@ -18,14 +18,14 @@ def plan(dsn: str, schema: str, queues: list[str]) -> str:
     """The claim's plan as pgflow's connections run it: prepared, and planned once for any values
     (a generic plan: the planner cannot see the limit or the queues)."""
     sql = CLAIM.replace("{s}", quote_identifier(schema))
-    for n, name in enumerate(["queues", "names", "limit", "owner", "lease", "token", "commit"], 1):
+    for n, name in enumerate(["queues", "floors", "full", "names", "limit", "owner", "lease", "token", "commit"], 1):
         sql = sql.replace(f"%({name})s", f"${n}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET jit = off")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE claim(text[], text[], int, text, float8, int8, text) AS {sql}")
-        cur = conn.execute(sql_.SQL("EXPLAIN EXECUTE claim({}, {}, 16, 'probe', 10.0, 1, 'off')").format(
-            sql_.Literal(queues), sql_.Literal(["n.a", "n.b"])))
+        conn.execute(f"PREPARE claim(text[], timestamptz[], bool, text[], int, text, float8, int8, text) AS {sql}")
+        cur = conn.execute(sql_.SQL("EXPLAIN EXECUTE claim({}, {}, true, {}, 16, 'probe', 10.0, 1, 'off')").format(
+            sql_.Literal(queues), sql_.Literal([None] * len(queues)), sql_.Literal(["n.a", "n.b"])))
         return "\n".join(row[0] for row in cur.fetchall())
 
 

@@ -26,6 +26,11 @@ _EXPLANATIONS = (
     ("connection refused", "nothing accepts connections there: is PostgreSQL running, on that port?"),
     ("no such file or directory", "no server socket there: is PostgreSQL running, with that socket directory?"),
     ("timeout expired", f"no answer within {CONNECT_TIMEOUT} s: check the host, the port and any firewall"),
+    # pgbouncer refuses the server settings pgflow sends at connect time (``options``) unless it is
+    # told to ignore them, which would lose them instead.
+    ("unsupported startup parameter", "a pooler (pgbouncer?) refused a connection parameter: when the DSN is a "
+     "transaction-mode pooler, pass listen_dsn= (or set PGFLOW_LISTEN_DSN) pointing at the server itself, and "
+     "pgflow sends nothing the pooler would refuse or lose (see workers/README.md)"),
 )
 
 
@@ -102,10 +107,13 @@ def split_password(dsn: str) -> tuple[str, str | None]:
     return psycopg.conninfo.make_conninfo("", **params), None if password is None else str(password)
 
 
-async def check_connectable(dsn: str) -> None:
-    """Open and close one connection, or raise ConfigurationError explaining why it cannot be had."""
+async def check_connectable(dsn: str, settings: dict[str, Any] | None = None) -> None:
+    """Open and close one connection, or raise ConfigurationError explaining why it cannot be had.
+    With ``settings`` (``link_settings``'s) it is made as pgflow's own are, so that a pooler
+    refusing what pgflow sends (``options``) is told apart now, with what to do, too."""
+    extra = {"options": settings["options"]} if settings and "options" in settings else {}
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True, **extra)
     except psycopg.ProgrammingError as exc:
         raise _malformed(dsn, exc) from None
     except psycopg.OperationalError as exc:
@@ -120,7 +128,7 @@ def _malformed(dsn: str, exc: BaseException) -> ConfigurationError:
                               "like postgresql://user:password@host:5432/dbname")
 
 
-def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
+def link_settings(dsn: str, query_timeout: float, *, session: bool = True) -> dict[str, Any]:
     """The connection parameters of every connection pgflow opens: they bound how long a dead link
     goes unnoticed, on both ends. Here: a connect timeout, TCP keepalives and a TCP user timeout
     (a peer that stops acknowledging is given up within about ``query_timeout``). On the server,
@@ -135,7 +143,14 @@ def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
     while the default re-plans a prepared statement whenever the generic plan's estimate looks worse
     (seen: 0.6 ms of planning for a 0.3 ms claim); and no JIT, which on a big batch spends more on
     compiling than on running (seen: 14 ms for a 2 ms read). Set at connect time, they cost no round
-    trip."""
+    trip.
+
+    Without ``session`` (a connection to a transaction-mode pooler, whose every transaction may run
+    on another server session) the server is sent nothing: a pooler refuses ``options`` or drops
+    it, and a setting made on one server session would not follow the next transaction. Those
+    settings are then the pooler's to make (``connect_query``, see workers/README.md), and
+    ``check_pooled_settings`` says which are missing. The client's end (timeouts, keepalives)
+    stays: it is this process's link to the pooler."""
     own = psycopg.conninfo.conninfo_to_dict(dsn)
     seconds = max(2, round(query_timeout))
     settings: dict[str, Any] = {"connect_timeout": seconds, "keepalives": 1,
@@ -144,6 +159,8 @@ def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
     if psycopg.pq.version() >= 120000:  # libpq knows tcp_user_timeout from version 12
         settings["tcp_user_timeout"] = seconds * 1000
     settings = {name: value for name, value in settings.items() if name not in own}
+    if not session:
+        return settings
     # search_path pinned to the catalog: pgflow names its own tables with their schema, and no object
     # another role created (a function or an operator in a schema on the default path, such as
     # public) can stand in for a built-in one in pgflow's statements.
@@ -153,6 +170,42 @@ def link_settings(dsn: str, query_timeout: float) -> dict[str, Any]:
               f" -c tcp_keepalives_count=3 -c tcp_user_timeout={seconds * 1000}")
     settings["options"] = f"{own.get('options') or ''} {server}".strip()
     return settings
+
+
+def server_settings(query_timeout: float) -> dict[str, str]:
+    """What pgflow wants of a server session, as ``SHOW`` spells it (see ``link_settings``)."""
+    return {"search_path": "pg_catalog, pg_temp", "jit": "off",
+            "idle_in_transaction_session_timeout": f"{round(query_timeout * 1000)}ms"}
+
+
+def missing_settings(found: dict[str, str], query_timeout: float) -> list[str]:
+    """The ``SET`` statements a pooler's ``connect_query`` lacks, given the settings a pooled
+    connection ``found`` on its server session (``SHOW``'s spelling, any unit)."""
+    wanted = server_settings(query_timeout)
+    missing = []
+    for name, value in wanted.items():
+        have = found.get(name, "")
+        if name == "idle_in_transaction_session_timeout":
+            ok = 0 < _milliseconds(have) <= _milliseconds(value)
+        elif name == "search_path":
+            ok = have.replace(" ", "") == value.replace(" ", "")
+        else:
+            ok = have == value
+        if not ok:
+            missing.append(f"SET {name} = '{value}'" if name == "search_path" else f"SET {name} = {_bare(value)}")
+    return missing
+
+
+def _milliseconds(text: str) -> float:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|h|d)?\s*", text)
+    if match is None:
+        return 0.0
+    factor = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}[match.group(2) or "ms"]
+    return float(match.group(1)) * factor
+
+
+def _bare(value: str) -> str:
+    return str(round(_milliseconds(value))) if value.endswith("ms") else value
 
 
 def linked(dsn: str, query_timeout: float) -> str:

@@ -1,13 +1,11 @@
 """The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
 writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
-A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A
-position the journal already holds returns its recorded output (or raises its recorded exception)
-without running; a new position runs the step, with retries, and records the final outcome once,
-fenced by the execution's attempt. Sync workflows run in a
-thread and call back into the worker's loop for every journal operation, so there is one implementation
-of a step call, not two.
-"""
+A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A position
+the journal already holds returns its recorded output (or raises its recorded exception) without
+running; a new position runs the step, with retries, and records the final outcome once, fenced by the
+execution's attempt. Sync workflows run in a thread and call back into the worker's loop for every
+journal operation, so there is one implementation of a step call, not two."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from .outcomes import describe, replay
+from .outcomes import attempt_error, describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
@@ -127,7 +125,7 @@ class Execution:
         return config.suspend_after if config is not None else 5.0
 
     def seconds_left(self, remaining_when_loaded: float) -> float:
-        return remaining_when_loaded - (time.monotonic() - self.loaded_at)
+        return remaining_when_loaded - (self.runtime.hub.clock.monotonic() - self.loaded_at)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -177,10 +175,11 @@ class Execution:
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
-                    log.info("step %s of %s failed (%s), attempt %d; retrying in %.2fs",
-                             step.name, self.workflow_id, exc, attempt, delay)
+                    log.info("step %s of %s failed (%s), step attempt %d of workflow attempt %d; retrying in"
+                             " %.2fs", step.name, self.workflow_id, exc, attempt, self.run, delay)
+                    await self._note_error(step.name, position, attempt, exc)
                     attempt += 1
-                    await anyio.sleep(delay)
+                    await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
                     self.check_interrupt()
                     continue
                 await self._record(position, step.name, None, describe(exc), attempt)
@@ -226,6 +225,23 @@ class Execution:
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await self.fenced(note, f"start step {name!r}")
+
+    async def _note_error(self, name: str, position: int, tries: int, exc: BaseException) -> None:
+        """Keep a retried attempt's error for the people looking at the workflow later. Bounded and
+        shielded as the start's note is; a note that fails costs only the record (logged), and a lost
+        lease or a cancellation it learns of is left in ``interrupt`` for the retry to act on."""
+        error = attempt_error(exc)
+
+        async def note() -> tuple[bool, bool, None]:
+            return (*await self.store.note_step_error(self.workflow_id, self.lease, position, self.run, tries,
+                                                      error), None)
+
+        try:
+            with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
+                await self.fenced(note, f"keep the error of step {name!r}")
+        except Exception as failure:  # noqa: BLE001 - the error is only kept for reading, not needed to run
+            log.warning("could not keep the error of attempt %d of step %s of %s: %s", tries, name,
+                        self.workflow_id, failure)
 
     async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
         """One attempt of the step, cut short at its timeout (which fails the attempt)."""
@@ -310,7 +326,7 @@ class Execution:
             self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
             raise self.interrupt from exc
         if not owner:
-            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
+            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.run} lost its lease")
         elif cancel:
             self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
         self.check_interrupt()
@@ -347,8 +363,7 @@ class Execution:
         follow those of its earlier attempts (``stream_offset`` tells it how many there were). From the
         workflow body, the n-th write to a key lands at the same position on every run, so a workflow
         replayed after a crash skips the writes that were already committed instead of repeating them.
-        (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)
-        """
+        (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)"""
         if self.interrupt is not None:
             raise self.interrupt
         run = inside_step.get()

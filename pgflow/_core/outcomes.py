@@ -45,6 +45,29 @@ def describe(exc: BaseException) -> dict[str, Any]:
     }
 
 
+MESSAGE_AT_MOST = 2000  # characters of a retried attempt's message kept (outcomes of the step itself are whole)
+TRACEBACK_AT_MOST = 8000  # characters of its traceback: its start and its end, where the raise is
+
+
+def attempt_error(exc: BaseException) -> dict[str, Any]:
+    """The kept form of a retried attempt's exception: ``describe``'s, with the message and the
+    traceback cut to a bounded size (a step retried often must not fill the table with copies of a
+    huge message). No arguments: nothing rebuilds these."""
+    error = describe(exc)
+    error.pop("args")
+    error["message"] = _cut(error["message"], MESSAGE_AT_MOST)
+    error["traceback"] = _cut(error["traceback"], TRACEBACK_AT_MOST)
+    return error
+
+
+def _cut(text: str, at_most: int) -> str:
+    if len(text) <= at_most:
+        return text
+    head = at_most // 4
+    tail = at_most - head
+    return f"{text[:head]}\n[... {len(text) - at_most} characters cut ...]\n{text[-tail:]}"
+
+
 def _arguments(exc: BaseException) -> list[Any] | None:
     try:
         encoded = msgspec.json.encode(list(exc.args))

@@ -46,7 +46,11 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
         super().__init__(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
             kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}",
-                    **link_settings(config.dsn, config.query_timeout)},
+                    **link_settings(config.dsn, config.query_timeout, session=not config.pooled),
+                    # A transaction-mode pooler runs each transaction on any of its server sessions,
+                    # where a statement prepared on another is unknown (pgbouncer follows prepared
+                    # statements only from 1.21 on, and only when max_prepared_statements is set).
+                    **({"prepare_threshold": None} if config.pooled else {})},
             name=f"pgflow-{config.schema}", check=self._check_if_idle, reset=self._note_return,
         )
 

@@ -38,6 +38,20 @@ class Config:
     query_timeout: float = 10.0  # seconds without an answer before a connection is taken for dead
     retention: float | None = 7 * 24 * 3600.0  # seconds finished workflows are kept; None: for ever
     suspend_after: float = 5.0  # a wait longer than this (sleep, recv) gives the worker slot back
+    listen_dsn: str | None = None  # the sessions (LISTEN, the fleet's service locks); None: dsn
+
+    @property
+    def session_dsn(self) -> str:
+        """Where the connections that need a server session of their own go: the LISTEN connection
+        and the maintenance connection, whose advisory locks are held by its session."""
+        return self.listen_dsn or self.dsn
+
+    @property
+    def pooled(self) -> bool:
+        """Whether ``dsn`` may be a transaction-mode pooler: a ``listen_dsn`` of its own says so.
+        Nothing then relies on the pool's connections keeping session state: no settings at
+        connect time, no prepared statements."""
+        return self.listen_dsn is not None and self.listen_dsn != self.dsn
 
     @property
     def channel(self) -> str:

@@ -28,8 +28,10 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import PoolClosed
 
-from .connecting import check_connectable, linked
+from .clock import OWNER, Clock
+from .connecting import check_connectable, link_settings, linked
 from .pool import Pool
+from .pooler import warn_of_missing_settings
 from .registry import Config
 from .signals import Keyring, News, Signals
 from .store import Store, retrying
@@ -106,13 +108,20 @@ class Runtime:
     async def _open(self) -> Store:
         config = await self.hub.config_async()
         if not self.hub.reached:
-            await check_connectable(config.dsn)  # a wrong DSN fails now, and says why
+            # A wrong DSN fails now, and says why.
+            await check_connectable(config.dsn, link_settings(config.dsn, config.query_timeout,
+                                                              session=not config.pooled))
+            if config.pooled:
+                await check_connectable(config.session_dsn, link_settings(config.session_dsn, config.query_timeout))
             self.hub.reached = True
         self.config = config
         pool = Pool(config)
         await pool.open(wait=True, timeout=30)
         store = Store(pool, config.schema)
         try:
+            if config.pooled and not self.hub.pooled_checked:
+                self.hub.pooled_checked = True
+                await warn_of_missing_settings(pool, config.query_timeout)
             await self.hub.migrate_once(store)
             await self.hub.load_keys(store)
         except BaseException:
@@ -122,7 +131,8 @@ class Runtime:
         async def opened_pool() -> Pool:
             return pool
 
-        self.signals.start(config, opened_pool, lambda: linked(config.dsn, config.query_timeout), store.signal_keys)
+        self.signals.start(config, opened_pool, lambda: linked(config.session_dsn, config.query_timeout),
+                           store.signal_keys)
         self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
         return store
 
@@ -151,6 +161,16 @@ class Runtime:
         """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value
         (the store opened first: it sets the poll's interval)."""
         await self.store()
+        clock = self.hub.clock
+        if clock.virtual and OWNER.get() is not None:  # a workflow waiting: on the App's clock, parked
+            async def whole_check() -> T | None:  # the timeout cuts the wait, never a check (a receive)
+                with anyio.CancelScope(shield=True):
+                    found = await check()
+                return found
+
+            with clock.move_on_after(timeout, owner=OWNER.get()):
+                return await self.signals.wait_for(keys, whole_check, None)
+            return None
         return await self.signals.wait_for(keys, check, timeout)
 
     # -- stream reads -----------------------------------------------------------------------------------
@@ -208,7 +228,21 @@ class Runtimes:
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         self._migrated = False
         self.reached = False  # the server answered once: later failures are outages, waited out
+        self.pooled_checked = False  # the pooler's server sessions were looked at (Config.pooled)
         self.keyring = Keyring(Config.channel_of(schema))
+        self.clock = Clock()  # the time this App's timers follow here (pgflow.testing moves it)
+
+    def reset(self, config: Callable[[], Config], schema: str, config_blocks: bool = False) -> None:
+        """Serve another configuration from now on, with a fresh clock (``pgflow.testing`` points an
+        App at a test's schema and back). Only between uses: every runtime must be closed."""
+        with self._lock:
+            if any(not loop.is_closed() for loop in self._by_loop):
+                raise RuntimeError("close the App (app.close()) before pointing it elsewhere")
+            self._by_loop.clear()
+            self._make_config, self._config_blocks, self._config = config, config_blocks, None
+            self._migrated = self.reached = self.pooled_checked = False
+            self.keyring = Keyring(Config.channel_of(schema))
+            self.clock = Clock()
 
     def config(self) -> Config:
         """The configuration; resolving it may start the embedded server (blocking)."""

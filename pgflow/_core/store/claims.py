@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
+import math
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 
+from ..pool import Pool
 from .statements import Statements
 
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
 # round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
+#
+# A claim's scans start at the oldest entries of their indexes, and while a long transaction anywhere
+# on the server holds vacuum back, those are entries of row versions that are dead but cannot be
+# removed (nor marked so by the scans that pass them): every claim then visits the heap for each of
+# the thousands its predecessors left (benchmarks/long_transaction.py: 0.1 ms became 31 ms at 40K).
+# So most claims are bounded: a queue's scan skips entries older than the queue's floor, checked in
+# the index itself, without a visit to the heap; and the scan for expired leases (whose dead entries,
+# left by every claim and heartbeat, lie all in the range it reads) runs only on the full claims.
+# A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
+# floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
 CLAIM = (
     "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at"
-    "   FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
     "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
-    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
+    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+    "    AND due_at >= coalesce(q.floor, '-infinity')"
     "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
     " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at FROM {s}.workflows"
-    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+    "   WHERE %(full)s AND status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
     "   AND name = ANY(%(names)s)"
     "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
     " chosen AS (SELECT id, ready_at FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
@@ -34,21 +49,37 @@ CLAIM = (
     " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
     "  lease_token = %(token)s,"
     "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-    "  started_at = coalesce(w.started_at, now()),"
-    "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
+    "  started_at = coalesce(w.started_at, {s}.clock_now()),"
+    "  deadline_at = coalesce(w.deadline_at, {s}.clock_now() + make_interval(secs => w.timeout))"
     "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen)) AND EXISTS (SELECT FROM lazy)"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
-    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
-    "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited,"
+    "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
+    "   w.queue, w.traceparent, extract(epoch FROM {s}.clock_now() - chosen.ready_at)::float8 AS waited,"
     "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
-    # Past its expiry and never started before this claim (which set started_at to now()).
-    "   (w.expires_at <= now() AND w.started_at = now()) IS TRUE AS expired, w.retries)"
+    # Past its expiry and never started before this claim (which set started_at to the clock's now).
+    "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries)"
     " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, born,"
     "  expired, retries, NULL::float8 FROM claimed"
     " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-    "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "  extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
-    "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+    "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+)
+
+
+FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
+FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
+
+# Per queue, the lowest due time a workflow this worker can claim there may have from now on, less a
+# margin: the oldest due time of those queued now, or now when none is (a start, a wake-up or a resume
+# dues a workflow at its statement's clock_now() or later). What a floor can leave out (a workflow given
+# back to the queue with its old due time, a start whose statement took longer than the margin) is
+# left to the next full claim, at most FULL_CLAIM_EVERY later.
+FLOORS = (
+    "SELECT q.queue, least({s}.clock_now(), (SELECT min(due_at) FROM {s}.workflows"
+    "   WHERE status = 'queued' AND queue = q.queue AND name = ANY(%(names)s)))"
+    "  - make_interval(secs => %(margin)s)"
+    " FROM unnest(%(queues)s::text[]) AS q(queue)"
 )
 
 
@@ -76,6 +107,11 @@ class Claimed:
 
 class ClaimStatements(Statements):
     """The claim statements of ``Store`` (which provides the pool and the schema)."""
+
+    def __init__(self, pool: Pool, schema: str) -> None:
+        super().__init__(pool, schema)
+        self._floors: dict[str, datetime] = {}  # FLOORS, as the last full claim found them
+        self._full_claim_at = -math.inf  # time.monotonic() of the last full claim
 
 
     async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
@@ -135,8 +171,16 @@ class ClaimStatements(Statements):
 
         Each queue is read by its own scan of the queued index, in priority and due order, and the
         scans are merged: a worker serving many queues reads no more rows than one serving one."""
+        floors = self._floors
+        full = time.monotonic() - self._full_claim_at >= FULL_CLAIM_EVERY or any(q not in floors for q in queues)
+        if full:
+            self._full_claim_at = time.monotonic()
+            cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
+                                                         "margin": FLOOR_MARGIN})
+            floors.update({str(queue): floor for queue, floor in await cur.fetchall()})
         cur = await conn.execute(self._sql(CLAIM
-        ), {"queues": list(queues), "names": list(names), "limit": limit, "owner": owner,
+        ), {"queues": list(queues), "floors": [None if full else floors[queue] for queue in queues],
+            "full": full, "names": list(names), "limit": limit, "owner": owner,
             "lease": lease, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         rows = await cur.fetchall()
         due = rows[-1][-1]

@@ -24,6 +24,8 @@ from psycopg_pool import PoolClosed
 from . import migrations
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
+from .clock import ClockStatements
+from .details import DetailStatements
 from .ends import EndStatements
 from .management import ManagementStatements
 from .reruns import RerunStatements
@@ -48,9 +50,9 @@ class Timing:
 
 
 NO_TIMING = Timing()
-DUE = "coalesce(%(eta)s::timestamptz, now() + make_interval(secs => %(delay)s))"
+DUE = "coalesce(%(eta)s::timestamptz, {s}.clock_now() + make_interval(secs => %(delay)s))"
 EXPIRES = ("coalesce(%(expires_at)s::timestamptz,"
-           " now() + make_interval(secs => %(expires_in)s::float8))")
+           " {s}.clock_now() + make_interval(secs => %(expires_in)s::float8))")
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -61,7 +63,7 @@ BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
 # dot and its index), so a run that started one there reached that position without a record.
 JOURNAL = (
     "SELECT position, name, output, error, stream_ends, wake_at,"
-    " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %(id)s"
+    " extract(epoch FROM wake_at - {s}.clock_now())::float8, waiting FROM {s}.steps WHERE workflow_id = %(id)s"
     " UNION ALL SELECT max(split_part(substr(id, length(%(id)s) + 2), '.', 1)::int), NULL, NULL, NULL, NULL,"
     "  NULL, NULL, false FROM {s}.workflows WHERE parent_id = %(id)s"
     "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
@@ -100,7 +102,7 @@ class WorkflowRow:
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements, RerunStatements):
+            ChannelStatements, DetailStatements, ClockStatements, RerunStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -211,7 +213,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
                 " asked AS (UPDATE {s}.workflows SET"
                 "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
-                "  finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
+                "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
                 "  cancel_requested = status IN ('queued', 'running')"
                 "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
                 "  RETURNING id, status)"
@@ -225,11 +227,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
-                              version: str, names: Sequence[str]) -> None:
+                              version: str, names: Sequence[str], lease: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "INSERT INTO {s}.workers (id, host, pid, queues, version, names) VALUES (%s, %s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version, list(names)))
+                "INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            ), (id, host, pid, list(queues), version, list(names), lease))
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
@@ -248,8 +251,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         async with self.pool.connection(within=within) as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
-                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names)"
-                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s)"
+                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
@@ -304,8 +307,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
                 "   ON w.id = a.id AND w.lease_token = a.lease AND w.status = 'running'),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
-                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
+                # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
+                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
+                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries, {s}.clock_now()"
+                "  FROM owner, lazy"
                 "  ORDER BY id, position, attempt, tries DESC"
                 "  ON CONFLICT (workflow_id, position, attempt)"
                 "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
@@ -327,11 +332,14 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             # The attempts every execution started, this one's included: the record counts them all.
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
-            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
+            # Its start: this execution's first attempt's (the duration a reader sees is this run's).
             " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends)"
+            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends, started_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
-            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s,"
+            "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
+            "    (SELECT max(started_at) FROM started))"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
