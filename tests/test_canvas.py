@@ -155,3 +155,30 @@ async def anyio_to_thread(fn: Any) -> Any:
     import anyio.to_thread
 
     return await anyio.to_thread.run_sync(fn)
+
+
+@pytest.mark.anyio
+async def test_a_hostile_canvas_plan_fails_its_canvas_and_starts_nothing(app: pgflow.App) -> None:
+    """The plan is a row's data: one that is not a plan, or names what cannot be started, fails the
+    canvas with the reason; nothing it names is run."""
+    @app.workflow(name="c.ok")
+    async def ok(x: int) -> int:
+        return x
+
+    deep: Any = {"type": "call"}
+    for _ in range(2000):
+        deep = {"type": "chain", "links": [deep]}
+    plans = [({"type": "nope"}, "SerializationError"), ("not a plan", "SerializationError"),
+             ({"type": "call", "name": "c.\x00bad", "args": [], "kwargs": {}, "queue": "default", "priority": 0,
+               "max_attempts": 1, "timeout": None}, "ValueError"),
+             ({"type": "call", "name": "c.ok", "args": [1], "kwargs": {}, "queue": "", "priority": 0,
+               "max_attempts": 1, "timeout": None}, "ValueError")]
+    with pytest.raises(pgflow.SerializationError, match="nested too deeply"):
+        await app.start_by_name_async("pgflow.canvas", deep, [])  # refused before anything is written
+    async with app.worker(concurrency=4):
+        for plan, error in plans:
+            handle = await app.start_by_name_async("pgflow.canvas", plan, [])
+            with pytest.raises(pgflow.WorkflowFailed) as info:
+                await handle.result_async(timeout=30)
+            assert info.value.error_type.endswith(error), (plan, info.value)
+    assert {r.name for r in await app.list_workflows_async()} == {"pgflow.canvas"}

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import psycopg
 import pytest
 
@@ -46,12 +47,18 @@ async def test_eta_starts_at_that_time_and_bad_timings_are_refused_before_anythi
 
     eta = (await server_now(dsn)) + timedelta(seconds=2)
     handle = await at.with_options(eta=eta).start_async()
-    [record] = await app.list_workflows_async()
-    assert record.due_at == eta  # stored as given, not converted through this process's clock
+    later = eta + timedelta(seconds=1)
+    synced = await anyio.to_thread.run_sync(lambda: at.with_options(eta=later, expires=later + timedelta(hours=1))
+                                            .start())
+    due = {r.id: (r.due_at, r.expires_at) for r in await app.list_workflows_async()}
+    # Stored as given, not converted through this process's clock.
+    assert due == {handle.id: (eta, None), synced.id: (later, later + timedelta(hours=1))}
     async with app.worker(concurrency=2):
         assert await handle.result_async(timeout=60) == "ran"
-    info = await handle.info_async()
-    assert info.record.started_at is not None and info.record.started_at >= eta
+        assert await synced.result_async(timeout=60) == "ran"
+    for h, at_least in ((handle, eta), (synced, later)):
+        info = await h.info_async()
+        assert info.record.started_at is not None and info.record.started_at >= at_least
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_expires_cancels_a_workflow_not_started_in_time_even_when_claimed_late(
@@ -76,8 +83,10 @@ async def test_expires_cancels_a_workflow_not_started_in_time_even_when_claimed_
     late_at = await job.with_options(expires=at).start_async("late-at", 0.0)
     [expiry] = {r.expires_at for r in await app.list_workflows_async() if r.id == late.id}
     assert expiry is not None
-    while await server_now(dsn) <= max(expiry, at):  # no worker runs meanwhile: both are claimed late
-        await anyio.sleep(0.1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # No worker runs meanwhile: both are claimed late.
+        await conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s::timestamptz - now())) + 0.05)",
+                           (max(expiry, at),))
     async with app.worker(concurrency=4):
         for handle in (late, late_at):
             with pytest.raises(pgflow.WorkflowCancelled, match="had not started by its expiry time") as info:
