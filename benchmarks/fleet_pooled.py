@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> None:
             for mode in modes:
                 runs.append(run(a, dsn, postmaster, mode, bouncer))
         major = psycopg.connect(dsn).info.server_version // 10000
+    keys = ("per_s", "sessions_peak", "fleet_sessions", "server_cpu_s_per_1k", "worker_cpu_s_per_1k",
+            "pgbouncer_cpu_s_per_1k")
     summary = {mode: {key: statistics.median(r[key] for r in runs if r["mode"] == mode)
-                      for key in ("per_s", "sessions_peak", "fleet_sessions", "server_cpu_s_per_1k", "worker_cpu_s_per_1k",
-                                  "pgbouncer_cpu_s_per_1k") if all(r[key] is not None for r in runs)}
-               for mode in modes}
+                      for key in keys if all(r[key] is not None for r in runs)} for mode in modes}
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
     out = Path(a.output) if a.output else HERE / "results" / f"fleet-pooled-{stamp}-pg{major}.json"
     out.write_text(json.dumps({"settings": vars(a) | {"dsn": None}, "runs": runs, "summary": summary}, indent=1))
