@@ -10,16 +10,18 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot lint bench longtx costs clean
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs clean install-check
 
 help:
 	@echo "pgflow development targets:"
 	@echo "  make test    run the test suite, all but its long fault cases (more pytest arguments: PYTEST_ARGS='-k foo -x')"
+	@echo "  make install-check  a fresh venv gets the checkout by the README's Install command; App() runs there"
 	@echo "  make chaos   the fault suite's long pytest cases (every fault mixed, on PostgreSQL 15 and 18)"
 	@echo "  make soak    the fault suite for SOAK_MINUTES (default 5) on a PostgreSQL 18 of its own; FAULTS=kill,stop,..."
 	@echo "  make demo    run examples/demo.py against the embedded PostgreSQL in ./.pgflow"
 	@echo "  make web     run the web example (examples/web/app.py) on http://127.0.0.1:8000"
 	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
+	@echo "  make dashboard-screenshots  rewrite docs/dashboard/*.png from the dashboard's browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
@@ -52,15 +54,19 @@ venv .venv: $(STAMP)
 # A half with no test selected (exit code 5, e.g. PYTEST_ARGS='-k pg18') counts as passed.
 TEST_PG15_LOG := $(VENV)/test-pg15.log
 test: $(STAMP)
-	@PGFLOW_TEST_SERVER=pg15 $(PY) -m pytest -q -m 'not chaos' $(PYTEST_ARGS) > $(TEST_PG15_LOG) 2>&1 & pg15=$$!; \
+	@PGFLOW_TEST_SERVER=pg15 $(PY) -m pytest -q -m 'not chaos and not install' $(PYTEST_ARGS) > $(TEST_PG15_LOG) 2>&1 & pg15=$$!; \
 	trap 'kill -INT $$pg15 2>/dev/null' INT TERM; \
 	echo "PostgreSQL 15 half: pid $$pg15, log in $(TEST_PG15_LOG); the rest:"; \
-	PGFLOW_TEST_SERVER=pg18 $(PY) -m pytest -q -m 'not chaos' $(PYTEST_ARGS); rest=$$?; \
+	PGFLOW_TEST_SERVER=pg18 $(PY) -m pytest -q -m 'not chaos and not install' $(PYTEST_ARGS); rest=$$?; \
 	wait $$pg15; pg15_rc=$$?; \
 	echo; echo "--- the PostgreSQL 15 half ($(TEST_PG15_LOG)):"; cat $(TEST_PG15_LOG); \
 	ok() { [ $$1 -eq 0 ] || [ $$1 -eq 5 ]; }; \
 	if ok $$rest && ok $$pg15_rc && ! { [ $$rest -eq 5 ] && [ $$pg15_rc -eq 5 ]; }; then echo "make test: both halves passed"; \
 	else echo "make test: FAILED (PostgreSQL 15 half: exit $$pg15_rc, the rest: exit $$rest)" >&2; exit 1; fi
+
+# Slow (a venv and every dependency installed anew), so not part of make test.
+install-check: $(STAMP)
+	$(PY) -m pytest -q -m install tests/test_install.py $(PYTEST_ARGS)
 
 chaos: $(STAMP)
 	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
@@ -78,6 +84,9 @@ web: $(STAMP)
 
 screenshot: $(STAMP)
 	PGFLOW_SCREENSHOT=examples/web/screenshot.png $(PY) -m pytest -q tests/test_web_browser.py -k pg18
+
+dashboard-screenshots: $(STAMP)
+	PGFLOW_DASHBOARD_SCREENSHOTS=docs/dashboard $(PY) -m pytest -q tests/test_dashboard_browser.py -k pg18
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests

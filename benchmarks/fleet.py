@@ -52,10 +52,8 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +69,18 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout without `pip in
     sys.path.insert(0, str(ROOT))
 
 import pgflow  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    RunFailed,
+    fmt,
+    latency_summary,
+    median,
+    percentile,
+    postgres_cpu,
+    proc_stat,
+    self_cpu,
+    server_info,
+    versions,
+)
 from pgflow import codec  # noqa: E402
 
 APP_TARGET = "benchmarks.fleet:app"
@@ -120,46 +130,13 @@ app = make_app(pool_size=int(os.environ.get("FLEET_POOL_SIZE", "10")))
 # == helpers ==============================================================================================
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
-
-
-def latency_summary(latencies: list[float]) -> dict[str, float]:
-    values = sorted(latencies)
-    return {
-        "count": len(values),
-        "p50_ms": percentile(values, 50) * 1000,
-        "p90_ms": percentile(values, 90) * 1000,
-        "p99_ms": percentile(values, 99) * 1000,
-        "max_ms": values[-1] * 1000 if values else float("nan"),
-        "mean_ms": statistics.fmean(values) * 1000 if values else float("nan"),
-    }
-
-
-def median(values: list[Any]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
-    return statistics.median(values) if values else None
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
-
-
 def descendants(root: int) -> list[int]:
     """``root`` and every live process below it (the supervisor's children run in sessions of their
     own, so a process group would miss them)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            fields = _stat(int(entry.name))
+            fields = proc_stat(int(entry.name))
             if fields is not None:
                 parents.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [root]
@@ -175,7 +152,7 @@ def cpu_of(pids: list[int]) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for pid in pids:
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         if fields is not None:
             total += int(fields[11]) + int(fields[12])
     return total / ticks
@@ -187,11 +164,6 @@ def machine_cpu() -> tuple[float, float, float]:
     user, nice, system, idle, iowait, irq, softirq, steal = fields
     ticks = os.sysconf("SC_CLK_TCK")
     return (user + nice + system + irq + softirq) / ticks, (idle + iowait) / ticks, steal / ticks
-
-
-def self_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def wait_for_quiet(limit: float, threshold: float = 0.25) -> float:
@@ -208,25 +180,6 @@ def wait_for_quiet(limit: float, threshold: float = 0.25) -> float:
             return share
 
 
-def postgres_cpu(postmaster: int | None) -> float | None:
-    """CPU seconds used so far by the server: the postmaster, its live children and reaped ones."""
-    if postmaster is None:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat(int(entry.name))
-        if fields is None:
-            continue
-        if int(entry.name) == postmaster:
-            total += sum(int(f) for f in fields[11:15])
-        elif int(fields[1]) == postmaster:
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
-
-
 def _ours(pid: int) -> bool:
     """A live ``pgflow worker`` process of this benchmark (not a recycled pid)."""
     try:
@@ -234,10 +187,6 @@ def _ours(pid: int) -> bool:
     except OSError:
         return False
     return b"pgflow" in cmdline and APP_TARGET.encode() in cmdline
-
-
-class RunFailed(Exception):
-    pass
 
 
 # == worker processes =====================================================================================
@@ -663,46 +612,11 @@ class Bench:
         out: dict[str, Any] = {}
         for k, v in parts.items():
             out[k] = median(v)
-            out[k + "_p99"] = percentile(sorted(v), 99) if v else None
+            out[k + "_p99"] = percentile(v, 0.99) if v else None
         out["per_run"] = {k: [round(x, 2) for x in v] for k, v in parts.items()}
         return out
 
 # == reporting ============================================================================================
-
-
-def server_info(dsn: str) -> dict[str, Any]:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        info: dict[str, Any] = {"postmaster_pid": None}
-        with contextlib.suppress(OSError, ValueError, IndexError):  # a server on another machine
-            stat = Path(f"/proc/{conn.info.backend_pid}/stat").read_text()
-            if stat[stat.index("(") + 1: stat.rindex(")")].startswith("postgres"):
-                info["postmaster_pid"] = int(stat[stat.rindex(")") + 2:].split()[1])
-        for setting in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections"):
-            row = conn.execute(f"SHOW {setting}").fetchone()
-            info[setting] = row[0] if row else None
-        return info
-
-
-def versions() -> dict[str, Any]:
-    from importlib import metadata
-
-    found: dict[str, Any] = {}
-    for package in ("pgflow", "psycopg", "psycopg-pool", "anyio"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "pgflow"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        found["pgflow_commit"] = commit + ("+local changes" if dirty else "") if commit else None
-    except (OSError, subprocess.SubprocessError):
-        found["pgflow_commit"] = None
-    return found
 
 
 def summarize(runs: list[dict[str, Any]], a: argparse.Namespace) -> dict[str, Any]:
@@ -797,10 +711,6 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         target(f"takeover (lease {lease}) <= lease + poll ({f['bound_s']:g} s), worst run",
                f["max_kill_to_first_step_s"], functools.partial(float.__ge__, limit), " s")
     return out
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -79,13 +80,21 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 def server_info(dsn: str) -> dict[str, Any]:
+    """The settings that decide a benchmark's figures, and the postmaster's pid when the server runs on
+    this machine (for its CPU time)."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'),"
-                           " current_setting('synchronous_commit'), current_setting('max_connections')").fetchone()
-    assert row is not None
-    return {"server_version": row[0], "fsync": row[1], "synchronous_commit": row[2], "max_connections": row[3]}
+        info: dict[str, Any] = {"postmaster_pid": None}
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a server on another machine
+            stat = Path(f"/proc/{conn.info.backend_pid}/stat").read_text()
+            if stat[stat.index("(") + 1: stat.rindex(")")].startswith("postgres"):
+                info["postmaster_pid"] = int(stat[stat.rindex(")") + 2:].split()[1])
+        for setting in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections",
+                        "commit_delay"):
+            row = conn.execute(f"SHOW {setting}").fetchone()
+            info[setting] = row[0] if row else None
+        return info
 
 
 def pg_major(info: dict[str, Any]) -> str:
@@ -101,18 +110,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
+def median(values: list[Any]) -> float | None:
+    """The median of the values present (None and NaN left out: a run that did not measure it)."""
+    present = [v for v in values if v is not None and v == v]
     return statistics.median(present) if present else None
 
 
+def latency_summary(latencies: list[float]) -> dict[str, float]:
+    """Seconds in, milliseconds out: count, p50, p90, p99, max and mean."""
+    nan = float("nan")
+    return {
+        "count": len(latencies),
+        "p50_ms": percentile(latencies, 0.50) * 1000 if latencies else nan,
+        "p90_ms": percentile(latencies, 0.90) * 1000 if latencies else nan,
+        "p99_ms": percentile(latencies, 0.99) * 1000 if latencies else nan,
+        "max_ms": max(latencies) * 1000 if latencies else nan,
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else nan,
+    }
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def commit() -> str | None:
+    """The checkout's commit, with "+local changes" when pgflow/ differs from it."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "pgflow"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "pgflow"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+local changes" if dirty else "") if out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -122,13 +150,60 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""), **extra}
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (so field 1 is the parent's pid, 11 and 12
+    user and system ticks); None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system, every thread) a process has used; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu() -> float:
+    """CPU seconds this process has used (user + system)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def postgres_cpu(postmaster: int | None) -> float | None:
+    """CPU seconds used so far by the benchmarked server: its postmaster, every live child process
+    (backends, walwriter, ...) and the children it has already reaped. None when it is not local."""
+    if postmaster is None:
+        return None
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = proc_stat(int(entry.name))
+        if fields is None:
+            continue
+        if int(entry.name) == postmaster:
+            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def versions(packages: tuple[str, ...] = ("pgflow-durable", "psycopg", "psycopg-pool", "anyio")) -> dict[str, Any]:
+    """What was measured: the packages' versions and the pgflow commit (marked when the tree had local
+    changes)."""
+    from importlib import metadata
+
+    found: dict[str, Any] = {}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    found["pgflow_commit"] = commit()
+    return found
 
 
 class Proc:

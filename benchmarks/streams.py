@@ -48,9 +48,7 @@ import json
 import os
 import platform
 import queue
-import resource
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -65,6 +63,18 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import (  # noqa: E402
+    RunFailed,
+    commit,
+    fmt,
+    latency_summary,
+    median,
+    postgres_cpu,
+    self_cpu,
+    server_info,
+    versions,
+)
+
 DESIGNS = ["raw", "naive", "pgflow", "pgflow-off", "dbos"]
 # Chunks per stream, chosen so one run of each design lasts roughly 5-15 s on a 2-core machine.
 DEFAULT_CHUNKS = {"raw": 500, "naive": 100, "pgflow": 500, "pgflow-off": 500, "dbos": 20}
@@ -74,6 +84,7 @@ DBOS_THREADS = int(os.environ.get("BENCH_DBOS_THREADS", "64"))
 DBOS_DATABASE = "pgflow_bench_dbos"
 OFF_POLL = 0.1
 STREAM_KEY = "tokens"
+STREAM_PACKAGES = ("pgflow-durable", "dbos", "psycopg", "anyio")
 
 
 # == small helpers, used by every role ===============================================================
@@ -114,31 +125,6 @@ async def wait_for_go() -> None:
     line = await next_line()
     if line != "go":
         raise SystemExit(f"expected 'go' from the orchestrator, got {line!r}")
-
-
-def cpu_seconds() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
-
-
-def latency_summary(latencies: list[float]) -> dict[str, float]:
-    values = sorted(latencies)
-    return {
-        "count": len(values),
-        "p50_ms": percentile(values, 50) * 1000,
-        "p90_ms": percentile(values, 90) * 1000,
-        "p99_ms": percentile(values, 99) * 1000,
-        "max_ms": (values[-1] * 1000) if values else float("nan"),
-        "mean_ms": (statistics.fmean(values) * 1000) if values else float("nan"),
-    }
 
 
 def stream_id(run: str, i: int) -> str:
@@ -252,10 +238,10 @@ async def naive_writer(a: argparse.Namespace) -> None:
         tasks = [asyncio.create_task(produce(i)) for i in range(a.streams)]
         emit("ready")
         await wait_for_go()
-        cpu0, t_go = cpu_seconds(), time.time()
+        cpu0, t_go = self_cpu(), time.time()
         go.set()
         await gather_all(tasks)
-        emit("result", **tally.result(a.streams * a.chunks, cpu_seconds() - cpu0, t_go))
+        emit("result", **tally.result(a.streams * a.chunks, self_cpu() - cpu0, t_go))
 
 
 async def naive_reader(a: argparse.Namespace) -> None:
@@ -299,7 +285,7 @@ async def naive_reader(a: argparse.Namespace) -> None:
                     await asyncio.wait_for(event.wait(), 1.0)
 
         listen_task = asyncio.create_task(listener())
-        ready_cpu, ready = cpu_seconds(), time.time()
+        ready_cpu, ready = self_cpu(), time.time()
         tasks = [asyncio.create_task(consume(i)) for i in range(a.streams)]
         await asyncio.sleep(1.0)
         emit("ready")
@@ -308,7 +294,7 @@ async def naive_reader(a: argparse.Namespace) -> None:
         finally:
             listen_task.cancel()
             await listen.close()
-        emit("result", **reads.result(cpu_seconds() - ready_cpu, ready))
+        emit("result", **reads.result(self_cpu() - ready_cpu, ready))
 
 
 # == raw: the design's hand-written minimum =============================================================
@@ -346,11 +332,11 @@ async def raw_writer(a: argparse.Namespace) -> None:
         tasks = [asyncio.create_task(produce(i)) for i in range(a.streams)]
         emit("ready")
         await wait_for_go()
-        cpu0, t_go = cpu_seconds(), time.time()
+        cpu0, t_go = self_cpu(), time.time()
         go.set()
         await gather_all(tasks)
         batching.cancel()
-        emit("result", **tally.result(a.streams * a.chunks, cpu_seconds() - cpu0, t_go))
+        emit("result", **tally.result(a.streams * a.chunks, self_cpu() - cpu0, t_go))
 
 
 async def raw_reader(a: argparse.Namespace) -> None:
@@ -404,7 +390,7 @@ async def raw_reader(a: argparse.Namespace) -> None:
                 wake.set()
 
     listen_task = asyncio.create_task(listener())
-    ready_cpu, ready = cpu_seconds(), time.time()
+    ready_cpu, ready = self_cpu(), time.time()
     fetch_task = asyncio.create_task(fetcher())
     await asyncio.sleep(1.0)
     emit("ready")
@@ -414,7 +400,7 @@ async def raw_reader(a: argparse.Namespace) -> None:
         listen_task.cancel()
         await listen.close()
         await query.close()
-    emit("result", **reads.result(cpu_seconds() - ready_cpu, ready))
+    emit("result", **reads.result(self_cpu() - ready_cpu, ready))
 
 
 # == pgflow ============================================================================================
@@ -470,13 +456,13 @@ async def pgflow_writer(a: argparse.Namespace) -> None:
                 await asyncio.sleep(0.01)
             emit("ready")
             await wait_for_go()
-            cpu0, t_go = cpu_seconds(), time.time()
+            cpu0, t_go = self_cpu(), time.time()
             _go.set()
             # Counted in the workflow bodies rather than by 256 result_async waiters, whose slow poll
             # (one query per waiter per poll_interval) would load the writer process.
             while _tally.finished < a.streams:
                 await asyncio.sleep(0.005)
-            cpu = cpu_seconds() - cpu0
+            cpu = self_cpu() - cpu0
             await asyncio.gather(*(h.result_async(timeout=a.timeout) for h in handles))
             stats = app.stats()
             extra = {"notifier_flushes": stats.notify_flushes, "batches": stats.stream_batches,
@@ -497,12 +483,12 @@ async def pgflow_reader(a: argparse.Namespace) -> None:
                 reads.chunk(i, value)
             reads.end(i)
 
-        ready_cpu, ready = cpu_seconds(), time.time()
+        ready_cpu, ready = self_cpu(), time.time()
         tasks = [asyncio.create_task(consume(i)) for i in range(a.streams)]
         await asyncio.sleep(1.0)
         emit("ready")
         await gather_all(tasks)
-        result = reads.result(cpu_seconds() - ready_cpu, ready)
+        result = reads.result(self_cpu() - ready_cpu, ready)
         result["fetch_queries"] = app.stats().fetch_queries
         emit("result", **result)
     finally:
@@ -603,11 +589,11 @@ async def dbos_writer(a: argparse.Namespace) -> None:
             await asyncio.sleep(0.01)
         emit("ready")
         await wait_for_go()
-        cpu0, t_go = cpu_seconds(), time.time()
+        cpu0, t_go = self_cpu(), time.time()
         go.set()
         while tally.finished < a.streams:
             await asyncio.sleep(0.005)
-        cpu = cpu_seconds() - cpu0
+        cpu = self_cpu() - cpu0
         await asyncio.gather(*(h.get_result() for h in handles))
         emit("result", **tally.result(a.streams * a.chunks, cpu, t_go))
     finally:
@@ -630,12 +616,12 @@ async def dbos_reader(a: argparse.Namespace) -> None:
                 reads.chunk(i, value)
             reads.end(i)
 
-        ready_cpu, ready = cpu_seconds(), time.time()
+        ready_cpu, ready = self_cpu(), time.time()
         tasks = [asyncio.create_task(consume(i)) for i in range(a.streams)]
         await asyncio.sleep(1.0)
         emit("ready")
         await gather_all(tasks)
-        emit("result", **reads.result(cpu_seconds() - ready_cpu, ready))
+        emit("result", **reads.result(self_cpu() - ready_cpu, ready))
     finally:
         await asyncio.to_thread(client.destroy)
 
@@ -651,10 +637,6 @@ ROLES: dict[tuple[str, str], Callable[[argparse.Namespace], Any]] = {
 
 
 # == the orchestrator ==================================================================================
-
-
-class RunFailed(Exception):
-    pass
 
 
 class Child:
@@ -759,7 +741,7 @@ class Orchestrator:
                 try:
                     import dbos  # noqa: F401
                 except ImportError as exc:
-                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow[bench]'): {exc}") from None
+                    raise RunFailed(f"DBOS Transact is not installed (pip install 'pgflow-durable[bench]'): {exc}") from None
             await self.setup(design, schema)
             writer = await self.spawn("writer", design, schema, run, chunks, f"{design}-{repeat}")
             children.append(writer)
@@ -842,74 +824,6 @@ class Orchestrator:
         return record
 
 
-def postgres_cpu(postmaster: int | None) -> float | None:
-    """CPU seconds used so far by the benchmarked server: its postmaster, every live child process
-    (backends, walwriter, ...) and the children it has already reaped. None when it is not local."""
-    if postmaster is None:
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        pid, ppid = int(entry.name), int(fields[1])
-        if pid == postmaster:
-            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-        elif ppid == postmaster:
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
-
-
-async def server_info(dsn: str) -> dict[str, Any]:
-    import psycopg
-
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        info: dict[str, Any] = {"postmaster_pid": None}
-        backend = conn.info.backend_pid
-        with contextlib.suppress(OSError, ValueError, IndexError):  # a server on another machine
-            stat = Path(f"/proc/{backend}/stat").read_text()
-            if stat[stat.index("(") + 1: stat.rindex(")")].startswith("postgres"):
-                info["postmaster_pid"] = int(stat[stat.rindex(")") + 2:].split()[1])
-        for setting in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections",
-                        "commit_delay"):
-            cur = await conn.execute(f"SHOW {setting}")
-            row = await cur.fetchone()
-            info[setting] = row[0] if row else None
-        return info
-
-
-def versions() -> dict[str, Any]:
-    """What was measured: the pgflow commit (and whether the tree had local changes) and package versions."""
-    import subprocess
-    from importlib import metadata
-
-    found: dict[str, Any] = {}
-    for package in ("pgflow", "dbos", "psycopg", "anyio"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "pgflow"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        found["pgflow_commit"] = commit + ("+local changes" if dirty else "") if commit else None
-    except (OSError, subprocess.SubprocessError):
-        found["pgflow_commit"] = None
-    return found
-
-
-def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
-    return statistics.median(values) if values else None
-
-
 def summarize(runs: list[dict[str, Any]], designs: list[str]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for design in designs:
@@ -965,10 +879,6 @@ def targets(runs: list[dict[str, Any]], summary: dict[str, Any], noop: dict[str,
     return out
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def print_report(report: dict[str, Any]) -> None:
     s = report["server"]
     print(f"\npgflow streams benchmark, {report['date']}: {report['streams']} streams, "
@@ -1017,8 +927,8 @@ async def orchestrate(a: argparse.Namespace) -> int:
         embedded_app = pgflow.App()  # keeps the embedded server alive (registered) while we run
         dsn = await asyncio.to_thread(lambda: embedded_app.dsn)
         server_kind = "embedded"
-    info = await server_info(dsn)
-    measured = versions()
+    info = await asyncio.to_thread(server_info, dsn)
+    measured = versions(STREAM_PACKAGES)
     logdir = Path(tempfile.mkdtemp(prefix="pgflow-bench-"))
     orch = Orchestrator(a, dsn, logdir, info.get("postmaster_pid"))
     print(f"server: PostgreSQL {info['server_version']} ({server_kind}); logs in {logdir}", flush=True)
@@ -1052,9 +962,9 @@ async def orchestrate(a: argparse.Namespace) -> int:
         "summary": summary, "noop": noop, "runs": runs,
     }
     report["targets"] = targets(runs, summary, noop)
-    if versions().get("pgflow_commit") != measured.get("pgflow_commit"):
+    if commit() != measured.get("pgflow_commit"):
         report["warning"] = (f"the pgflow checkout changed during the run (from {measured.get('pgflow_commit')} "
-                             f"to {versions().get('pgflow_commit')}): the runs did not all measure the same code")
+                             f"to {commit()}): the runs did not all measure the same code")
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     major = str(info.get("server_version") or "").split(".")[0].split()[0]

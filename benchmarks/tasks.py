@@ -45,7 +45,7 @@ FIGURES = ["tasks_per_s", "tasks64_per_s", "enqueue_per_s", "enqueue16_per_s", "
 CLIENT_POOL = 16  # connections of each client that has a pool: one per concurrent caller
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "bench_")  # tests use a prefix of their own
-PACKAGES = {"pgflow": "pgflow", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "celery": "celery",
+PACKAGES = {"pgflow": "pgflow-durable", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "celery": "celery",
             "dbos": "dbos"}
 
 # (done, first start, last finish), epoch seconds, from the system's own tables.

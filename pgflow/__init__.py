@@ -3,11 +3,15 @@
 from ._core.runtime import Stats
 from ._core.worker import Worker
 from .app import App
+from .canvas import Canvas, Signature, chain, chord, group
+from .checkreplay import Mismatch, ReplayReport, check_replay, check_replay_async
 from .context import attempt, step_attempt, workflow_id
 from .durable import recv, recv_async, set_event, set_event_async, sleep, sleep_async
 from .errors import (
     CannotResume,
     ConfigurationError,
+    EmbeddedUnavailable,
+    MaxAttemptsExceeded,
     NonDeterministicWorkflow,
     PgflowError,
     SerializationError,
@@ -16,9 +20,12 @@ from .errors import (
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowConflict,
+    WorkflowExpired,
     WorkflowFailed,
+    WorkflowTimeout,
 )
 from .handle import WorkflowHandle
+from .patches import deprecate_patch, patched, patched_async
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 from .retry import RetryPolicy
 from .streams import (
@@ -33,12 +40,18 @@ from .workflow import Starter, Step, Workflow
 
 __all__ = [
     "App",
+    "Canvas",
     "CannotResume",
     "ConfigurationError",
+    "EmbeddedUnavailable",
+    "MaxAttemptsExceeded",
+    "Mismatch",
     "NonDeterministicWorkflow",
     "PgflowError",
+    "ReplayReport",
     "RetryPolicy",
     "SerializationError",
+    "Signature",
     "Starter",
     "Stats",
     "Step",
@@ -51,13 +64,23 @@ __all__ = [
     "Workflow",
     "WorkflowCancelled",
     "WorkflowConflict",
+    "WorkflowExpired",
     "WorkflowFailed",
     "WorkflowHandle",
     "WorkflowInfo",
     "WorkflowRecord",
+    "WorkflowTimeout",
     "attempt",
+    "chain",
+    "check_replay",
+    "check_replay_async",
+    "chord",
     "close_stream",
     "close_stream_async",
+    "deprecate_patch",
+    "group",
+    "patched",
+    "patched_async",
     "recv",
     "recv_async",
     "set_event",

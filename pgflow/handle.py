@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any, Generic, TypeVar
 
 from ._core.checks import MAX_ID_BYTES, check_reader, check_text
@@ -12,7 +12,8 @@ from ._core.execution import journaling
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
 from ._core.store import WorkflowRow
-from ._core.streams.reader import ENDED, Chunks, decoder
+from ._core.streams.reader import ENDED, decoder
+from ._core.twins import blocking, iterate
 from .codec import decode, encode
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
@@ -47,8 +48,7 @@ class WorkflowHandle(Generic[R]):
         """"queued", "running", "succeeded", "failed" or "cancelled"."""
         return (await self._row()).status
 
-    def status(self) -> str:
-        return self._client.call(self.status_async)
+    status = blocking(status_async)
 
     async def result_async(self, timeout: float | None = None) -> R:
         """Wait for the workflow to end and return its result (woken by its completion ping).
@@ -56,6 +56,9 @@ class WorkflowHandle(Generic[R]):
         Raises WorkflowFailed, WorkflowCancelled, or TimeoutError when ``timeout`` seconds pass first.
         """
 
+        parent = journaling()
+        if parent is not None and (known := await parent.child_outcome(self.id)) is not None:
+            return self._outcome(known)
         runtime = self._client.runtime()
         seen: WorkflowRow | None = None
         read = False
@@ -82,8 +85,7 @@ class WorkflowHandle(Generic[R]):
             raise TimeoutError(f"workflow {self.id!r} did not finish within {timeout}s")
         return self._outcome(row)
 
-    def result(self, timeout: float | None = None) -> R:
-        return self._client.call(self.result_async, timeout)
+    result = blocking(result_async)
 
     async def get_event_async(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
         """The last value the workflow set under ``key``, waiting for one to be set (woken by its
@@ -107,8 +109,7 @@ class WorkflowHandle(Generic[R]):
         got = await runtime.wait_for([signal_keys.event(self.id), signal_keys.ended(self.id)], look, timeout)
         return None if got is None else got[0]
 
-    def get_event(self, key: str, timeout: float | None = None, *, type: Any = Any) -> Any:
-        return self._client.call(lambda: self.get_event_async(key, timeout, type=type))
+    get_event = blocking(get_event_async)
 
     def _message(self, topic: str, value: object, idempotency_key: str | None) -> tuple[bytes, str]:
         """The stored message and its idempotency key, made in the caller: from a workflow body
@@ -125,6 +126,9 @@ class WorkflowHandle(Generic[R]):
         return data, str(uuid.uuid4())
 
     async def _send(self, topic: str, data: bytes, key: str) -> None:
+        sender = journaling()
+        if sender is not None and sender.replay_only:
+            return  # a check of the sender's journal writes nothing
         runtime = self._client.runtime()
         found = await runtime.db(lambda store: store.send(self.id, topic, data, key))
         if found is None:
@@ -141,14 +145,14 @@ class WorkflowHandle(Generic[R]):
         await self._send(topic, *self._message(topic, value, idempotency_key))
 
     def send(self, topic: str, value: object, idempotency_key: str | None = None) -> None:
+        """Blocking twin of ``send_async``; the message and its key are made here, in the caller."""
         self._client.call(self._send, topic, *self._message(topic, value, idempotency_key))
 
     async def steps_async(self) -> list[StepInfo]:
         """The steps recorded so far, in call order: progress as another process sees it."""
         return (await self.info_async()).steps
 
-    def steps(self) -> list[StepInfo]:
-        return self._client.call(self.steps_async)
+    steps = blocking(steps_async)
 
     async def info_async(self) -> WorkflowInfo:
         """The workflow's record, its steps (timings, attempts) and its streams with their lengths."""
@@ -159,8 +163,7 @@ class WorkflowHandle(Generic[R]):
         return WorkflowInfo(WorkflowRecord.of(record), [StepInfo(*row) for row in steps],
                             [StreamInfo(*row) for row in streams])
 
-    def info(self) -> WorkflowInfo:
-        return self._client.call(self.info_async)
+    info = blocking(info_async)
 
     async def resume_async(self) -> None:
         """Run a failed or cancelled (or timed-out) workflow again: the steps recorded with an output
@@ -177,8 +180,7 @@ class WorkflowHandle(Generic[R]):
         runtime.signals.waiters.ends.heard_of(self.id)  # an end heard before is not the resumed run's
         runtime.signals.announce(News([signal_keys.queue(queue), signal_keys.ended(self.id)]))
 
-    def resume(self) -> None:
-        self._client.call(self.resume_async)
+    resume = blocking(resume_async)
 
     async def fork_async(self, from_step: int) -> WorkflowHandle[R]:
         """A new workflow with the same arguments whose first ``from_step`` recorded steps are copied
@@ -193,66 +195,61 @@ class WorkflowHandle(Generic[R]):
         runtime.signals.announce(News([signal_keys.queue(queue)]))
         return WorkflowHandle(self._client, new_id)
 
-    def fork(self, from_step: int) -> WorkflowHandle[R]:
-        return self._client.call(self.fork_async, from_step)
+    fork = blocking(fork_async)
+
+    async def _decoded(self, key: str, offset: int, type: Any) -> AsyncGenerator[list[tuple[int, Any]], None]:
+        """The one reading loop behind all four readers: each batch of (position, chunk) as the
+        runtime fetched it, decoded, until the close marker or the workflow's end. Sync readers take a
+        batch per trip to the loop, not a chunk."""
+        check_reader(key, offset)
+        batches = self._client.runtime().read_stream(self.id, key, offset)
+        try:
+            decode = decoder(type)
+            async for chunks in batches:
+                items: list[tuple[int, Any]] = []
+                for position, value in chunks:
+                    if value is None:  # the close marker
+                        if items:
+                            yield items
+                        return
+                    items.append((position, decode(value)))
+                if items:
+                    yield items
+        finally:
+            await batches.aclose()
 
     async def stream_items_async(self, key: str, offset: int = 0, *,
-                                 type: Any = Any) -> AsyncIterator[tuple[int, Any]]:
+                                 type: Any = Any) -> AsyncGenerator[tuple[int, Any], None]:
         """Every (position, chunk) of stream ``key`` from ``offset`` on, in order, until the stream
         is closed or the workflow ends in any way: what a server needs to tell a client where to
         resume (an SSE ``id:``)."""
-        check_reader(key, offset)
-        batches = self._client.runtime().read_stream(self.id, key, offset)
+        decoded = self._decoded(key, offset, type)
         try:
-            decode = decoder(type)
-            async for chunks in batches:
-                for position, value in chunks:
-                    if value is None:  # the close marker
-                        return
-                    yield position, decode(value)
+            async for items in decoded:
+                for item in items:
+                    yield item
         finally:
-            await batches.aclose()
+            await decoded.aclose()
 
     def stream_items(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[tuple[int, Any]]:
+        """Blocking twin of ``stream_items_async``: a generator, one trip to the loop per batch."""
         check_reader(key, offset)
-        batches = self._batches(key, offset)
-        try:
-            decode = decoder(type)
-            while (chunks := self._client.call(_next_batch, batches)) is not None:
-                for position, value in chunks:
-                    if value is None:  # the close marker
-                        return
-                    yield position, decode(value)
-        finally:
-            self._client.call(batches.aclose)
+        for items in iterate(self._client, self._decoded(key, offset, type)):
+            yield from items
 
-    async def _batches(self, key: str, offset: int) -> AsyncGenerator[Chunks, None]:
-        """The batches of a sync reader, made on the loop that serves it. (The reader is closed
-        here: ``async for`` does not close an iterator that is not a generator.)"""
-        read = self._client.runtime().read_stream(self.id, key, offset)
-        try:
-            async for chunks in read:
-                yield chunks
-        finally:
-            await read.aclose()
-
-    async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncIterator[Any]:
+    async def stream_async(self, key: str, offset: int = 0, *, type: Any = Any) -> AsyncGenerator[Any, None]:
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
         the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
         ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
-        check_reader(key, offset)
-        batches = self._client.runtime().read_stream(self.id, key, offset)
+        items = self.stream_items_async(key, offset, type=type)
         try:
-            decode = decoder(type)
-            async for chunks in batches:
-                for _, value in chunks:
-                    if value is None:  # the close marker
-                        return
-                    yield decode(value)
+            async for _, value in items:
+                yield value
         finally:
-            await batches.aclose()
+            await items.aclose()
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
+        """Blocking twin of ``stream_async``: a generator, one trip to the loop per batch."""
         for _, value in self.stream_items(key, offset, type=type):
             yield value
 
@@ -266,18 +263,14 @@ class WorkflowHandle(Generic[R]):
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         runtime.signals.announce(News([signal_keys.ended(id) for id in (self.id, *found[1])]))
 
-    def cancel(self) -> None:
-        self._client.call(self.cancel_async)
+    cancel = blocking(cancel_async)
 
     def _outcome(self, row: WorkflowRow) -> R:
         if row.status == "succeeded":
             return self._client.registry.decode_result(row.name, row.output or b"\xc0")  # type: ignore[no-any-return]
         if row.status == "cancelled":
-            raise WorkflowCancelled(self.id)
+            raise WorkflowCancelled(self.id, (row.error or {}).get("message") or None)
         error = row.error or {}
         raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),
                              error.get("traceback", ""))
 
-
-async def _next_batch(batches: AsyncIterator[Chunks]) -> Chunks | None:
-    return await anext(batches, None)

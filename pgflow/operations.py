@@ -8,14 +8,35 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
+
 from ._core.checks import check_queue
 from ._core.client import Client
 from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
-from .records import Health, LockHolder, QueueInfo, Session, WorkerInfo, WorkflowRecord
+from ._core.twins import blocking
+from .errors import UnknownWorkflow
+from .records import (
+    SILENT_AFTER,
+    AttemptError,
+    ErrorDetails,
+    Health,
+    LockHolder,
+    QueueInfo,
+    Session,
+    StepDetails,
+    StepInProgress,
+    StreamInfo,
+    Undecodable,
+    WorkerInfo,
+    WorkflowDetails,
+    WorkflowRecord,
+    seconds_between,
+)
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+MAX_STEPS_SHOWN = 100_000  # steps_limit's bound: a journal read in full is this workflow's memory, once
 ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
 
 
@@ -51,13 +72,26 @@ class Operations:
             limit, order == "desc"))
         return [WorkflowRecord.of(row) for row in rows]
 
-    def list_workflows(
-        self, status: str | None = None, name: str | None = None, queue: str | None = None,
-        created_after: datetime | None = None, created_before: datetime | None = None, limit: int = 100,
-        order: str = "desc",
-    ) -> list[WorkflowRecord]:
-        return self._client.call(self.list_workflows_async, status, name, queue, created_after, created_before,
-                                 limit, order)
+    list_workflows = blocking(list_workflows_async)
+
+    async def workflow_details_async(self, workflow_id: str, steps_limit: int = 1000) -> WorkflowDetails:
+        """Everything kept of one workflow, from one snapshot, for a person finding out what happened:
+        its record, arguments and result decoded, its error with message and traceback, its first
+        ``steps_limit`` journal entries with their start, duration, attempts, output and every kept
+        attempt's error, the steps begun and not recorded, and its streams. Decoded without the
+        workflow's code (as builtins): the process reading need not import it, and a stored value is
+        data, never code. Raises UnknownWorkflow when there is no such workflow."""
+        if not isinstance(workflow_id, str):
+            raise TypeError(f"workflow_id is a str, got {type(workflow_id).__name__}")
+        if isinstance(steps_limit, bool) or not isinstance(steps_limit, int) or \
+                not 1 <= steps_limit <= MAX_STEPS_SHOWN:
+            raise ValueError(f"steps_limit is between 1 and {MAX_STEPS_SHOWN}, got {steps_limit!r}")
+        found = await self._client.runtime().db(lambda store: store.details(workflow_id, steps_limit))
+        if found is None:
+            raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
+        return _details(*found)
+
+    workflow_details = blocking(workflow_details_async)
 
     async def queues_info_async(self) -> list[QueueInfo]:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
@@ -65,18 +99,17 @@ class Operations:
         return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
                           r[5], r[6], r[7]) for r in rows]
 
-    def queues_info(self) -> list[QueueInfo]:
-        return self._client.call(self.queues_info_async)
+    queues_info = blocking(queues_info_async)
 
     async def workers_info_async(self) -> list[WorkerInfo]:
         """The registered workers: where they run, what they serve, their heartbeat's age, how many
-        workflows each holds."""
+        workflows each holds, and whether it is dead (its heartbeat older than its lease)."""
         rows = await self._client.runtime().db(lambda store: store.workers_overview())
         return [WorkerInfo(str(r[0]), str(r[1]), int(r[2]), list(r[3]), str(r[4]), float(r[5]), int(r[6]),
-                           list(r[7])) for r in rows]
+                           list(r[7]), None if r[8] is None else float(r[8]),
+                           float(r[5]) > (SILENT_AFTER if r[8] is None else float(r[8]))) for r in rows]
 
-    def workers_info(self) -> list[WorkerInfo]:
-        return self._client.call(self.workers_info_async)
+    workers_info = blocking(workers_info_async)
 
     async def health_async(self, stuck_after: float = 60.0) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
@@ -93,8 +126,7 @@ class Operations:
                       [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
                        for name, pid, user, app, age in locks])
 
-    def health(self, stuck_after: float = 60.0) -> Health:
-        return self._client.call(self.health_async, stuck_after)
+    health = blocking(health_async)
 
     async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
@@ -106,9 +138,7 @@ class Operations:
         runtime = self._client.runtime()
         return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
 
-    def prune(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
-              progress: Callable[[int], None] | None = None) -> int:
-        return self._client.call(self.prune_async, older_than, batch, progress)
+    prune = blocking(prune_async)
 
     async def rotate_signal_key_async(self, overlap: float = ROTATION_OVERLAP) -> int:
         """Add a new key to the keyring that seals pings, without downtime: processes seal with it
@@ -120,5 +150,51 @@ class Operations:
                              f" got {overlap!r}")
         return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
 
-    def rotate_signal_key(self, overlap: float = ROTATION_OVERLAP) -> int:
-        return self._client.call(self.rotate_signal_key_async, overlap)
+    rotate_signal_key = blocking(rotate_signal_key_async)
+
+
+def _details(row: tuple[Any, ...], steps: list[tuple[Any, ...]], total: int, errors: list[tuple[Any, ...]],
+             begun: list[tuple[Any, ...]], streams: list[tuple[str, int, bool]]) -> WorkflowDetails:
+    (id, name, queue, status, attempt, priority, created_at, started_at, finished_at, due_at, waiting_for,
+     parent_id, lease_owner, lease_expires_at, cancel_requested, max_attempts, timeout, deadline_at, inputs,
+     output, error) = row
+    kept: dict[int, list[AttemptError]] = {}
+    for position, run, step_attempt, failed_at, stored in errors:
+        kept.setdefault(position, []).append(
+            AttemptError(run, step_attempt, failed_at, ErrorDetails.of(stored) or ErrorDetails("?", "", "")))
+    return WorkflowDetails(
+        id=id, name=name, queue=queue, status=status, attempt=attempt, priority=priority, created_at=created_at,
+        started_at=started_at, finished_at=finished_at, duration_s=seconds_between(started_at, finished_at),
+        due_at=due_at, waiting_for=waiting_for, parent_id=parent_id, lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at, cancel_requested=cancel_requested, max_attempts=max_attempts,
+        timeout_s=timeout, deadline_at=deadline_at, arguments=_arguments(inputs),
+        result=None if output is None else _value(output), error=ErrorDetails.of(error),
+        steps=[StepDetails(position, step_name, began, ended, seconds_between(began, ended), attempts,
+                           None if value is None else _value(value), ErrorDetails.of(failure),
+                           kept.get(position, []), wake_at, bool(waiting))
+               for position, step_name, began, ended, attempts, value, failure, wake_at, waiting in steps],
+        steps_total=total,
+        in_progress=[StepInProgress(position, int(tries or 0), began, kept.get(position, []))
+                     for position, tries, began in begun],
+        streams=[StreamInfo(*stream) for stream in streams],
+    )
+
+
+def _value(data: bytes) -> Any:
+    """A stored value as builtins, or an Undecodable saying why not. Only what also encodes as JSON
+    passes (msgpack has extension types and keys of any type; ``--json`` must print what it gets)."""
+    try:
+        value = msgspec.msgpack.decode(data)
+        msgspec.json.encode(value)
+    except Exception as exc:  # noqa: BLE001 - any byte string at all may be in the row
+        return Undecodable(len(data), f"{type(exc).__name__}: {exc}"[:200])
+    return value
+
+
+def _arguments(data: bytes) -> Any:
+    """Arguments are stored as a map of parameter to value; a call started by name and not run yet
+    as ``[args, kwargs]`` (see codec.encode_unchecked)."""
+    value = _value(data)
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) and isinstance(value[1], dict):
+        return {"args": value[0], "kwargs": value[1]}
+    return value

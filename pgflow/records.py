@@ -6,18 +6,27 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
 
 
 @dataclass(frozen=True)
 class StepInfo:
-    """A recorded step call: its position in the workflow, its name, and how it ended."""
+    """A recorded step call: its position in the workflow, its name, how it ended, and when it started
+    (the first attempt of the run that recorded it; None for the body's own entries, such as sleeps,
+    and for steps recorded before version 17 of the schema)."""
 
     position: int
     name: str
     error_type: str | None
     attempts: int
     finished_at: datetime
+    started_at: datetime | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        return seconds_between(self.started_at, self.finished_at)
 
 
 @dataclass(frozen=True)
@@ -29,8 +38,10 @@ class StreamInfo:
 
 @dataclass(frozen=True)
 class WorkflowRecord:
-    """A workflow as ``app.list_workflows`` lists it. ``attempt`` counts the claims of this run (a
-    resume starts it again from 0; taking a sleeping or waiting workflow up again is no new attempt);
+    """A workflow as ``app.list_workflows`` lists it. ``attempt`` is ``pgflow.attempt()``'s count, as
+    the worker's log and ``pgflow workflows show`` have it: runs begun, one more for each that a crash,
+    a stop or a lost lease cut short (a resume starts it again; taking a sleeping or waiting workflow
+    up again is no new attempt);
     ``error_type`` is the recorded failure's type, if any; ``parent_id`` the workflow whose body
     started it. A queued workflow is due at ``due_at`` (a sleeping one wakes then), and one that gave
     its slot back to wait for a message names the topic in ``waiting_for``."""
@@ -47,6 +58,8 @@ class WorkflowRecord:
     parent_id: str | None = None
     due_at: datetime | None = None
     waiting_for: str | None = None
+    retries: int = 0  # failed runs of the body run again under the workflow's retry policy
+    expires_at: datetime | None = None  # cancelled unrun if it has not started by then (expires=)
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> WorkflowRecord:
@@ -78,8 +91,17 @@ class QueueInfo:
     rate_period_s: float | None
 
 
+# A worker of a version that did not record its lease counts as dead after this long unheard (what
+# ``pgflow status`` takes for live).
+SILENT_AFTER = 30.0
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
+    """A registered worker. ``dead``: its heartbeat is older than its lease, so the workflows it held
+    are anybody's to take; it is forgotten a while later. (Registered workers are the ones that
+    started and did not stop cleanly, or have not yet.)"""
+
     id: str
     host: str
     pid: int
@@ -88,6 +110,12 @@ class WorkerInfo:
     heartbeat_age_s: float
     running: int
     names: list[str]
+    lease_s: float | None = None  # None: a worker of a version that did not record it
+    dead: bool = False
+
+    @property
+    def state(self) -> str:
+        return "DEAD" if self.dead else "live"
 
 
 @dataclass(frozen=True)
@@ -153,3 +181,116 @@ class Health:
     def ok(self) -> bool:
         return (self.live_workers > 0 and not self.unserved and not self.stuck_sessions
                 and self.notification_queue_usage <= 0.5 and all(h.worker for h in self.maintenance))
+
+
+# -- One workflow in full (``app.workflow_details``): what ``pgflow workflows show`` prints and the
+# dashboard renders. msgspec Structs, so ``--json`` is their encoding as it stands.
+
+
+class Undecodable(msgspec.Struct, frozen=True, tag="undecodable"):
+    """Stands in for a stored value that does not decode (a row written by hand, or by a version with
+    another encoding): its size and why, never a guess at its meaning."""
+
+    size: int
+    reason: str
+
+
+class ErrorDetails(msgspec.Struct, frozen=True):
+    """A recorded exception as data: its type's path, its message and its traceback as text."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, stored: Any) -> ErrorDetails | None:
+        """From a row's jsonb, trusting none of it: any JSON at all gives an ErrorDetails."""
+        if stored is None:
+            return None
+        if not isinstance(stored, dict):
+            return cls("?", msgspec.json.encode(stored).decode(), "")
+        return cls(*(_as_text(stored.get(key)) for key in ("type", "message", "traceback")))
+
+
+class AttemptError(msgspec.Struct, frozen=True):
+    """The error of a step attempt that was retried: ``run`` is the workflow's attempt
+    (``pgflow.attempt()``) it belongs to, ``step_attempt`` its number in that run
+    (``pgflow.step_attempt()``). Its message and traceback are cut to a bounded size."""
+
+    run: int
+    step_attempt: int
+    failed_at: datetime
+    error: ErrorDetails
+
+
+class StepDetails(msgspec.Struct, frozen=True):
+    """A recorded journal entry: a step call, or a durable operation of the body (``pgflow.sleep``,
+    ``pgflow.recv``, ``pgflow.set_event``, a child's start, named ``pgflow.*``). ``started_at`` is the
+    first attempt's start in the run that recorded it (None for the body's own operations and for
+    entries older than this version), so ``duration_s`` spans that run's retries and their backoff.
+    ``attempts`` counts every attempt, interrupted ones included; ``attempt_errors`` are those of the
+    retried ones still kept (the latest few), oldest first; ``error`` is the final one."""
+
+    position: int
+    name: str
+    started_at: datetime | None
+    finished_at: datetime
+    duration_s: float | None
+    attempts: int
+    output: Any
+    error: ErrorDetails | None
+    attempt_errors: list[AttemptError]
+    wake_at: datetime | None = None  # a sleep's wake-up time, or a receive's deadline
+    waiting: bool = False  # a receive that has no message yet
+
+
+class StepInProgress(msgspec.Struct, frozen=True):
+    """A step begun and not recorded: running now, or cut short (a crash, a stop, a cancellation)."""
+
+    position: int
+    attempts: int
+    started_at: datetime | None
+    attempt_errors: list[AttemptError]
+
+
+class WorkflowDetails(msgspec.Struct, frozen=True):
+    """One workflow in full, from one snapshot. ``arguments`` are decoded as builtins (a map of
+    parameter to value; ``{"args": [...], "kwargs": {...}}`` for one started by name and not run yet),
+    ``result`` likewise, an Undecodable where a stored value does not decode. ``attempt`` is
+    ``pgflow.attempt()``'s count. ``steps`` holds the first ``steps_limit`` journal entries of
+    ``steps_total``."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    due_at: datetime | None
+    waiting_for: str | None
+    parent_id: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    max_attempts: int | None
+    timeout_s: float | None
+    deadline_at: datetime | None
+    arguments: Any
+    result: Any
+    error: ErrorDetails | None
+    steps: list[StepDetails]
+    steps_total: int
+    in_progress: list[StepInProgress]
+    streams: list[StreamInfo]
+
+
+def _as_text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else msgspec.json.encode(value).decode()
+
+
+def seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else (end - start).total_seconds()

@@ -7,11 +7,11 @@ before anything is written.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import telemetry
@@ -27,6 +27,9 @@ from ._core.client import Client
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
+from ._core.store.store import Timing
+from ._core.sync import on_a_loop
+from ._core.timing import check_eta, check_expires, timing
 from .codec import encode_unchecked
 from .handle import WorkflowHandle
 
@@ -54,9 +57,7 @@ class Step(Generic[P, R]):
             return self.fn(*args, **kwargs)
         # Awaitable on an event loop (an async workflow, or async code anywhere in one); a plain
         # call in a thread (a sync workflow, or sync code an async workflow runs in a thread).
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if not on_a_loop():
             return execution.call_step_from_thread(self.spec, args, kwargs)
         return execution.step_call(self.spec, args, kwargs)
 
@@ -67,6 +68,26 @@ class StartOptions:
     queue: str | None = None
     priority: int | None = None
     delay: float = 0.0
+    eta: datetime | None = None
+    expires: datetime | float | None = None
+
+    def timing(self) -> Timing | None:
+        return timing(self.delay, self.eta, self.expires)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A workflow with (some of) its arguments, to be run as a canvas member (``wf.s(...)``): a
+    chain prepends the previous member's result to ``args``, a chord's callback gets the group's.
+    The arguments are checked to encode here; their types are checked where the member runs."""
+
+    workflow: Workflow[Any, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        encode_unchecked(self.args, self.kwargs, f"the arguments of {self.workflow.name}.s()",
+                         self.workflow._client.registry.value_limit)
 
 
 class Workflow(Generic[P, R]):
@@ -85,14 +106,22 @@ class Workflow(Generic[P, R]):
         """A plain call runs the function here and now; its steps join the caller's journal, if any."""
         return self.fn(*args, **kwargs)  # type: ignore[no-any-return]
 
-    def with_options(self, *, id: str | None = None, queue: str | None = None,
-                     priority: int | None = None, delay: float | None = None) -> Starter[P, R]:
-        return Starter(self, StartOptions()).with_options(id=id, queue=queue, priority=priority, delay=delay)
+    def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
+                     delay: float | None = None, eta: datetime | None = None,
+                     expires: datetime | timedelta | float | None = None) -> Starter[P, R]:
+        return Starter(self, StartOptions()).with_options(id=id, queue=queue, priority=priority, delay=delay,
+                                                          eta=eta, expires=expires)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Enqueue the workflow with its default options; see ``Starter.start``."""
         return Starter(self, StartOptions()).start(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """This workflow with (some of) its arguments, for ``pgflow.chain``, ``group`` and ``chord``."""
+        return Signature(self, args, kwargs)
+
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         return await Starter(self, StartOptions()).start_async(*args, **kwargs)
 
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
@@ -103,6 +132,7 @@ class Workflow(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         return await Starter(self, StartOptions()).start_many_async(calls, ids=ids)
 
 
@@ -113,8 +143,13 @@ class Starter(Generic[P, R]):
         self._workflow = workflow
         self._options = options
 
-    def with_options(self, *, id: str | None = None, queue: str | None = None,
-                     priority: int | None = None, delay: float | None = None) -> Starter[P, R]:
+    def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
+                     delay: float | None = None, eta: datetime | None = None,
+                     expires: datetime | timedelta | float | None = None) -> Starter[P, R]:
+        """Options for the starts made through the result. ``eta`` (a timezone-aware datetime) is
+        when it may start, instead of ``delay`` seconds from now; ``expires`` (an aware datetime, or
+        seconds from the start call) is when a workflow that has not started yet is cancelled instead
+        of run."""
         if id is not None:
             check_chosen_id(id)
         if queue is not None:
@@ -123,10 +158,16 @@ class Starter(Generic[P, R]):
             check_priority(priority)
         if delay is not None:
             delay = check_delay(delay)
+        if eta is not None:
+            eta = check_eta(eta)
+        expiry = None if expires is None else check_expires(expires)
         changes: dict[str, Any] = {k: v for k, v in
-                                   {"id": id, "queue": queue, "priority": priority, "delay": delay}.items()
+                                   {"id": id, "queue": queue, "priority": priority, "delay": delay, "eta": eta,
+                                    "expires": expiry}.items()
                                    if v is not None}
-        return Starter(self._workflow, replace(self._options, **changes))
+        options = replace(self._options, **changes)
+        options.timing()  # refuses delay with eta, and an expiry before the start
+        return Starter(self._workflow, options)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow; an id that exists returns its handle and starts nothing."""
@@ -138,6 +179,7 @@ class Starter(Generic[P, R]):
             return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
+        """Async twin of ``start``."""
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
             id, parent = new_id(self._options.id)
@@ -160,6 +202,7 @@ class Starter(Generic[P, R]):
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
+        """Async twin of ``start_many``."""
         ids_, inputs = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
             return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None)
@@ -194,7 +237,7 @@ class Starter(Generic[P, R]):
         if ids:
             await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
                                priority=options.priority, delay=options.delay, parent=parent,
-                               traceparent=traceparent)
+                               traceparent=traceparent, when=options.timing())
         return [WorkflowHandle(workflow._client, id) for id in ids]
 
     async def _enqueue(self, id: str, parent: str | None, inputs: bytes, traceparent: str | None,
@@ -203,7 +246,8 @@ class Starter(Generic[P, R]):
         if options.id is not None:
             await refuse_children(workflow._client.runtime(), [check_chosen_id(id)])
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
-                      priority=options.priority, delay=options.delay, parent=parent, traceparent=traceparent)
+                      priority=options.priority, delay=options.delay, parent=parent, traceparent=traceparent,
+                      when=options.timing())
         return WorkflowHandle(workflow._client, id)
 
 

@@ -3,6 +3,7 @@ waits on events other processes cause, bounded and failing early when a process 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import pgflow
@@ -50,6 +52,11 @@ class Proc:
 
     def signal(self, signum: int) -> None:
         self.popen.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and make sure it was that which ended the process."""
+        self.popen.send_signal(signal.SIGKILL)
+        assert self.wait_exit() == -signal.SIGKILL, self.describe()
 
     def wait_exit(self, timeout: float = EXIT_WAIT) -> int:
         try:
@@ -92,6 +99,15 @@ class Processes:
             proc.stop()
 
 
+FLEET = "tests.apps.fleet:app"
+
+
+def fleet_worker(procs: Processes, name: str, env: dict[str, str], **options: Any) -> Proc:
+    """A worker process serving the fleet app (tests/apps/fleet.py), with a short drain unless a test
+    says otherwise."""
+    return procs.worker(name, FLEET, env, **{"grace": 5.0, **options})
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Processes]:
     processes = Processes(tmp_path)
@@ -101,21 +117,34 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         processes.stop_all()
 
 
+def _check_alive(what: str, procs: Processes, alive: tuple[Proc, ...], deadline: float, timeout: float) -> None:
+    """Fail now if a process the wait needs has exited, or the wait is over its deadline."""
+    for proc in alive:
+        if proc.popen.poll() is not None:
+            pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
+    if time.monotonic() > deadline:
+        pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
+
+
 def wait_until(condition: Callable[[], Any], what: str, procs: Processes, *alive: Proc,
                timeout: float = WAIT) -> Any:
     """Wait for an event another process causes; fail early if a process that must cause it died.
     Returns the condition's first truthy value."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        for proc in alive:
-            if proc.popen.poll() is not None:
-                pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
+    while not (value := condition()):
+        _check_alive(what, procs, alive, deadline, timeout)
         time.sleep(0.05)
+    return value
+
+
+async def wait_until_async(condition: Callable[[], Any], what: str, procs: Processes, *alive: Proc,
+                           timeout: float = WAIT) -> Any:
+    """``wait_until`` for a test whose own tasks (readers, say) must go on running while it waits."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        _check_alive(what, procs, alive, deadline, timeout)
+        await anyio.sleep(0.02)
+    return value
 
 
 def result_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: float = WAIT) -> Any:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 import pgflow
 
+from .helpers import Point
+
 pytestmark = pytest.mark.anyio
-
-
-class Point(msgspec.Struct):
-    x: int
-    y: int
 
 
 def build(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: ignore[type-arg]

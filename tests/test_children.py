@@ -12,8 +12,7 @@ import pytest
 
 import pgflow
 
-from .test_journal import query, run_to_end
-from .test_sleep import wait_for
+from .helpers import query, run_to_end, wait_for
 
 pytestmark = pytest.mark.anyio
 

@@ -56,6 +56,8 @@ def test_a_log_level_is_taken_in_any_case_and_a_bad_one_from_the_environment_is_
     ((), ["--log-level LEVEL", "(default: INFO"]),
     (("worker",), ["(default: 16)", "(default: default)", "(default: 10.0)", "(default: 25.0)", "(default: 1)"]),
     (("workflows", "ls"), ["(default: 50)"]),
+    (("workflows", "show"), ["(default: 1000)"]),
+    (("worker",), ["--health-port PORT", "(default: 0.0.0.0)"]),
     (("status",), ["(default: 60.0)"]),
     (("tail",), ["(default: 0)"]),
 ])

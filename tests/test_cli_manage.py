@@ -49,7 +49,7 @@ async def test_the_management_commands(app: pgflow.App, worker_env: dict[str, st
         assert good.id not in text
 
         shown = as_json(await run(cli, worker_env, "workflows", "show", good.id, "--json"))
-        assert shown["record"]["status"] == "succeeded"
+        assert shown["status"] == "succeeded" and shown["result"] == 4 and shown["arguments"] == {"n": 3}
         assert [s["name"] for s in shown["steps"]] == ["ops.step"]
         assert shown["streams"] == [{"key": "numbers", "length": 3, "closed": True}]
         assert "streams:" in (await run(cli, worker_env, "workflows", "show", good.id)).stdout
@@ -175,7 +175,7 @@ async def test_stored_text_reaches_the_terminal_with_its_control_characters_esca
         for result in (listed, shown_json, tailed_json):
             for raw in RAW:
                 assert raw not in result.stdout, result.stdout
-        assert as_json(listed)[0]["id"] == wid and as_json(shown_json)["record"]["name"] == f"ops.evil{CLIPBOARD}"
+        assert as_json(listed)[0]["id"] == wid and as_json(shown_json)["name"] == f"ops.evil{CLIPBOARD}"
         assert [msgspec.json.decode(line) for line in tailed_json.stdout.splitlines()] == [
             {"position": 0, "value": f"chunk {CLIPBOARD}{CLEAR}\r\x9b31m\x7f"},
             {"position": 1, "value": {"nested": CLEAR, "more": [CLIPBOARD]}}]

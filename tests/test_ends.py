@@ -9,7 +9,7 @@ import pytest
 
 import pgflow
 
-from .test_journal import query
+from .helpers import query
 
 pytestmark = pytest.mark.anyio
 

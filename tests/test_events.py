@@ -14,8 +14,8 @@ import pytest
 
 import pgflow
 
+from .helpers import query, requeue, run_to_end
 from .processes import WAIT, Processes, result_of, wait_until
-from .test_journal import query, requeue, run_to_end
 
 TARGET = "tests.apps.prims:app"
 KINDS = ["async", "sync"]

@@ -7,17 +7,21 @@ tested with a plain client, so it is covered on machines without a browser too."
 from __future__ import annotations
 
 import json
+import os
 import signal
-import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
 import pgflow
 
-from .processes import Proc, Processes, wait_until
+from .processes import Processes, wait_until
+from .web import post, read_events, start_web
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +53,29 @@ def test_fanout_gathers_one_child_per_section_each_retried(procs: Processes, wor
     assert "2 attempts" in run.output()
 
 
+# -- testing_sample: pgflow's pytest plugin from a project of its own -------------------------------------
+
+
+def test_the_testing_sample_runs_its_month_through_the_plugin(dsn: str, tmp_path: Path) -> None:
+    """The sample's own tests, run by pytest in a process of their own from the sample's directory, as
+    its users run them: the plugin comes from pgflow's entry point (nothing here loads it), the App from
+    the sample's pytest configuration, the server from PGFLOW_TEST_DSN."""
+    sample = EXAMPLES / "testing_sample"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PGFLOW_", "PYTEST_"))}
+    env["PGFLOW_TEST_DSN"] = dsn
+    report = tmp_path / "report.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
+                          cwd=sample, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    assert suite is not None
+    # Each passed (the first asserts its three weeks took under 2 s of wall time) and none was skipped.
+    cases = {case.get("name"): [child.tag for child in case] for case in suite.iter("testcase")}
+    assert cases == {"test_a_trial_nobody_upgrades_expires_after_three_weeks": [],
+                     "test_an_upgrade_in_the_window_is_thanked_for": [], "test_nothing_happens_before_its_time": []}
+
+
 # -- periodic -----------------------------------------------------------------------------------------
 
 
@@ -69,60 +96,6 @@ def test_periodic_runs_on_its_schedule_with_a_durable_sleep(procs: Processes, wo
 
 
 # -- the web example over plain HTTP ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def start_web(procs: Processes, worker_env: dict[str, str], *args: str, delay: float = 0.05,
-              port: int | None = None, name: str = "web") -> tuple[str, Proc]:
-    """``python examples/web/app.py`` on a free port (or ``port``), serving and working on the test's
-    schema; (its base URL, its process)."""
-    port = port or free_port()
-    proc = procs.start(name, [str(EXAMPLES / "web" / "app.py"), "--port", str(port), *args],
-                       {**worker_env, "WEB_TOKEN_DELAY": str(delay)})
-    wait_until(lambda: listening(port), "the web example to listen", procs, proc)
-    return f"http://127.0.0.1:{port}", proc
-
-
-def read_events(url: str, last_event_id: str | None = None) -> tuple[list[tuple[int, str]], bool]:
-    """One SSE connection read to its end: its (id, word) messages, and whether it ended the stream."""
-    request = urllib.request.Request(url, headers={"Last-Event-ID": last_event_id} if last_event_id else {})
-    messages: list[tuple[int, str]] = []
-    fields: dict[str, str] = {}
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.headers["Content-Type"].startswith("text/event-stream")
-        for raw in response:
-            line = raw.decode().rstrip("\n")
-            if line:
-                name, _, value = line.partition(": ")
-                fields[name] = value
-                continue
-            if fields.get("event") == "end":
-                return messages, True
-            if "data" in fields:
-                messages.append((int(fields["id"]), json.loads(fields["data"])))
-            fields = {}
-    return messages, False
-
-
-def post(url: str, body: dict[str, object] | None = None, form: str | None = None) -> urllib.request.Request:
-    if form is not None:
-        return urllib.request.Request(url, data=form.encode(), method="POST",
-                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
-    return urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                  headers={"Content-Type": "application/json"})
 
 
 def test_web_sse_resumes_from_last_event_id_and_the_first_decision_wins(

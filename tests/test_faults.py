@@ -17,7 +17,7 @@ import pytest
 import pgflow
 from pgflow._core.store import unreachable
 
-from .test_journal import query
+from .helpers import query
 
 pytestmark = pytest.mark.anyio
 

@@ -20,16 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 import pgflow
 
 from .apps import fleet
-from .processes import LEASE, WAIT, Proc, Processes, failure_of, lines, result_of, wait_until
+from .helpers import query_sync, registered, registered_pids
+from .processes import FLEET, LEASE, WAIT, Processes, failure_of, fleet_worker, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = "tests.apps.fleet:app"
 
 pytestmark = pytest.mark.slow
 
@@ -37,47 +36,15 @@ pytestmark = pytest.mark.slow
 # -- processes ------------------------------------------------------------------------------------------
 
 
-def fleet_worker(procs: Processes, name: str, env: dict[str, str], **options: Any) -> Proc:
-    """A worker process serving the fleet app, with a short drain unless a test says otherwise."""
-    return procs.worker(name, TARGET, env, **{"grace": 5.0, **options})
-
-
-def query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Run one statement on a connection of its own. The test's own look at the tables rides out a
-    server that has no connection slot free for a while (the PostgreSQL 15 may be shared)."""
-    deadline = time.monotonic() + 30.0
-    while True:
-        try:
-            conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-            continue
-        with conn:
-            cur = conn.execute(sql, params)
-            return cur.fetchall() if cur.description is not None else []
-
-
 def workflow_row(dsn: str, schema: str, id: str) -> tuple[str, int, str | None]:
-    [row] = query(dsn, f'SELECT status, attempt, lease_owner FROM "{schema}".workflows WHERE id = %s', (id,))
+    [row] = query_sync(dsn, f'SELECT status, attempt, lease_owner FROM "{schema}".workflows WHERE id = %s', (id,))
     return row[0], row[1], row[2]
 
 
 def step_attempts(dsn: str, schema: str, id: str) -> list[tuple[int, int]]:
     """(position, attempt of the execution that recorded it) of each step row, in order."""
-    return [(p, a) for p, a in query(
+    return [(p, a) for p, a in query_sync(
         dsn, f'SELECT position, attempt FROM "{schema}".steps WHERE workflow_id = %s ORDER BY position', (id,))]
-
-
-def registered(dsn: str, schema: str) -> list[tuple[str, str, int, list[str], str]]:
-    """The rows of the worker registry: (id, host, pid, queues, version)."""
-    return [(r[0], r[1], r[2], list(r[3]), r[4]) for r in query(
-        dsn, f'SELECT id, host, pid, queues, version FROM "{schema}".workers ORDER BY started_at')]
-
-
-def registered_pids(dsn: str, schema: str) -> set[int]:
-    return {row[2] for row in registered(dsn, schema)}
 
 
 def owner_pid(lease_owner: str | None) -> int | None:
@@ -121,7 +88,7 @@ def test_sigstopped_worker_resumed_after_a_takeover_cannot_record_anything(
     assert (status, attempt, owner_pid(owner)) == ("running", 2, b.pid), procs.logs()
     # A's refused write left nothing behind: only step 0, recorded by A before it froze.
     assert step_attempts(dsn, schema, handle.id) == [(0, 1)]
-    assert query(dsn, f'SELECT count(*) FROM "{schema}".streams WHERE workflow_id = %s', (handle.id,)) == [(0,)]
+    assert query_sync(dsn, f'SELECT count(*) FROM "{schema}".streams WHERE workflow_id = %s', (handle.id,)) == [(0,)]
 
     (gates / f"open-{b.pid}").touch()
     assert result_of(handle, procs) == b.pid
@@ -148,20 +115,20 @@ def test_queue_concurrency_limit_holds_across_four_worker_processes(
 ) -> None:
     flows = fleet.build(app)
     app.migrate()
-    query(dsn, f'CREATE TABLE "{schema}".probe (tag text PRIMARY KEY, pid int NOT NULL,'
+    query_sync(dsn, f'CREATE TABLE "{schema}".probe (tag text PRIMARY KEY, pid int NOT NULL,'
                ' started timestamptz NOT NULL, ended timestamptz, seen int)')
     # One slot per process: without a global limit the four could run four at once, and reaching the
     # limit of two at all takes two processes, so the test can tell a global limit from a local one.
     workers = [fleet_worker(procs, f"worker-{i}", worker_env, queues=fleet.LIMITED, concurrency=1) for i in range(4)]
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid for w in workers}, "4 workers to register",
                procs, *workers)
-    assert query(dsn, f'SELECT concurrency, rate_limit FROM "{schema}".queues WHERE name = %s',
+    assert query_sync(dsn, f'SELECT concurrency, rate_limit FROM "{schema}".queues WHERE name = %s',
                  (fleet.LIMITED,)) == [(fleet.LIMITED_CONCURRENCY, None)]
 
     handles = [flows.limited.start(f"job-{i}", 0.3) for i in range(20)]
     seen = [result_of(h, procs) for h in handles]
 
-    rows = query(dsn, f'SELECT pid, started, ended, seen FROM "{schema}".probe')
+    rows = query_sync(dsn, f'SELECT pid, started, ended, seen FROM "{schema}".probe')
     assert len(rows) == 20
     # The most probes in flight at once, from the recorded intervals (an end before a start at a tie).
     events = sorted([(r[1], 1) for r in rows] + [(r[2], -1) for r in rows], key=lambda e: (e[0], e[1]))
@@ -192,7 +159,7 @@ def test_queue_rate_limit_paces_starts_across_worker_processes(
 
     handles = [flows.paced.start(i) for i in range(15)]
     pids = [result_of(h, procs) for h in handles]
-    starts = [row[0] for row in query(
+    starts = [row[0] for row in query_sync(
         dsn, f'SELECT started_at FROM "{schema}".workflows WHERE queue = %s ORDER BY started_at', (fleet.PACED,))]
     assert len(starts) == 15
     offsets = [(s - starts[0]).total_seconds() for s in starts]
@@ -227,7 +194,7 @@ def test_cancelled_queued_workflow_never_starts(
     assert handle.status() == "cancelled"
     assert handle.steps() == []
     assert lines(effects) == []
-    assert query(dsn, f'SELECT attempt, started_at FROM "{schema}".workflows WHERE id = %s',
+    assert query_sync(dsn, f'SELECT attempt, started_at FROM "{schema}".workflows WHERE id = %s',
                  (handle.id,)) == [(0, None)]
 
 
@@ -296,7 +263,7 @@ def test_timeout_deadline_is_fixed_at_first_start_and_survives_a_crash(
     assert a.wait_exit() == -signal.SIGKILL
     # A died before the deadline: the workflow is still claimed by it.
     assert workflow_row(dsn, schema, handle.id)[:2] == ("running", 1), procs.logs()
-    wait_until(lambda: query(dsn, f'SELECT deadline_at < now() FROM "{schema}".workflows WHERE id = %s',
+    wait_until(lambda: query_sync(dsn, f'SELECT deadline_at < now() FROM "{schema}".workflows WHERE id = %s',
                              (handle.id,)) == [(True,)], "the deadline to pass", procs)
 
     gate.touch()  # the step could finish at once now: only the deadline can stop B from running it
@@ -365,7 +332,7 @@ def test_parent_resumed_after_a_crash_finds_its_children_instead_of_starting_new
     gate.touch()
     assert result_of(parent, procs) == 0 + 10 + 20
 
-    children = query(dsn, f'SELECT id, name, status, attempt FROM "{schema}".workflows WHERE id <> %s'
+    children = query_sync(dsn, f'SELECT id, name, status, attempt FROM "{schema}".workflows WHERE id <> %s'
                           ' ORDER BY id', (parent.id,))
     assert [(c[0], c[1], c[2]) for c in children] == [
         (f"{parent.id}.{i}", flows.child.name, "succeeded") for i in range(3)]
@@ -413,7 +380,7 @@ def test_killed_workers_row_is_forgotten_by_a_live_workers_heartbeat_once_stale(
     assert dead.wait_exit() == -signal.SIGKILL
     # Both rows still there: a dead worker's row stays until it is stale.
     assert registered_pids(dsn, schema) == {dead.pid, live.pid}
-    query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\''
+    query_sync(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\''
                ' WHERE pid = %s RETURNING 1', (dead.pid,))
     wait_until(lambda: registered_pids(dsn, schema) == {live.pid}, "the live worker to forget the dead one",
                procs, live)
@@ -427,12 +394,12 @@ def test_live_worker_silent_past_the_forget_bound_is_registered_again(
     app.migrate()
     w = fleet_worker(procs, "worker", worker_env)
     wait_until(lambda: registered_pids(dsn, schema) == {w.pid}, "the worker to register", procs, w)
-    query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\'')
+    query_sync(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\'')
 
     def after_a_heartbeat() -> list[tuple[Any, ...]] | bool:
         """Its row refreshed by a heartbeat (a list), or gone (True)."""
-        rows = query(dsn, f'SELECT pid FROM "{schema}".workers WHERE heartbeat_at > now() - interval \'30 s\'')
-        return rows or not query(dsn, f'SELECT 1 FROM "{schema}".workers')
+        rows = query_sync(dsn, f'SELECT pid FROM "{schema}".workers WHERE heartbeat_at > now() - interval \'30 s\'')
+        return rows or not query_sync(dsn, f'SELECT 1 FROM "{schema}".workers')
 
     wait_until(after_a_heartbeat, "the worker's next heartbeat", procs, w)
     # A heartbeat every lease/3: 10 s are 15 chances to come back.
@@ -460,7 +427,7 @@ def children_of(pid: int) -> set[int]:
 
 def serves_fleet(pid: int) -> bool:
     try:
-        return TARGET in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        return FLEET in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
 

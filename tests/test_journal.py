@@ -6,31 +6,26 @@ Re-execution is produced for real: after a first run the workflow row is put bac
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
 import pickle
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import msgspec
-import psycopg
 import pytest
 
 import pgflow
 from pgflow.retry import RetryPolicy
 
+from .helpers import Point, fail_to_end, query, requeue, run_to_end, running, step_rows
+
 pytestmark = pytest.mark.anyio
 
 KINDS = ["async", "sync"]
 TIMEOUT = 30
-
-
-class Point(msgspec.Struct):
-    x: int
-    y: int
 
 
 @dataclass
@@ -60,52 +55,6 @@ class Planted:
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
-
-
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def requeue(dsn: str, schema: str, workflow_id: str) -> None:
-    """Make a finished workflow run again from its journal, as a worker crash would."""
-    rows = await query(
-        dsn,
-        f"UPDATE {schema}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,"
-        " output = NULL, error = NULL, finished_at = NULL WHERE id = %s RETURNING id",
-        workflow_id,
-    )
-    assert rows == [(workflow_id,)]
-
-
-async def step_rows(dsn: str, schema: str, workflow_id: str) -> list[tuple[Any, ...]]:
-    """(position, name, attempts, error type, error message, has output) of each recorded step."""
-    return await query(
-        dsn,
-        f"SELECT position, name, attempts, error->>'type', error->>'message', output IS NOT NULL"
-        f" FROM {schema}.steps WHERE workflow_id = %s ORDER BY position",
-        workflow_id,
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(app: pgflow.App) -> AsyncIterator[None]:
-    async with app.worker(concurrency=4):
-        yield
-
-
-async def run_to_end(app: pgflow.App, handle: pgflow.WorkflowHandle[Any]) -> Any:
-    """Run a worker until the workflow ends; return its result (or raise its failure)."""
-    async with running(app):
-        return await handle.result_async(timeout=TIMEOUT)
-
-
-async def fail_to_end(app: pgflow.App, handle: pgflow.WorkflowHandle[Any]) -> pgflow.WorkflowFailed:
-    async with running(app):
-        with pytest.raises(pgflow.WorkflowFailed) as failed:
-            await handle.result_async(timeout=TIMEOUT)
-    return failed.value
 
 
 def step_of(app: pgflow.App, kind: str, body: Callable[[], Any], name: str, **options: Any) -> pgflow.Step[Any, Any]:

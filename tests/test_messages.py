@@ -14,11 +14,8 @@ import pytest
 
 import pgflow
 
+from .helpers import query, query_sync, requeue, run_to_end, wait_for
 from .processes import Processes, lines, result_of, wait_until
-from .test_fleet import query
-from .test_journal import query as aquery
-from .test_journal import requeue, run_to_end
-from .test_sleep import wait_for
 
 TARGET = "tests.apps.prims:app"
 KINDS = ["async", "sync"]
@@ -35,7 +32,7 @@ def test_each_message_consumed_once_across_a_sigkill_between_receive_and_the_nex
     receiver = app.start_by_name("prims.receiver" if kind == "async" else "prims.receiver_sync",
                                  str(effects), str(gate), 3, 60.0)
     # With no message there, the 60 s wait gives the slot back (suspend_after is 5 s).
-    wait_until(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND status = \'queued\''
+    wait_until(lambda: query_sync(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND status = \'queued\''
                                   " AND waiting_for = 'inbox'", (receiver.id,)),
                "the receiver to give its slot back", procs, a)
     receiver.send("inbox", "m1")
@@ -48,7 +45,7 @@ def test_each_message_consumed_once_across_a_sigkill_between_receive_and_the_nex
     b = procs.worker("b", TARGET, worker_env, concurrency=1)
     # The replay on B gets m1 again (from the journal), not m2; then m2; then waits for a third.
     wait_until(lambda: f"got 'm2' {b.pid}" in lines(effects), "worker B to receive m2", procs, b)
-    wait_until(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND status = \'queued\''
+    wait_until(lambda: query_sync(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND status = \'queued\''
                                   " AND waiting_for = 'inbox'", (receiver.id,)),
                "the receiver to wait again with its slot given back", procs, b)
     sent = time.monotonic()
@@ -59,7 +56,7 @@ def test_each_message_consumed_once_across_a_sigkill_between_receive_and_the_nex
     print(f"\n[messages] {kind}: a receiver that gave its slot back finished {woke:.3f}s after the send")
     assert woke < 30  # woken by the send, not at its 60 s deadline
     assert lines(effects) == [f"got 'm1' {a.pid}", f"got 'm1' {b.pid}", f"got 'm2' {b.pid}", f"got 'm3' {b.pid}"]
-    rows = query(dsn, f'SELECT value, consumed_position FROM "{schema}".messages WHERE workflow_id = %s'
+    rows = query_sync(dsn, f'SELECT value, consumed_position FROM "{schema}".messages WHERE workflow_id = %s'
                       " ORDER BY id", (receiver.id,))
     assert [(bytes(v), p) for v, p in rows] == [(pgflow.codec.encode("m1", ""), 0), (pgflow.codec.encode("m2", ""), 2),
                                                  (pgflow.codec.encode("m3", ""), 4)]
@@ -84,7 +81,7 @@ async def test_a_timeout_is_journaled_and_replays_as_none(app: pgflow.App, dsn: 
     await handle.send_async("t", "late")
     await requeue(dsn, schema, handle.id)
     assert await run_to_end(app, handle) == [None, None]  # the replay times out again; "late" stays
-    assert await aquery(dsn, f'SELECT consumed_at IS NULL FROM "{schema}".messages') == [(True,)]
+    assert await query(dsn, f'SELECT consumed_at IS NULL FROM "{schema}".messages') == [(True,)]
 
 
 @pytest.mark.anyio
@@ -95,7 +92,7 @@ async def test_a_short_wait_holds_its_slot_and_is_woken_by_the_send(app: pgflow.
 
     handle = await short.start_async()
     async with app.worker(concurrency=1):
-        await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".steps WHERE waiting'))
+        await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".steps WHERE waiting'))
         assert await handle.status_async() == "running"
         began = time.monotonic()
         await anyio.to_thread.run_sync(lambda: handle.send("go", {"ok": True}))
@@ -125,11 +122,11 @@ async def test_a_long_wait_gives_the_slot_back_and_a_send_makes_it_due(dsn: str,
         handle = await long.start_async()
         async with app.worker(concurrency=1):
             for topic in ("a", "b"):
-                await wait_for(lambda topic=topic: aquery(  # type: ignore[misc]
+                await wait_for(lambda topic=topic: query(  # type: ignore[misc]
                     dsn, f'SELECT 1 FROM "{schema}".workflows WHERE status = \'queued\' AND waiting_for = %s', topic))
                 assert await (await other.start_async()).result_async(timeout=10) == "ran"  # the slot is free
                 await handle.send_async("unrelated", 0)  # another topic: still due at its deadline
-                assert await aquery(dsn, f'SELECT due_at > now() + interval \'30 seconds\' FROM "{schema}".workflows'
+                assert await query(dsn, f'SELECT due_at > now() + interval \'30 seconds\' FROM "{schema}".workflows'
                                          " WHERE id = %s", handle.id) == [(True,)]
                 began = time.monotonic()
                 await handle.send_async(topic, topic.upper())
@@ -151,7 +148,7 @@ async def test_messages_of_a_topic_come_in_order_and_idempotency_keys_dedupe(app
     await handle.send_async("q", 2)
     await handle.send_async("q", 3)
     assert await run_to_end(app, handle) == [1, 2, 3]
-    assert await aquery(dsn, f'SELECT topic, consumed_at IS NULL FROM "{schema}".messages ORDER BY id') == [
+    assert await query(dsn, f'SELECT topic, consumed_at IS NULL FROM "{schema}".messages ORDER BY id') == [
         ("q", False), ("other", True), ("q", False), ("q", False)]
 
 
@@ -172,7 +169,7 @@ async def test_a_send_from_a_workflow_body_is_not_repeated_by_a_replay(app: pgfl
         await run_to_end(app, handle)
         await requeue(dsn, schema, handle.id)
         await run_to_end(app, handle)
-    rows = await aquery(dsn, f'SELECT idempotency_key FROM "{schema}".messages ORDER BY id')
+    rows = await query(dsn, f'SELECT idempotency_key FROM "{schema}".messages ORDER BY id')
     assert len(rows) == 2 and all(key.endswith(".0") for (key,) in rows)
 
 
@@ -222,7 +219,7 @@ async def test_pruning_a_finished_workflow_deletes_its_messages_and_events(app: 
     assert await run_to_end(app, handle) == "taken"
     assert await app.prune_async(0) == 1
     for table in ("messages", "events", "steps"):
-        assert await aquery(dsn, f'SELECT count(*) FROM "{schema}".{table}') == [(0,)]
+        assert await query(dsn, f'SELECT count(*) FROM "{schema}".{table}') == [(0,)]
 
 
 @pytest.mark.anyio
@@ -237,7 +234,7 @@ async def test_a_waiting_receiver_survives_a_server_restart(server: tuple[str, A
 
         handle = await patient.start_async()
         async with app.worker(concurrency=1):
-            await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE waiting_for = \'go\''
+            await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE waiting_for = \'go\''
                                                " AND status = 'queued'"))
             await anyio.to_thread.run_sync(embedded.restart)
             await handle.send_async("go", "after the restart")

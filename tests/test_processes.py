@@ -23,8 +23,8 @@ import pgflow
 from pgflow._core.store import migrations
 
 from .apps import crashy, failing
+from .helpers import query_sync
 from .processes import WAIT, Proc, Processes, lines, result_of, wait_until
-from .test_fleet import query
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
     # The attempt's note goes out as the step's body starts, beside it (pgflow/_core/execution.py):
     # the kill comes once it is in, so that the count below is of an attempt the record knew had begun.
     def noted() -> bool:
-        return bool(query(dsn, f'SELECT 1 FROM "{schema}".step_attempts WHERE workflow_id = %s AND position = 1',
+        return bool(query_sync(dsn, f'SELECT 1 FROM "{schema}".step_attempts WHERE workflow_id = %s AND position = 1',
                           (handle.id,)))
     wait_until(noted, "step 2's start to be noted", procs, a)
 

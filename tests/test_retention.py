@@ -15,7 +15,7 @@ import pgflow
 from pgflow._core import pruning
 from pgflow._core.pruning import prune_paced
 
-from .test_journal import query
+from .helpers import query
 
 pytestmark = pytest.mark.anyio
 

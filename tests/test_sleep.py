@@ -15,10 +15,9 @@ import pytest
 import pgflow
 
 from .apps import prims
+from .helpers import query, query_sync, wait_for
 from .processes import Processes, result_of, wait_until
 from .servers import EmbeddedServer
-from .test_fleet import query
-from .test_journal import query as aquery
 
 TARGET = "tests.apps.prims:app"
 KINDS = ["async", "sync"]
@@ -54,9 +53,10 @@ def test_suspended_sleep_survives_a_sigkill_and_ends_on_time_on_another_worker(
     b = procs.worker("b", TARGET, env, concurrency=1)
 
     def suspended() -> Any:
-        rows = query(dsn, f'SELECT w.status, w.lease_owner, extract(epoch FROM w.due_at), extract(epoch FROM s.wake_at)'
-                          f' FROM "{schema}".workflows w JOIN "{schema}".steps s ON s.workflow_id = w.id'
-                          f" AND s.name = 'pgflow.sleep' WHERE w.id = %s", (sleeper.id,))
+        rows = query_sync(dsn, 'SELECT w.status, w.lease_owner, extract(epoch FROM w.due_at),'
+                               f' extract(epoch FROM s.wake_at) FROM "{schema}".workflows w'
+                               f' JOIN "{schema}".steps s ON s.workflow_id = w.id'
+                               f" AND s.name = 'pgflow.sleep' WHERE w.id = %s", (sleeper.id,))
         return rows and rows[0][0] == "queued" and rows[0]
     _, owner, due, wake = wait_until(suspended, "the sleeper to give its slot back", procs, a)
     assert owner is None and float(due) == float(wake)
@@ -66,7 +66,7 @@ def test_suspended_sleep_survives_a_sigkill_and_ends_on_time_on_another_worker(
     assert result_of(other, procs) == a.pid
 
     def registered() -> bool:
-        return {pid for (pid,) in query(dsn, f'SELECT pid FROM "{schema}".workers')} >= {a.pid, b.pid}
+        return {pid for (pid,) in query_sync(dsn, f'SELECT pid FROM "{schema}".workers')} >= {a.pid, b.pid}
     wait_until(registered, "worker B to register", procs, a, b)
     a.signal(signal.SIGKILL)
     a.wait_exit()
@@ -90,16 +90,16 @@ async def test_replay_sleeps_only_what_is_left(app: pgflow.App, dsn: str, schema
     effects = tmp_path / "effects"
     handle = await (flows.sleeper if kind == "async" else flows.sleeper_sync).start_async(str(effects), 2.0)
     async with app.worker(concurrency=2):
-        await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".steps WHERE workflow_id = %s'
+        await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".steps WHERE workflow_id = %s'
                                            " AND name = 'pgflow.sleep'", handle.id))
-        [(status,)] = await aquery(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
+        [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
         assert status == "running"  # 2 s is below suspend_after: the sleep holds its slot
     # The worker stopped with the workflow mid-sleep; it went back to the queue.
     await anyio.sleep(1.0)
     restarted = time.time()
     async with app.worker(concurrency=2):
         await handle.result_async(timeout=30)
-    [(late, attempt)] = await aquery(
+    [(late, attempt)] = await query(
         dsn, f'SELECT extract(epoch FROM w.finished_at - s.wake_at)::float8, w.attempt FROM "{schema}".workflows w'
              f' JOIN "{schema}".steps s ON s.workflow_id = w.id AND s.name = %s WHERE w.id = %s',
         "pgflow.sleep", handle.id)
@@ -134,13 +134,13 @@ async def test_a_long_sleep_frees_the_slot_and_costs_no_attempt(dsn: str, schema
 
         sleeper = await twice.start_async()
         async with app.worker(concurrency=1):
-            await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
+            await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
                                                " status = 'queued' AND lease_owner IS NULL AND due_at > now()",
                                           sleeper.id))
             assert [await (await other.start_async(i)).result_async(timeout=10) for i in range(3)] == [0, 1, 2]
             assert await sleeper.status_async() == "queued"
             assert await sleeper.result_async(timeout=30) == [1]
-        [(attempt, base)] = await aquery(dsn, f'SELECT attempt, attempt_base FROM "{schema}".workflows'
+        [(attempt, base)] = await query(dsn, f'SELECT attempt, attempt_base FROM "{schema}".workflows'
                                               " WHERE id = %s", sleeper.id)
         assert (attempt, base) == (3, 2)
 
@@ -154,7 +154,7 @@ async def test_cancelling_a_sleeping_workflow_ends_it_now(dsn: str, schema: str)
 
         handle = await long.start_async()
         async with app.worker(concurrency=1):
-            await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
+            await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
                                                " status = 'queued'", handle.id))
             await handle.cancel_async()
             with pytest.raises(pgflow.WorkflowCancelled):
@@ -174,7 +174,7 @@ async def test_sleep_survives_a_server_restart(server: tuple[str, EmbeddedServer
 
         handle = await napping.start_async()
         async with app.worker(concurrency=1):
-            await wait_for(lambda: aquery(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
+            await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE id = %s AND'
                                                " status = 'queued'", handle.id))
             await anyio.to_thread.run_sync(embedded.restart)
             assert await handle.result_async(timeout=60) == "awake"
@@ -208,14 +208,6 @@ async def test_sleep_outside_a_workflow_inside_a_step_and_bad_seconds(app: pgflo
             await one.result_async(timeout=30)
         with pytest.raises(pgflow.WorkflowFailed, match="blocks; in async code use `await pgflow.sleep_async"):
             await two.result_async(timeout=30)
-
-
-async def wait_for(check: Any, timeout: float = 60.0) -> Any:
-    """Until the async ``check`` returns something truthy (another task's doing), bounded."""
-    with anyio.fail_after(timeout):
-        while not (found := await check()):
-            await anyio.sleep(0.05)
-        return found
 
 
 @pytest.mark.anyio

@@ -8,9 +8,8 @@ import pytest
 
 import pgflow
 
+from .helpers import query, query_sync
 from .processes import Processes, failure_of, result_of
-from .test_fleet import query
-from .test_journal import query as aquery
 
 TARGET = "tests.apps.prims:app"
 
@@ -43,7 +42,7 @@ def test_start_by_name_from_a_process_without_the_code(
         assert "started by name with arguments that do not fit" in failed.message
         assert message in failed.message, failed.message
     # Each bad call failed on its first claim, and was not tried again.
-    rows = query(dsn, f'SELECT id, status, attempt FROM "{schema}".workflows WHERE id LIKE %s', (f"{name}-%",))
+    rows = query_sync(dsn, f'SELECT id, status, attempt FROM "{schema}".workflows WHERE id LIKE %s', (f"{name}-%",))
     assert {r[0]: (r[1], r[2]) for r in rows if not r[0].endswith("-good")} == {
         f"{name}-{what}": ("failed", 1) for what in bad}
     assert worker.alive()
@@ -60,11 +59,11 @@ async def test_start_by_name_async_and_options(app: pgflow.App, dsn: str, schema
 
     handle = await app.start_by_name_async("byname.unknown", 1, queue="elsewhere", priority=7, delay=30.0,
                                            max_attempts=2, timeout=5.0)
-    [row] = await aquery(dsn, f'SELECT name, queue, priority, max_attempts, timeout, due_at > now() + interval'
+    [row] = await query(dsn, f'SELECT name, queue, priority, max_attempts, timeout, due_at > now() + interval'
                               f" '20 seconds' FROM \"{schema}\".workflows WHERE id = %s", handle.id)
     assert row == ("byname.unknown", "elsewhere", 7, 2, 5.0, True)
     local = await app.start_by_name_async("byname.known", 21)
-    [row] = await aquery(dsn, f'SELECT queue, priority, max_attempts, timeout FROM "{schema}".workflows'
+    [row] = await query(dsn, f'SELECT queue, priority, max_attempts, timeout FROM "{schema}".workflows'
                               " WHERE id = %s", local.id)
     assert row == ("known", 3, 4, 60.0)
     async with app.worker(queues=["known"]):
@@ -93,7 +92,7 @@ async def test_start_by_name_from_a_workflow_starts_one_child(app: pgflow.App, d
     async with app.worker(concurrency=4):
         assert (await one.result_async(timeout=30))[0] == 2
         assert await two.result_async(timeout=30) == 11
-    children = await aquery(dsn, f'SELECT id FROM "{schema}".workflows WHERE name = %s ORDER BY id', "byname.child")
+    children = await query(dsn, f'SELECT id FROM "{schema}".workflows WHERE name = %s ORDER BY id', "byname.child")
     assert sorted(children) == sorted([(f"{one.id}.0",), (f"{two.id}.0",)])
 
 

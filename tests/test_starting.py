@@ -7,27 +7,16 @@ from collections import Counter
 from typing import Any
 
 import anyio
-import msgspec
-import psycopg
 import pytest
 
 import pgflow
 from pgflow._core.registry import DEFAULT_MAX_ATTEMPTS
 
+from .helpers import Point, query
+
 pytestmark = pytest.mark.anyio
 
 TIMEOUT = 30
-
-
-class Point(msgspec.Struct):
-    x: int
-    y: int
-
-
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
 
 
 async def row_of(dsn: str, schema: str, workflow_id: str, columns: str) -> tuple[Any, ...]:

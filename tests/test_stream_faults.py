@@ -11,11 +11,6 @@ test must prove that pings (not the poll) deliver, its reading App polls every 6
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +24,11 @@ from pgflow._core.signals import keys as signal_keys
 
 from .apps import streamy
 from .channel import named, opened
+from .helpers import query
+from .processes import WAIT, Proc, Processes, wait_until_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
-WAIT = 60.0  # seconds: the bound of every wait on something another process does
 PING_WAIT = 25.0  # seconds within which only a ping (not a 60 s poll) can deliver
 SLOW_POLL = 60.0
 LEASE = 2.0
@@ -42,69 +37,9 @@ LEASE = 2.0
 # -- processes ------------------------------------------------------------------------------------------
 
 
-class Proc:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.name = name
-        self.log = log
-        with log.open("wb") as out:
-            self.popen = subprocess.Popen([sys.executable, *args], env=env, cwd=ROOT,
-                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-
-    def describe(self) -> str:
-        state = self.popen.poll()
-        try:
-            out = self.log.read_text(errors="replace")
-        except OSError:
-            out = ""
-        return f"--- {self.name} (pid {self.popen.pid}, {'running' if state is None else state}):\n{out}"
-
-    def kill(self) -> None:
-        self.popen.send_signal(signal.SIGKILL)
-        assert self.popen.wait(timeout=WAIT) == -signal.SIGKILL
-
-
-class Processes:
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
-        self.tmp_path = tmp_path
-        self.env = env
-        self.started: list[Proc] = []
-
-    def worker(self, name: str, concurrency: int = 8) -> Proc:
-        proc = Proc(name, ["-m", "pgflow", "worker", "tests.apps.streamy:app", "--concurrency", str(concurrency),
-                           "--lease", str(LEASE)], self.env, self.tmp_path / f"{name}.log")
-        self.started.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(proc.describe() for proc in self.started)
-
-    def stop_all(self) -> None:
-        for proc in self.started:
-            if proc.popen.poll() is None:
-                proc.popen.kill()
-            proc.popen.wait()
-
-
-@pytest.fixture
-def procs(tmp_path: Path, worker_env: dict[str, str]) -> Iterator[Processes]:
-    processes = Processes(tmp_path, worker_env)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
-async def wait_until(condition: Callable[[], bool], what: str, procs: Processes, *alive: Proc,
-                     timeout: float = WAIT) -> None:
-    """Wait for something another process (or another App) causes; fail early if a worker died."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for proc in alive:
-            if proc.popen.poll() is not None:
-                pytest.fail(f"{proc.name} exited while waiting for {what}\n{procs.logs()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{procs.logs()}")
-        await anyio.sleep(0.02)
+def streamy_worker(procs: Processes, env: dict[str, str], name: str, concurrency: int = 8) -> Proc:
+    """A worker process serving tests/apps/streamy.py."""
+    return procs.worker(name, "tests.apps.streamy:app", env, concurrency=concurrency, lease=LEASE)
 
 
 # -- readers and the table ----------------------------------------------------------------------------------
@@ -149,12 +84,6 @@ class Reader:
             self.done = True
 
 
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
-
-
 async def assert_dense_sequence(dsn: str, schema: str, workflow_id: str, n: int) -> None:
     """The stream holds 0..n-1 at positions 0..n-1, each once, then one close marker."""
     rows = await query(dsn, f'SELECT position, value FROM "{schema}".streams'
@@ -168,7 +97,7 @@ async def assert_dense_sequence(dsn: str, schema: str, workflow_id: str, n: int)
 
 
 async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
-    app: pgflow.App, dsn: str, schema: str, procs: Processes, tmp_path: Path,
+    app: pgflow.App, dsn: str, schema: str, procs: Processes, worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
     wf = streamy.build(app)
     channel = f"pgflow_{schema}"
@@ -190,12 +119,12 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
         async with anyio.create_task_group() as tg:
             for r in readers:
                 tg.start_soon(r.run)
-            await wait_until(lambda: all(r.got or r.done for r in readers), f"{name}: chunk 0 of every key",
+            await wait_until_async(lambda: all(r.got or r.done for r in readers), f"{name}: chunk 0 of every key",
                              procs, proc)
             start = len(notes)
             gate.touch()
             # The readers wait for chunk 1 with a 60 s poll: only the pings can deliver it in time.
-            await wait_until(lambda: all(r.done for r in readers), f"{name}: every reader to finish",
+            await wait_until_async(lambda: all(r.done for r in readers), f"{name}: every reader to finish",
                              procs, proc, timeout=PING_WAIT)
         assert [r.error for r in readers if r.error] == []
         assert all(r.got == [0, 1] for r in readers)
@@ -208,7 +137,7 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(collect, listener)
-            worker = procs.worker("worker")
+            worker = streamy_worker(procs, worker_env, "worker")
 
             # 4400 keys at once: even split into two batches, more keys per batch than are named one
             # by one, so each batch pings "*".
@@ -237,27 +166,27 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
 
 
 async def test_a_terminated_listener_reconnects_and_the_reader_gets_everything(
-    app: pgflow.App, dsn: str, schema: str, procs: Processes, tmp_path: Path,
+    app: pgflow.App, dsn: str, schema: str, procs: Processes, worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
     wf = streamy.build(app)
     gate, n = tmp_path / "gate", 300
     reading = pgflow.App(dsn, schema=schema, poll_interval=SLOW_POLL)
     try:
-        worker = procs.worker("worker")
+        worker = streamy_worker(procs, worker_env, "worker")
         h = await wf.body_seq.start_async(n, str(gate), 0.005)
         reader = Reader(reading.handle(h.id))
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader.run)
-            await wait_until(lambda: len(reader.got) >= 50 or reader.done, "50 chunks", procs, worker)
-            await wait_until(lambda: reading.stats().listeners_connected == 1, "the listener to connect", procs)
+            await wait_until_async(lambda: len(reader.got) >= 50 or reader.done, "50 chunks", procs, worker)
+            await wait_until_async(lambda: reading.stats().listeners_connected == 1, "the listener to connect", procs)
             [(victim,)] = await query(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
                                       f"pgflow-listener-{os.getpid()}")
             before = reading.stats().listener_reconnects
             assert await query(dsn, "SELECT pg_terminate_backend(%s)", victim) == [(True,)]
-            await wait_until(lambda: reading.stats().listener_reconnects > before
+            await wait_until_async(lambda: reading.stats().listener_reconnects > before
                              and reading.stats().listeners_connected == 1, "the listener to reconnect", procs, worker)
             gate.touch()  # the last chunk and the close come after the reconnect, announced by pings only
-            await wait_until(lambda: reader.done, "the reader to finish", procs, worker, timeout=PING_WAIT)
+            await wait_until_async(lambda: reader.done, "the reader to finish", procs, worker, timeout=PING_WAIT)
         assert reader.error is None, f"{reader.error!r}\n{procs.logs()}"
         assert reader.got == list(range(n))
         assert await h.result_async(timeout=WAIT) == n
@@ -270,27 +199,27 @@ async def test_a_terminated_listener_reconnects_and_the_reader_gets_everything(
 
 
 async def test_a_worker_killed_mid_stream_leaves_every_stream_dense_and_exactly_once(
-    app: pgflow.App, dsn: str, schema: str, procs: Processes, tmp_path: Path,
+    app: pgflow.App, dsn: str, schema: str, procs: Processes, worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
     # Body writes are replayed (the committed ones skipped); the step resumes from stream_offset.
     wf = streamy.build(app)
     gate, n = tmp_path / "gate", 400
-    a = procs.worker("worker-A", concurrency=16)
+    a = streamy_worker(procs, worker_env, "worker-A", concurrency=16)
     kinds = [kind for kind in wf.seq for _ in range(2)]
     handles = [await wf.seq[kind].start_async(n, str(gate), 0.004) for kind in kinds]
     readers = [Reader(h) for h in handles]
     async with anyio.create_task_group() as tg:
         for r in readers:
             tg.start_soon(r.run)
-        await wait_until(lambda: all(len(r.got) >= n // 4 for r in readers), "a quarter of every stream",
+        await wait_until_async(lambda: all(len(r.got) >= n // 4 for r in readers), "a quarter of every stream",
                          procs, a)
         a.kill()  # SIGKILL: whatever batch was in flight is lost or committed, nothing in between
         at_kill = [len(r.got) for r in readers]
         assert all(count < n for count in at_kill)  # the gate holds every last chunk
         assert [await h.status_async() for h in handles] == ["running"] * len(handles)
         gate.touch()
-        b = procs.worker("worker-B", concurrency=16)
-        await wait_until(lambda: all(r.done for r in readers), "every reader to finish", procs, b)
+        b = streamy_worker(procs, worker_env, "worker-B", concurrency=16)
+        await wait_until_async(lambda: all(r.done for r in readers), "every reader to finish", procs, b)
 
     for kind, h, r, seen in zip(kinds, handles, readers, at_kill, strict=True):
         assert r.error is None, f"{kind}: {r.error!r}\n{procs.logs()}"
@@ -308,7 +237,8 @@ async def test_a_worker_killed_mid_stream_leaves_every_stream_dense_and_exactly_
 
 
 async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any],
-                             procs: Processes, tmp_path: Path, *, resume: bool) -> list[Reader]:
+                             procs: Processes, worker_env: dict[str, str], tmp_path: Path, *,
+                             resume: bool) -> list[Reader]:
     """Four workflows (body and step writers, async and sync) in a worker process; readers in this
     process; the server restarted (pg_ctl restart -m fast) while all of them are mid-stream."""
     embedded = server[1]
@@ -316,18 +246,18 @@ async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, server: tup
         pytest.skip("restarts only the embedded PostgreSQL 18")
     wf = streamy.build(app)
     gate, n = tmp_path / "gate", 300
-    worker = procs.worker("worker")
+    worker = streamy_worker(procs, worker_env, "worker")
     kinds = ["async", "sync", "async step", "sync step"]
     handles = [await wf.seq[kind].start_async(n, str(gate), 0.005) for kind in kinds]
     readers = [Reader(h, resume=resume) for h in handles]
     async with anyio.create_task_group() as tg:
         for r in readers:
             tg.start_soon(r.run)
-        await wait_until(lambda: all(len(r.got) >= 50 or r.done for r in readers), "50 chunks of each",
+        await wait_until_async(lambda: all(len(r.got) >= 50 or r.done for r in readers), "50 chunks of each",
                          procs, worker)
         await anyio.to_thread.run_sync(embedded.restart)
         gate.touch()
-        await wait_until(lambda: all(r.done for r in readers), "every reader to finish", procs, worker)
+        await wait_until_async(lambda: all(r.done for r in readers), "every reader to finish", procs, worker)
 
     # The worker recovered by itself: every workflow finished, every stream is dense and exactly once.
     async with pgflow.App(dsn, schema=schema) as fresh:
@@ -340,18 +270,20 @@ async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, server: tup
 
 
 async def test_a_server_restart_mid_stream_is_survived_by_the_writer_and_a_resuming_reader(
-    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes, tmp_path: Path,
+    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes,
+    worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
-    readers = await restart_mid_stream(app, dsn, schema, server, procs, tmp_path, resume=True)
+    readers = await restart_mid_stream(app, dsn, schema, server, procs, worker_env, tmp_path, resume=True)
     for r in readers:
         assert r.error is None, f"{r.errors!r}\n{procs.logs()}"
         assert r.got == list(range(300))
 
 
 async def test_a_server_restart_mid_stream_does_not_break_an_attached_reader(
-    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes, tmp_path: Path,
+    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes,
+    worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
-    readers = await restart_mid_stream(app, dsn, schema, server, procs, tmp_path, resume=False)
+    readers = await restart_mid_stream(app, dsn, schema, server, procs, worker_env, tmp_path, resume=False)
     for r in readers:
         assert r.errors == []
         assert r.got == list(range(300))

@@ -11,7 +11,7 @@ import pytest
 import pgflow
 from pgflow._core.store import migrations
 
-from .test_journal import query
+from .helpers import query
 
 pytestmark = pytest.mark.anyio
 

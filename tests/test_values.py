@@ -15,20 +15,16 @@ from typing import Any
 
 import anyio
 import msgspec
-import psycopg
 import pytest
 
 import pgflow
+
+from .helpers import Point, query, requeue
 
 pytestmark = pytest.mark.anyio
 
 KINDS = ["async", "sync"]
 TIMEOUT = 30
-
-
-class Point(msgspec.Struct):
-    x: int
-    y: int
 
 
 @dataclass
@@ -55,12 +51,6 @@ BLOB = bytes(range(256)) + b"\x00\xff"
 NESTED: Nested = {"a": [{"one": 1, "none": None}], "empty": [], "b": [{}, {"two": 2}]}
 
 
-async def query(dsn: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
-
-
 async def workflow_rows(dsn: str, schema: str) -> int:
     """Rows in the workflows table; 0 when the schema or table does not exist (yet)."""
     [(table,)] = await query(dsn, "SELECT to_regclass(%s)::text", f"{schema}.workflows")
@@ -68,16 +58,6 @@ async def workflow_rows(dsn: str, schema: str) -> int:
         return 0
     [(count,)] = await query(dsn, f"SELECT count(*) FROM {schema}.workflows")
     return int(count)
-
-
-async def requeue(dsn: str, schema: str, workflow_id: str) -> None:
-    rows = await query(
-        dsn,
-        f"UPDATE {schema}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,"
-        " output = NULL, error = NULL, finished_at = NULL WHERE id = %s RETURNING id",
-        workflow_id,
-    )
-    assert rows == [(workflow_id,)]
 
 
 async def start(api: str, starter: Any, *args: Any, **kwargs: Any) -> pgflow.WorkflowHandle[Any]:

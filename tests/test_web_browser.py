@@ -19,13 +19,10 @@ import pytest
 import pgflow
 
 from .processes import Processes
-from .test_examples import start_web
+from .web import CHROMIUM, CHROMIUM_ARGS, start_web
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CUT_AFTER = 7  # the server ends each SSE response after this many events: the page must resume
 WAIT_MS = 90_000  # the bound of every wait in the page
 

@@ -25,7 +25,7 @@ from pgflow._core.datadir import pid_alive
 from pgflow.embedded import PGDATA_NAME, stop_embedded
 
 from .processes import Processes, wait_until
-from .test_examples import post, read_events, start_web
+from .web import post, read_events, start_web
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """A web page that starts a durable workflow, shows its output live and asks a human to approve it.
 
-    pip install 'pgflow[web,embedded]'      # or, in this repository: make venv
+    pip install 'pgflow-durable[web]'      # or, in this repository: make venv
     python examples/web/app.py              # then open http://127.0.0.1:8000
 
 One process serves the page (Starlette on uvicorn) and runs an in-process pgflow worker, against

@@ -9,10 +9,13 @@ batches grow by themselves.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 import anyio
 import anyio.abc
+
+from .store import unreachable
 
 T = TypeVar("T")
 
@@ -32,8 +35,12 @@ class GroupCommit(ABC, Generic[T]):
         self._stopped = False
 
     def _put(self, item: T) -> None:
-        self._queue.append(item)
-        self._wake.set()
+        queue = self._queue
+        queue.append(item)
+        if len(queue) == 1:
+            # Only the first item of a queue wakes the sender: while the queue holds more, a batch in
+            # flight wakes it when it is done (that is why they wait), so one set per batch is enough.
+            self._wake.set()
 
     async def _submit(self, item: T) -> None:
         """Queue the item for the next batch (the batch ``run`` takes on its next turn holds whatever
@@ -86,3 +93,20 @@ class GroupCommit(ABC, Generic[T]):
     @abstractmethod
     async def _flush(self, batch: list[T]) -> None:
         """Write a batch and answer each of its items."""
+
+
+async def apart(batch: list[T], attempt: Callable[[list[T]], Awaitable[None]],
+                refused: Callable[[list[T], Exception], None]) -> None:
+    """Run ``attempt`` on the batch; when it fails for what the batch holds, on its halves apart, until
+    the item to blame is alone: one bad item (a value the server refuses, a read that breaks the query)
+    fails by itself and the others go through. An outage is nobody's fault and is not split:
+    ``refused(items, error)`` gets the whole batch then, and the lone item otherwise."""
+    try:
+        await attempt(batch)
+    except Exception as exc:  # noqa: BLE001 - given to the items it concerns
+        if unreachable(exc) or len(batch) == 1:
+            refused(batch, exc)
+            return
+        middle = len(batch) // 2
+        await apart(batch[:middle], attempt, refused)
+        await apart(batch[middle:], attempt, refused)

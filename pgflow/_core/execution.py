@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -37,11 +37,11 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
-from .outcomes import describe, replay
+from .outcomes import attempt_error, describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
-from .store import StepRecord, Store, retrying, unreachable
+from .store import StepRecord, Store, WorkflowRow, retrying, unreachable
 from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -86,6 +86,7 @@ def running(what: str) -> Execution:
 class Execution:
     """One run of one workflow by one worker, identified by its claim's token (``lease``)."""
 
+    replay_only: ClassVar[bool] = False  # a ``check-replay`` of the journal, which writes nothing
     runtime: Runtime
     store: Store
     workflow_id: str
@@ -110,6 +111,14 @@ class Execution:
     # When the journal was read: its seconds until a wake-up are counted from then.
     loaded_at: float = field(default_factory=time.monotonic)
     value_limit: int | None = None  # bytes of a value the body publishes (an event)
+    # The highest journal position an earlier run reached, by a record or by a child it started
+    # (-1: none): ``patched`` answers False below it, where an older body went on without asking.
+    horizon: int = -1
+    # Patch markers taken by ``patched`` and not yet written, by position: each is written before
+    # anything the body journals after it (see ``write_marks``).
+    marks: dict[int, str] = field(default_factory=dict)
+    marks_lock: anyio.Lock | None = None
+    failure: BaseException | None = None  # what the body raised, for the workflow's retry policy
 
     @property
     def suspend_after(self) -> float:
@@ -118,7 +127,7 @@ class Execution:
         return config.suspend_after if config is not None else 5.0
 
     def seconds_left(self, remaining_when_loaded: float) -> float:
-        return remaining_when_loaded - (time.monotonic() - self.loaded_at)
+        return remaining_when_loaded - (self.runtime.hub.clock.monotonic() - self.loaded_at)
 
     def take_position(self) -> int:
         position = self.next_position
@@ -168,10 +177,11 @@ class Execution:
             except Exception as exc:
                 if step.retry.should_retry(exc, attempt):
                     delay = step.retry.delay(attempt)
-                    log.info("step %s of %s failed (%s), attempt %d; retrying in %.2fs",
-                             step.name, self.workflow_id, exc, attempt, delay)
+                    log.info("step %s of %s failed (%s), step attempt %d of workflow attempt %d; retrying in"
+                             " %.2fs", step.name, self.workflow_id, exc, attempt, self.run, delay)
+                    await self._note_error(step.name, position, attempt, exc)
                     attempt += 1
-                    await anyio.sleep(delay)
+                    await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
                     self.check_interrupt()
                     continue
                 await self._record(position, step.name, None, describe(exc), attempt)
@@ -218,6 +228,23 @@ class Execution:
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await self.fenced(note, f"start step {name!r}")
 
+    async def _note_error(self, name: str, position: int, tries: int, exc: BaseException) -> None:
+        """Keep a retried attempt's error for the people looking at the workflow later. Bounded and
+        shielded as the start's note is; a note that fails costs only the record (logged), and a lost
+        lease or a cancellation it learns of is left in ``interrupt`` for the retry to act on."""
+        error = attempt_error(exc)
+
+        async def note() -> tuple[bool, bool, None]:
+            return (*await self.store.note_step_error(self.workflow_id, self.lease, position, self.run, tries,
+                                                      error), None)
+
+        try:
+            with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
+                await self.fenced(note, f"keep the error of step {name!r}")
+        except Exception as failure:  # noqa: BLE001 - the error is only kept for reading, not needed to run
+            log.warning("could not keep the error of attempt %d of step %s of %s: %s", tries, name,
+                        self.workflow_id, failure)
+
     async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
         """One attempt of the step, cut short at its timeout (which fails the attempt)."""
         token = inside_step.set(run)
@@ -253,6 +280,41 @@ class Execution:
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
 
     async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
+        """``_fenced``, once the patch markers taken before it are written."""
+        if self.marks:
+            await self.write_marks()
+        return await self._fenced(operation, what)
+
+    async def write_marks(self) -> None:
+        """Write the patch markers ``patched`` took without a round trip (it is a plain call, also
+        in an async body). A marker only has to be in the journal before anything recorded after
+        it: until then a replay finds nothing at or past its position, and ``patched`` answers True
+        again, as it did. So every journal write and child start of the body calls this first; one
+        lock keeps a write that races it (steps gathered together) behind the markers' commit."""
+        if self.marks_lock is None:
+            self.marks_lock = anyio.Lock()
+        async with self.marks_lock:
+            for position, name in sorted(self.marks.items()):
+                async def record(position: int = position, name: str = name) -> tuple[bool, bool, None]:
+                    return (*await self.store.record_step(self.workflow_id, self.attempt, self.lease, position,
+                                                          name, None, None, 1), None)
+
+                await self._fenced(record, f"journal {name!r}")
+                del self.marks[position]
+
+    async def before_child_start(self, ids: list[str], name: str) -> bool:
+        """Called as the body starts child workflows (``ids``, of the workflow ``name``); True when
+        they are to be written (a replay check writes nothing)."""
+        if self.marks:
+            await self.write_marks()
+        return True
+
+    async def child_outcome(self, id: str) -> WorkflowRow | None:
+        """Called as the body awaits a child's result: a row to answer with instead of waiting (a
+        replay check reads it once), or None to wait as any caller does."""
+        return None
+
+    async def _fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
         """Run a write made on behalf of this execution, fenced by its attempt and tried again while
         the server is away; it returns (still owner, cancel requested, value). A lost lease or a
         cancellation interrupts the execution, and so does a server that stays away: not the
@@ -266,7 +328,7 @@ class Execution:
             self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
             raise self.interrupt from exc
         if not owner:
-            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.attempt} lost its lease")
+            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.run} lost its lease")
         elif cancel:
             self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
         self.check_interrupt()

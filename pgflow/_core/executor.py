@@ -16,10 +16,12 @@ import anyio.lowlevel
 
 from .. import telemetry
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
+from .clock import OWNER
 from .execution import Execution, current_execution
 from .finisher import Finisher
 from .outcomes import Outcome, describe, log_end, refused, runs
 from .registry import WorkflowSpec
+from .reruns import retried
 from .runtime import Runtime
 from .signals import End, News
 from .signals import keys as signal_keys
@@ -46,10 +48,11 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
         token = token or anyio.lowlevel.current_token()  # (a worker passes its loop's, found once)
         # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
         first = claimed.attempt == 1
-        loaded_at = time.monotonic()
+        loaded_at = runtime.hub.clock.monotonic()
+        journal, horizon = ({}, -1) if first else await store.journal(claimed.id)
         execution = Execution(
             runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt, lease=claimed.lease,
-            journal={} if first else await store.journal(claimed.id),
+            journal=journal, horizon=horizon,
             token=token, writer=writer, starts=starts,
             stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
             loaded_at=loaded_at, value_limit=workflow.codec.limit,
@@ -78,6 +81,10 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
                             del cancellers[claimed.id]  # not another execution's of the same id
                 if scope.cancelled_caught:
                     outcome = "cancelled", None, None
+            if outcome is not None and await retried(runtime, store, workflow, claimed, outcome, execution.failure,
+                                                     freed):
+                telemetry.ended(span, "retried", outcome[2])
+                outcome = None
             if outcome is not None:
                 telemetry.ended(span, outcome[0], outcome[2])
                 await _finish(finisher, execution, claimed, workflow, outcome, began, freed)
@@ -107,7 +114,7 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
             return
     if found is None:
-        log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.attempt)
+        log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.run)
         return
     queue, status = found
     runs.info("workflow %s %s %s", workflow.name, claimed.id,
@@ -128,7 +135,7 @@ async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Exec
                        limiter: anyio.CapacityLimiter, seconds_left: float) -> Outcome | None:
     """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
     refused any further write)."""
-    with anyio.move_on_after(seconds_left) as scope:
+    with execution.runtime.hub.clock.move_on_after(seconds_left) as scope:
         return await _run(workflow, claimed, execution, limiter)
     assert scope.cancelled_caught
     message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
@@ -140,21 +147,27 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                limiter: anyio.CapacityLimiter) -> Outcome | None:
     """The workflow function's outcome as (status, output, error); None when the lease was lost."""
     reset = current_execution.set(execution)
+    OWNER.set(execution.workflow_id)  # (this task's own context: it ends with the run)
     try:
         args, kwargs = workflow.codec.decode_arguments(claimed.inputs)
         if workflow.is_async:
             try:
                 result = await workflow.fn(*args, **kwargs)
-            except BaseException:
+            except BaseException as exc:
+                execution.failure = exc
                 execution.check_awaited(report=False)
                 raise
             execution.check_awaited()
         else:
             context = contextvars.copy_context()
-            result = await anyio.to_thread.run_sync(
-                lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter,
-                abandon_on_cancel=True,
-            )
+            try:
+                result = await anyio.to_thread.run_sync(
+                    lambda: context.run(workflow.fn, *args, **kwargs), limiter=limiter,
+                    abandon_on_cancel=True,
+                )
+            except BaseException as exc:
+                execution.failure = exc
+                raise
         return "succeeded", workflow.codec.encode_result(result), None
     except CancelRequested:
         return "cancelled", None, None
@@ -190,7 +203,7 @@ async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, wo
             log_end(workflow.name, claimed, outcome, time.monotonic() - began)
         else:
             log.warning("workflow %r attempt %d lost its lease before it could record %s",
-                        execution.workflow_id, execution.attempt, status)
+                        execution.workflow_id, execution.run, status)
 
     if not finisher.finish_soon(end, execution.lease, set(freed), then):
         with anyio.CancelScope(shield=True):

@@ -21,13 +21,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import psycopg
-
-from .batches import GroupCommit
+from .batches import GroupCommit, apart
 from .signals import End, News, Signals
 from .signals import keys as signal_keys
 from .signals.payload import carried_end
-from .store import Store, retrying, unreachable
+from .store import Store, retrying
 
 log = logging.getLogger("pgflow.execution")
 
@@ -98,21 +96,14 @@ class Finisher(GroupCommit[_End]):
         return answer[0]
 
     async def _flush(self, batch: list[_End]) -> None:
+        await apart(batch, self._record, _fail)
+
+    async def _record(self, batch: list[_End]) -> None:
         news = _news(batch)
-        try:
-            recorded, rode = await retrying(lambda: self._signals.ride(news, lambda pings: self._store.finish_many(
-                [e.end.workflow_id for e in batch], [e.lease for e in batch], [e.end.status for e in batch],
-                [e.end.output for e in batch], [e.end.error for e in batch], pings,
-            )), f"recording the end of {len(batch)} workflows")
-        except Exception as exc:  # noqa: BLE001 - given to the ends it concerns
-            if not isinstance(exc, psycopg.Error) or unreachable(exc) or len(batch) == 1:
-                for item in batch:
-                    item.resolve(failure=exc)
-                return
-            middle = len(batch) // 2
-            await self._flush(batch[:middle])
-            await self._flush(batch[middle:])
-            return
+        recorded, rode = await retrying(lambda: self._signals.ride(news, lambda pings: self._store.finish_many(
+            [e.end.workflow_id for e in batch], [e.lease for e in batch], [e.end.status for e in batch],
+            [e.end.output for e in batch], [e.end.error for e in batch], pings,
+        )), f"recording the end of {len(batch)} workflows")
         self._recorded(len(batch))
         for item in batch:
             item.resolve(recorded=(item.end.workflow_id, item.lease) in recorded)
@@ -120,6 +111,11 @@ class Finisher(GroupCommit[_End]):
             self._signals.told(news, rode)
         else:  # only what was recorded may be told, and it did not ride
             self._signals.announce(_news([item for item in batch if item.recorded]))
+
+
+def _fail(batch: list[_End], exc: Exception) -> None:
+    for item in batch:
+        item.resolve(failure=exc)
 
 
 def _news(batch: list[_End]) -> News:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import anyio
 import psycopg
 
 from ..cron import Cron
+from .clock import Clock
 from .pool import answered_within
 
 log = logging.getLogger("pgflow.maintenance")
@@ -113,20 +114,23 @@ def every(seconds: float, chore: Callable[[], Awaitable[object]], what: str, *, 
     return service
 
 
-def schedule(cron: Cron, start_tick: Callable[[datetime], Awaitable[object]], catch_up: float) -> Service:
+def schedule(cron: Cron, start_tick: Callable[[datetime], Awaitable[object]], catch_up: float,
+             clock: Clock | None = None) -> Service:
     """A service that starts a workflow at every tick of ``cron``. A tick that fell in the last
     ``catch_up`` seconds before the service started (while the previous holder was dying) is started
-    too; the tick's workflow id makes a second start of it a no-op."""
+    too; the tick's workflow id makes a second start of it a no-op. Ticks follow ``clock`` (the App's)."""
+    clock = clock or Clock()
+    name = f"schedule {cron.expression!r} {id(start_tick):x}"
 
     async def service() -> None:
-        tick = cron.next_after(datetime.now(UTC) - timedelta(seconds=catch_up))
+        tick = cron.next_after(clock.now() - timedelta(seconds=catch_up))
         while True:
-            await anyio.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds()))
+            await clock.sleep(max(0.0, (tick - clock.now()).total_seconds()), service=name)
             try:
                 with anyio.CancelScope(shield=True):
                     await start_tick(tick)
             except (psycopg.Error, OSError) as exc:
                 log.warning("could not start the tick %s: %s", tick.isoformat(), exc)
-            tick = cron.next_after(max(tick, datetime.now(UTC) - timedelta(seconds=catch_up)))
+            tick = cron.next_after(max(tick, clock.now() - timedelta(seconds=catch_up)))
 
     return service

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from .. import codec
-from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowTimeout
+from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
 from .registry import StepSpec
 from .store import Claimed, StepRecord
 
@@ -43,6 +43,29 @@ def describe(exc: BaseException) -> dict[str, Any]:
         "args": _arguments(exc),
         "traceback": _storable("".join(traceback.format_exception(exc))),
     }
+
+
+MESSAGE_AT_MOST = 2000  # characters of a retried attempt's message kept (outcomes of the step itself are whole)
+TRACEBACK_AT_MOST = 8000  # characters of its traceback: its start and its end, where the raise is
+
+
+def attempt_error(exc: BaseException) -> dict[str, Any]:
+    """The kept form of a retried attempt's exception: ``describe``'s, with the message and the
+    traceback cut to a bounded size (a step retried often must not fill the table with copies of a
+    huge message). No arguments: nothing rebuilds these."""
+    error = describe(exc)
+    error.pop("args")
+    error["message"] = _cut(error["message"], MESSAGE_AT_MOST)
+    error["traceback"] = _cut(error["traceback"], TRACEBACK_AT_MOST)
+    return error
+
+
+def _cut(text: str, at_most: int) -> str:
+    if len(text) <= at_most:
+        return text
+    head = at_most // 4
+    tail = at_most - head
+    return f"{text[:head]}\n[... {len(text) - at_most} characters cut ...]\n{text[-tail:]}"
 
 
 def _arguments(exc: BaseException) -> list[Any] | None:
@@ -103,7 +126,11 @@ def replay(record: StepRecord, step: StepSpec) -> Any:
 
 
 def refused(claimed: Claimed) -> Outcome | None:
-    """The failure to record instead of running, for a poison workflow or one past its deadline."""
+    """The end to record instead of running: for a workflow that expired before it started, a poison
+    workflow, or one past its deadline."""
+    if claimed.expired:
+        return "cancelled", None, describe(WorkflowExpired(
+            f"workflow {claimed.id!r} had not started by its expiry time (expires=), so it never ran"))
     if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
         runs = claimed.max_attempts - (claimed.attempt - claimed.run)  # its max_attempts
         return "failed", None, describe(MaxAttemptsExceeded(

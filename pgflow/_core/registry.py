@@ -104,10 +104,12 @@ class WorkflowSpec:
     schedule: Cron | None
     is_async: bool
     codec: FunctionCodec
+    retry: RetryPolicy | None = None  # the body's own: run again from its journal after it raised
 
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
-           timeout: float | None, schedule: Cron | None, limit: int | None = None) -> WorkflowSpec:
+           timeout: float | None, schedule: Cron | None, limit: int | None = None,
+           retry: RetryPolicy | None = None) -> WorkflowSpec:
         check_queue(queue)
         check_priority(priority)
         if max_attempts is not None and max_attempts < 1:
@@ -117,8 +119,10 @@ class WorkflowSpec:
         if schedule is not None and len(inspect.signature(fn).parameters) > 1:
             raise ConfigurationError(
                 f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"a workflow's retry is a pgflow.RetryPolicy, got {retry!r}")
         return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
-                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit))
+                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit), retry)
 
     @property
     def takes_tick(self) -> bool:

@@ -28,6 +28,7 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import PoolClosed
 
+from .clock import OWNER, Clock
 from .connecting import check_connectable, linked
 from .pool import Pool
 from .pooler import warn_of_missing_settings
@@ -159,6 +160,16 @@ class Runtime:
         """Re-run ``check`` on every ping of ``keys`` and on the slow poll, until it returns a value
         (the store opened first: it sets the poll's interval)."""
         await self.store()
+        clock = self.hub.clock
+        if clock.virtual and OWNER.get() is not None:  # a workflow waiting: on the App's clock, parked
+            async def whole_check() -> T | None:  # the timeout cuts the wait, never a check (a receive)
+                with anyio.CancelScope(shield=True):
+                    found = await check()
+                return found
+
+            with clock.move_on_after(timeout, owner=OWNER.get()):
+                return await self.signals.wait_for(keys, whole_check, None)
+            return None
         return await self.signals.wait_for(keys, check, timeout)
 
     # -- stream reads -----------------------------------------------------------------------------------
@@ -218,6 +229,19 @@ class Runtimes:
         self.reached = False  # the server answered once: later failures are outages, waited out
         self.pooled_checked = False  # the pooler's server sessions were looked at (Config.pooled)
         self.keyring = Keyring(Config.channel_of(schema))
+        self.clock = Clock()  # the time this App's timers follow here (pgflow.testing moves it)
+
+    def reset(self, config: Callable[[], Config], schema: str, config_blocks: bool = False) -> None:
+        """Serve another configuration from now on, with a fresh clock (``pgflow.testing`` points an
+        App at a test's schema and back). Only between uses: every runtime must be closed."""
+        with self._lock:
+            if any(not loop.is_closed() for loop in self._by_loop):
+                raise RuntimeError("close the App (app.close()) before pointing it elsewhere")
+            self._by_loop.clear()
+            self._make_config, self._config_blocks, self._config = config, config_blocks, None
+            self._migrated = self.reached = self.pooled_checked = False
+            self.keyring = Keyring(Config.channel_of(schema))
+            self.clock = Clock()
 
     def config(self) -> Config:
         """The configuration; resolving it may start the embedded server (blocking)."""

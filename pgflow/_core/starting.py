@@ -4,34 +4,40 @@ from __future__ import annotations
 
 from .. import telemetry
 from ..errors import WorkflowConflict
+from .execution import journaling
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
+from .store.store import Timing
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
                   priority: int | None = None, delay: float = 0.0, parent: str | None = None,
-                  traceparent: str | None = None) -> bool:
+                  traceparent: str | None = None, when: Timing | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
     workflow of another name raises WorkflowConflict. ``traceparent``: the caller's trace, stored."""
     return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
                                priority=workflow.priority if priority is None else priority, delay=delay,
                                max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
-                               traceparent=traceparent)
+                               traceparent=traceparent, when=when)
 
 
 async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
                         delay: float, max_attempts: int | None, timeout: float | None,
-                        parent: str | None = None, traceparent: str | None = None) -> bool:
+                        parent: str | None = None, traceparent: str | None = None,
+                        when: Timing | None = None) -> bool:
     """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
     workflow whose body starts it, cancelled with it."""
+    starter = journaling()
+    if starter is not None and not await starter.before_child_start([id], name):
+        return False
     await runtime.store()
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])  # delayed ones too: idle workers re-read when the next falls due
     hearing = signals.hearing()
     (created, found, born), rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue(
-        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent,
+        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent, when,
     ), when_quiet=True))
     if found != name:
         raise WorkflowConflict(
@@ -62,18 +68,21 @@ async def refuse_children(runtime: Runtime, chosen: list[tuple[str, list[str]]])
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
                        queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                       parent: str | None = None, traceparent: str | None = None) -> None:
+                       parent: str | None = None, traceparent: str | None = None, when: Timing | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
     another name raise WorkflowConflict (after the others were started)."""
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
+    starter = journaling()
+    if starter is not None and not await starter.before_child_start(ids, workflow.name):
+        return
     await runtime.store()
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])
     hearing = signals.hearing()
     found, rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue_many(
         ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-        parent, traceparent,
+        parent, traceparent, when,
     ), when_quiet=True))
     created = sum(1 for new, _, _ in found if new)
     signals.waiters.ends.started(((id, born) for id, (new, _, born) in zip(ids, found, strict=True) if new), hearing)

@@ -88,14 +88,23 @@ async def _call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return await fn(*args)
 
 
+def on_a_loop() -> bool:
+    """Whether the caller runs on an event loop. Asked outside any ``except`` clause: what the caller
+    runs next (a sync step) would otherwise raise with "RuntimeError: no running event loop" chained
+    to its own traceback as the exception it happened "during"."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def run_sync(loop_thread: LoopThread, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run ``fn(*args)`` to completion for a sync caller: on the worker's loop when called from a
     sync workflow or step it runs, otherwise on the private loop."""
     execution = current_execution.get()
     if execution is not None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if not on_a_loop():
             return anyio.from_thread.run(_call, fn, *args, token=execution.token)
         raise RuntimeError("a blocking pgflow call inside an async workflow or step would stall its worker; "
                            "await the _async twin instead")

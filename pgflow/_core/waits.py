@@ -10,10 +10,7 @@ takes it again replays the journal up to the wait, which then returns at once.
 from __future__ import annotations
 
 import math
-import time
 from datetime import UTC, datetime
-
-import anyio
 
 from ..errors import Suspended
 from .checks import MAX_DELAY
@@ -57,10 +54,11 @@ async def hold(execution: Execution, left: float, until: datetime, reason: str) 
     """Wait ``left`` seconds in the slot, or give the slot back until ``until`` when that is long."""
     if left > execution.suspend_after:
         raise Suspended(until, reason)
-    deadline = time.monotonic() + max(0.0, left)
-    await anyio.sleep(max(0.0, left))
+    clock = execution.runtime.hub.clock
+    deadline = clock.monotonic() + max(0.0, left)
+    await clock.sleep(max(0.0, left), owner=execution.workflow_id)
     # A wake-up journaled by the server may be a little later than this loop's clock says.
-    await anyio.sleep(max(0.0, deadline - time.monotonic()))
+    await clock.sleep(max(0.0, deadline - clock.monotonic()), owner=execution.workflow_id)
     execution.check_interrupt()
 
 

@@ -31,6 +31,7 @@ from .checks import check_queue
 from .connecting import linked, where
 from .executor import execute
 from .finisher import Finisher
+from .health import HealthServer, Liveness
 from .maintenance import NAMES, REAPER, RETENTION, Maintenance, Service, cron_service, every, schedule
 from .pruning import PRUNE_BATCH, prune_paced
 from .registry import Registry, WorkflowSpec
@@ -56,13 +57,20 @@ class Worker:
 
     def __init__(self, registry: Registry, runtimes: Runtimes, concurrency: int = 16,
                  queues: Sequence[str] | None = None, lease: float = 10.0, heartbeat: float | None = None,
-                 grace: float = 0.0) -> None:
+                 grace: float = 0.0, health_port: int | None = None, health_host: str = "0.0.0.0") -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         if lease <= 0:
             raise ConfigurationError(f"lease must be positive, got {lease}")
         if grace < 0:
             raise ConfigurationError(f"grace must be >= 0 seconds, got {grace}")
+        if health_port is not None and (isinstance(health_port, bool) or not isinstance(health_port, int)
+                                        or not 0 <= health_port <= 65535):
+            raise ConfigurationError(f"health_port is a TCP port, 0 to 65535 (0: any free one), got {health_port!r}")
+        self.health_port = health_port
+        self.health_host = health_host
+        self.health: HealthServer | None = None  # the liveness probe's server, while the worker runs
+        self._liveness: Liveness | None = None
         self.registry = registry
         self.runtimes = runtimes
         self.concurrency = concurrency
@@ -90,18 +98,35 @@ class Worker:
         self._warned_names: set[str] = set()
 
     async def __aenter__(self) -> Worker:
+        try:
+            return await self._enter()
+        except BaseException:
+            if self.health is not None:  # bound, and the worker did not start: the port is let go
+                self.health.stop()
+                self.health = None
+            raise
+
+    async def _enter(self) -> Worker:
         # Made here, not in __init__: anyio needs a running loop to make them.
         self._running_scope = anyio.CancelScope()
         self._claiming = anyio.CancelScope()
         self._idle = anyio.Event()
         runtime = self._runtime = self.runtimes.current()
+        if self.health_port is not None:  # bound first: a port that is taken stops the worker before it starts
+            self._liveness = Liveness(self.lease, lambda: bool(runtime.signals.listener
+                                                              and runtime.signals.listener.connected))
+            try:
+                self.health = HealthServer(self._liveness, self.health_host, self.health_port)
+            except OSError as exc:
+                raise ConfigurationError(f"cannot serve the health probe on {self.health_host}:{self.health_port}:"
+                                         f" {exc.strerror or exc}") from exc
         self._store = await runtime.store()
         for queue in self.queues:
             limits = self.registry.queues.get(queue)
             if limits is not None:
                 await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
         await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
-                                          sorted(self.registry.workflows))
+                                          sorted(self.registry.workflows), self.lease)
         assert runtime.config is not None
         self._writer = StreamWriter(self._store, runtime.signals)
         runtime.writers.add(self._writer)
@@ -122,6 +147,10 @@ class Worker:
         log.info("worker %s started: server %s, schema %s, queues %s, concurrency %d", self.id,
                  where((await self.runtimes.config_async()).dsn), self._store.schema,
                  ",".join(self.queues), self.concurrency)
+        if self.health is not None:
+            self.health.start()
+            log.info("worker %s answers its liveness probe on http://%s:%d/healthz", self.id, self.health.host,
+                     self.health.port)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -142,6 +171,8 @@ class Worker:
                     await self._store.unregister_worker(self.id)  # type: ignore[union-attr]
                 except Exception as exc:  # noqa: BLE001 - the maintenance service forgets it anyway
                     log.warning("could not unregister worker %s: %s", self.id, exc)
+            if self.health is not None:
+                self.health.stop()
             log.info("worker %s stopped", self.id)
 
     @property
@@ -185,6 +216,8 @@ class Worker:
                     tasks.start_soon(self._starts.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
+                    if self._liveness is not None:
+                        tasks.start_soon(self._pulse, self._liveness)
                     task_status.started()
             finally:
                 assert self._runtime is not None
@@ -217,7 +250,7 @@ class Worker:
         for spec in self.registry.workflows.values():
             if spec.schedule is not None and spec.queue in self.queues:
                 services[cron_service(spec.name)] = schedule(spec.schedule, self._start_tick(spec),
-                                                         catch_up=3 * self.lease)
+                                                         catch_up=3 * self.lease, clock=self.runtimes.clock)
         return services
 
     async def _warn_unserved(self) -> None:
@@ -344,12 +377,22 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue
+            if self._liveness is not None:
+                self._liveness.renewed()
             # A cancelled workflow stops now, even one that never reaches another step or write.
             for workflow_id, _, cancel_requested in leases:
                 cancel = self._cancellers.get(workflow_id) if cancel_requested else None
                 if cancel is not None:
                     log.info("workflow %s was cancelled; stopping it", workflow_id)
                     cancel()
+
+
+    @staticmethod
+    async def _pulse(liveness: Liveness) -> None:
+        """Tell the liveness probe, every second, that the loop turns and whether the listener listens."""
+        while True:
+            liveness.pulse()
+            await anyio.sleep(1.0)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

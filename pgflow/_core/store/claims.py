@@ -32,7 +32,7 @@ CLAIM = (
     "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at"
     "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
     "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
-    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= now() AND name = ANY(%(names)s)"
+    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
     "    AND due_at >= coalesce(q.floor, '-infinity')"
     "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
     " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at FROM {s}.workflows"
@@ -49,19 +49,21 @@ CLAIM = (
     " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
     "  lease_token = %(token)s,"
     "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-    "  started_at = coalesce(w.started_at, now()),"
-    "  deadline_at = coalesce(w.deadline_at, now() + make_interval(secs => w.timeout))"
+    "  started_at = coalesce(w.started_at, {s}.clock_now()),"
+    "  deadline_at = coalesce(w.deadline_at, {s}.clock_now() + make_interval(secs => w.timeout))"
     "  FROM chosen WHERE w.id = chosen.id AND w.id = ANY(ARRAY(SELECT id FROM chosen)) AND EXISTS (SELECT FROM lazy)"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
-    "   extract(epoch FROM w.deadline_at - now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
-    "   w.queue, w.traceparent, extract(epoch FROM now() - chosen.ready_at)::float8 AS waited,"
-    "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born)"
+    "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
+    "   w.queue, w.traceparent, extract(epoch FROM {s}.clock_now() - chosen.ready_at)::float8 AS waited,"
+    "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
+    # Past its expiry and never started before this claim (which set started_at to the clock's now).
+    "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries)"
     " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, born,"
-    "  NULL::float8 FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-    "  extract(epoch FROM min(d.due_at) - now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "  expired, retries, NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    "  extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
-    "   AND queue = q.queue AND due_at > now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+    "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
 )
 
 
@@ -70,11 +72,11 @@ FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: fo
 
 # Per queue, the lowest due time a workflow this worker can claim there may have from now on, less a
 # margin: the oldest due time of those queued now, or now when none is (a start, a wake-up or a resume
-# dues a workflow at its statement's now() or later). What a floor can leave out (a workflow given
+# dues a workflow at its statement's clock_now() or later). What a floor can leave out (a workflow given
 # back to the queue with its old due time, a start whose statement took longer than the margin) is
 # left to the next full claim, at most FULL_CLAIM_EVERY later.
 FLOORS = (
-    "SELECT q.queue, least(now(), (SELECT min(due_at) FROM {s}.workflows"
+    "SELECT q.queue, least({s}.clock_now(), (SELECT min(due_at) FROM {s}.workflows"
     "   WHERE status = 'queued' AND queue = q.queue AND name = ANY(%(names)s)))"
     "  - make_interval(secs => %(margin)s)"
     " FROM unnest(%(queues)s::text[]) AS q(queue)"
@@ -99,6 +101,8 @@ class Claimed:
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
     run: int = 1
+    expired: bool = False  # claimed past its ``expires=`` without having started: ends cancelled, unrun
+    retries: int = 0  # runs of the body that failed and were retried under its workflow's retry policy
 
 
 class ClaimStatements(Statements):
@@ -185,9 +189,9 @@ class ClaimStatements(Statements):
         rows = await cur.fetchall()
         due = rows[-1][-1]
         claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), queue,
-                           traceparent, float(waited), token, born, run)
-                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, _
-                   in rows[:-1]]
+                           traceparent, float(waited), token, born, run, bool(expired), retries)
+                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
+                   retries, _ in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,

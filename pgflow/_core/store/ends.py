@@ -38,7 +38,7 @@ class EndStatements(Statements):
                 " owned AS (SELECT w.id FROM {s}.workflows w JOIN ends e ON w.id = e.id AND w.lease_token = e.lease"
                 "   WHERE w.status = 'running' ORDER BY w.id FOR UPDATE OF w),"
                 " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
-                "   finished_at = now(), lease_owner = NULL, lease_expires_at = NULL"
+                "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
                 "   FROM ends e WHERE w.id = e.id AND w.lease_token = e.lease AND w.id IN (SELECT id FROM owned)"
                 "   RETURNING w.id, w.lease_token)"
                 " SELECT id, lease_token FROM done"

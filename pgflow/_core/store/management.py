@@ -11,7 +11,7 @@ from .statements import Statements
 
 RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
           " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
-          " CASE WHEN status = 'queued' THEN waiting_for END")
+          " CASE WHEN status = 'queued' THEN waiting_for END, retries, expires_at")
 
 
 class ManagementStatements(Statements):
@@ -44,7 +44,7 @@ class ManagementStatements(Statements):
             if record is None:
                 return None
             cur = await conn.execute(self._sql(
-                "SELECT position, name, error->>'type', attempts, finished_at FROM {s}.steps"
+                "SELECT position, name, error->>'type', attempts, finished_at, started_at FROM {s}.steps"
                 " WHERE workflow_id = %s ORDER BY position"), (workflow_id,))
             steps = list(await cur.fetchall())
             cur = await conn.execute(self._sql(
@@ -71,11 +71,14 @@ class ManagementStatements(Statements):
                 " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
                 " 2147483647)"), {"id": workflow_id})
             # Attempts of steps that ended unrecorded (cut short by a cancellation, a timeout)
-            # are not carried into the new run's count.
+            # are not carried into the new run's count, nor their errors into its steps'.
             await conn.execute(self._sql("DELETE FROM {s}.step_attempts WHERE workflow_id = %s"),
                                (workflow_id,))
             await conn.execute(self._sql(
-                "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = now(),"
+                "DELETE FROM {s}.step_errors e WHERE workflow_id = %s AND NOT EXISTS (SELECT FROM {s}.steps s"
+                " WHERE s.workflow_id = e.workflow_id AND s.position = e.position)"), (workflow_id,))
+            await conn.execute(self._sql(
+                "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = {s}.clock_now(),"
                 " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
                 " deadline_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s"),
                 (workflow_id,))
@@ -145,8 +148,9 @@ class ManagementStatements(Statements):
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH live AS (SELECT queue, count(*) FILTER (WHERE status = 'queued') AS queued,"
-                "   count(*) FILTER (WHERE status = 'queued' AND due_at <= now()) AS due,"
-                "   extract(epoch FROM now() - min(due_at) FILTER (WHERE status = 'queued' AND due_at <= now()))"
+                "   count(*) FILTER (WHERE status = 'queued' AND due_at <= {s}.clock_now()) AS due,"
+                "   extract(epoch FROM {s}.clock_now() - min(due_at) FILTER (WHERE status = 'queued'"
+                "    AND due_at <= {s}.clock_now()))"
                 "    AS waited,"
                 "   count(*) FILTER (WHERE status = 'running') AS running"
                 "  FROM {s}.workflows WHERE status IN ('queued', 'running') GROUP BY queue)"
@@ -157,12 +161,12 @@ class ManagementStatements(Statements):
 
     async def workers_overview(self) -> list[tuple[Any, ...]]:
         """Per registered worker: (id, host, pid, queues, version, seconds since its heartbeat,
-        workflows it holds, names it runs)."""
+        workflows it holds, names it runs, its lease in seconds or None)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT w.id, w.host, w.pid, w.queues, w.version, extract(epoch FROM now() - w.heartbeat_at),"
                 " (SELECT count(*) FROM {s}.workflows f WHERE f.lease_owner = w.id AND f.status = 'running'),"
-                " w.names FROM {s}.workers w ORDER BY w.started_at"))
+                " w.names, w.lease FROM {s}.workers w ORDER BY w.started_at"))
             return list(await cur.fetchall())
 
     async def health(self, silent_after: float, stuck_after: float) -> tuple[
@@ -223,17 +227,19 @@ class ManagementStatements(Statements):
 
     async def prune(self, older_than: float, batch: int) -> int:
         """Delete up to ``batch`` workflows that finished more than ``older_than`` seconds ago, with
-        their steps and stream chunks, in one short statement; how many went."""
+        their steps, step attempts' notes and errors and stream chunks, in one short statement; how many
+        went."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH doomed AS (SELECT id FROM {s}.workflows"
                 "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
-                "   AND finished_at < now() - make_interval(secs => %s)"
+                "   AND finished_at < {s}.clock_now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
                 " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))"
                 "   RETURNING id),"
                 " chunks AS (DELETE FROM {s}.chunks WHERE stream_id = ANY(ARRAY(SELECT id FROM named))),"
                 " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+                " errors AS (DELETE FROM {s}.step_errors WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
                 " SELECT count(*) FROM gone"), (older_than, batch))
             row = await cur.fetchone()

@@ -24,8 +24,11 @@ from psycopg_pool import PoolClosed
 from . import migrations
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
+from .clock import ClockStatements
+from .details import DetailStatements
 from .ends import EndStatements
 from .management import ManagementStatements
+from .reruns import RerunStatements
 from .streams import StreamStatements
 from .waits import WaitStatements
 
@@ -33,8 +36,39 @@ log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """When a new workflow falls due and when it expires: ``eta`` (a time) or else ``delay`` seconds
+    from now on the server's clock; ``expires_at`` (a time) or ``expires_in`` seconds from now."""
+
+    eta: datetime | None = None
+    expires_at: datetime | None = None
+    expires_in: float | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        return {"eta": self.eta, "expires_at": self.expires_at, "expires_in": self.expires_in}
+
+
+NO_TIMING = Timing()
+DUE = "coalesce(%(eta)s::timestamptz, {s}.clock_now() + make_interval(secs => %(delay)s))"
+EXPIRES = ("coalesce(%(expires_at)s::timestamptz,"
+           " {s}.clock_now() + make_interval(secs => %(expires_in)s::float8))")
+
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
+
+
+# A journal's records, and one more row (its name NULL) holding the highest position from which the
+# body started a child: a child's id is its parent's, a dot and the position (and for start_many a
+# dot and its index), so a run that started one there reached that position without a record.
+JOURNAL = (
+    "SELECT position, name, output, error, stream_ends, wake_at,"
+    " extract(epoch FROM wake_at - {s}.clock_now())::float8, waiting FROM {s}.steps WHERE workflow_id = %(id)s"
+    " UNION ALL SELECT max(split_part(substr(id, length(%(id)s) + 2), '.', 1)::int), NULL, NULL, NULL, NULL,"
+    "  NULL, NULL, false FROM {s}.workflows WHERE parent_id = %(id)s"
+    "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
+    "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +83,13 @@ class StepRecord:
     waiting: bool = False  # a receive that has no message yet (wake_at is its deadline)
 
 
+def journal_of(rows: Sequence[tuple[Any, ...]]) -> tuple[dict[int, StepRecord], int]:
+    """``JOURNAL``'s rows as the records by position, and the horizon."""
+    journal = {row[0]: StepRecord(*row) for row in rows if row[1] is not None}
+    children = max((row[0] for row in rows if row[1] is None and row[0] is not None), default=-1)
+    return journal, max(children, max(journal, default=-1))
+
+
 @dataclass(frozen=True, slots=True)
 class WorkflowRow:
     id: str
@@ -61,7 +102,7 @@ class WorkflowRow:
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements):
+            ChannelStatements, DetailStatements, ClockStatements, RerunStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -78,7 +119,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue(
         self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings,
-        parent: str | None = None, traceparent: str | None = None,
+        parent: str | None = None, traceparent: str | None = None, when: Timing | None = None,
     ) -> tuple[bool, str, int]:
         """Insert a queued workflow unless the id exists; return (created, name of the row's
         workflow, its birth: ``BORN``). ``pings`` go out with the commit; ``parent`` is the workflow
@@ -87,17 +128,17 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
                 " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+                "   expires_at)"
                 " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
-                "  now() + make_interval(secs => %(delay)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
-                "  %(traceparent)s)"
+                f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
                 f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
                 " SELECT true, name, born FROM new"
                 f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
                 "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
             ), {"id": id, "name": name, "queue": queue, "priority": priority, "inputs": inputs, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(conn, pings)})
+                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -111,7 +152,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue_many(
         self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
         max_attempts: int | None, timeout: float | None, pings: Pings, parent: str | None = None,
-        traceparent: str | None = None,
+        traceparent: str | None = None, when: Timing | None = None,
     ) -> list[tuple[bool, str, int]]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; for
         each id in order, (created, name of the row's workflow, its birth)."""
@@ -120,9 +161,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
                 "   WITH ORDINALITY AS a(id, inputs, n)),"
                 " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent)"
-                "  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, now() + make_interval(secs => %(delay)s),"
-                "   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+                "   expires_at)"
+                f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
+                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}"
                 "  FROM asked ORDER BY n"
                 f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
@@ -131,7 +173,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
             ), {"ids": ids, "inputs": inputs, "name": name, "queue": queue, "priority": priority, "delay": delay,
                 "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **ping_parameters(conn, pings)})
+                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
         found: list[tuple[bool, str, int]] = [(False, "", 0)] * len(ids)
         created_here: set[str] = set()
@@ -171,7 +213,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
                 " asked AS (UPDATE {s}.workflows SET"
                 "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
-                "  finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,"
+                "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
                 "  cancel_requested = status IN ('queued', 'running')"
                 "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
                 "  RETURNING id, status)"
@@ -185,11 +227,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
-                              version: str, names: Sequence[str]) -> None:
+                              version: str, names: Sequence[str], lease: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "INSERT INTO {s}.workers (id, host, pid, queues, version, names) VALUES (%s, %s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version, list(names)))
+                "INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            ), (id, host, pid, list(queues), version, list(names), lease))
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
@@ -208,8 +251,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         async with self.pool.connection(within=within) as conn:
             cur = await conn.execute(self._sql(
                 # An upsert: a worker the others forgot (it was cut off for a while) comes back.
-                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names)"
-                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s)"
+                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
                 # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
@@ -241,13 +284,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     # -- the journal -----------------------------------------------------------------------------------
 
-    async def journal(self, workflow_id: str) -> dict[int, StepRecord]:
+    async def journal(self, workflow_id: str) -> tuple[dict[int, StepRecord], int]:
+        """The journal of a workflow, and its horizon: the highest position an earlier run reached,
+        by a record or by a child it started from that position (``<id>.<position>[.<n>]``), -1
+        when none; one round trip."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT position, name, output, error, stream_ends, wake_at,"
-                " extract(epoch FROM wake_at - now())::float8, waiting FROM {s}.steps WHERE workflow_id = %s"
-            ), (workflow_id,))
-            return {row[0]: StepRecord(*row) for row in await cur.fetchall()}
+            cur = await conn.execute(self._sql(JOURNAL), {"id": workflow_id})
+            return journal_of(await cur.fetchall())
 
     async def start_steps(self, notes: Sequence[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
         """Note, for each (workflow id, attempt, claim lease, position, tries), that the execution
@@ -264,8 +307,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
                 "   ON w.id = a.id AND w.lease_token = a.lease AND w.status = 'running'),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries)"
-                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries FROM owner, lazy"
+                # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
+                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
+                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries, {s}.clock_now()"
+                "  FROM owner, lazy"
                 "  ORDER BY id, position, attempt, tries DESC"
                 "  ON CONFLICT (workflow_id, position, attempt)"
                 "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
@@ -287,11 +332,14 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             # The attempts every execution started, this one's included: the record counts them all.
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
-            "  AND EXISTS (SELECT FROM owner) RETURNING tries),"
+            "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
+            # Its start: this execution's first attempt's (the duration a reader sees is this run's).
             " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends)"
+            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends, started_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
-            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s"
+            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s,"
+            "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
+            "    (SELECT max(started_at) FROM started))"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,

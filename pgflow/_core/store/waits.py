@@ -23,11 +23,12 @@ class WaitStatements(Statements):
             "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
             " written AS (INSERT INTO {s}.steps (workflow_id, position, name, attempts, attempt, wake_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, 1, %(attempt)s,"
-            "   now() + make_interval(secs => %(seconds)s) FROM owner"
+            "   {s}.clock_now() + make_interval(secs => %(seconds)s) FROM owner"
             "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING wake_at),"
             " wake AS (SELECT wake_at FROM written UNION ALL SELECT wake_at FROM {s}.steps"
             "  WHERE workflow_id = %(id)s AND position = %(position)s AND NOT EXISTS (SELECT FROM written))"
-            " SELECT (SELECT cancel_requested FROM owner), w.wake_at, extract(epoch FROM w.wake_at - now())::float8"
+            " SELECT (SELECT cancel_requested FROM owner), w.wake_at,"
+            "  extract(epoch FROM w.wake_at - {s}.clock_now())::float8"
             " FROM (SELECT 1) AS one LEFT JOIN wake w ON true",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
              "seconds": seconds},
@@ -58,9 +59,10 @@ class WaitStatements(Statements):
             cur = await conn.execute(self._sql(
                 "UPDATE {s}.workflows SET"
                 " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
-                " finished_at = CASE WHEN cancel_requested THEN now() END,"
+                " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
                 " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
-                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN now() ELSE least(%(until)s, deadline_at) END,"
+                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN {s}.clock_now()"
+                "  ELSE least(%(until)s, deadline_at) END,"
                 " waiting_for = %(topic)s, attempt_base = attempt_base + 1,"
                 " lease_owner = NULL, lease_expires_at = NULL"
                 " WHERE id = %(id)s RETURNING queue, status"
@@ -91,7 +93,8 @@ class WaitStatements(Statements):
             ), (topic, workflow_id))
             waiting = await cur.fetchone()
             if waiting is not None and waiting[0]:
-                await conn.execute(self._sql("UPDATE {s}.workflows SET due_at = now() WHERE id = %s"), (workflow_id,))
+                await conn.execute(self._sql("UPDATE {s}.workflows SET due_at = {s}.clock_now() WHERE id = %s"),
+                                   (workflow_id,))
         return True, str(stored[0]), bool(waiting is not None and waiting[0])
 
     async def _queue_of(self, conn: AsyncConnection[Any], workflow_id: str) -> str | None:
@@ -115,21 +118,21 @@ class WaitStatements(Statements):
             "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
             "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
             "  ORDER BY id LIMIT 1 FOR UPDATE),"
-            " taken AS (UPDATE {s}.messages m SET consumed_at = now(), consumed_position = %(position)s"
+            " taken AS (UPDATE {s}.messages m SET consumed_at = {s}.clock_now(), consumed_position = %(position)s"
             "  FROM msg WHERE m.id = msg.id RETURNING m.value),"
             " entry AS (INSERT INTO {s}.steps AS st"
             "  (workflow_id, position, name, output, attempts, attempt, wake_at, waiting)"
             "  SELECT %(id)s, %(position)s, %(name)s, (SELECT value FROM taken), 1, %(attempt)s,"
-            "   now() + make_interval(secs => %(timeout)s), NOT EXISTS (SELECT FROM taken) AND NOT %(final)s"
+            "   {s}.clock_now() + make_interval(secs => %(timeout)s), NOT EXISTS (SELECT FROM taken) AND NOT %(final)s"
             "  FROM owner"
             "  ON CONFLICT (workflow_id, position) DO UPDATE SET output = excluded.output, waiting = excluded.waiting,"
-            "   attempt = excluded.attempt, finished_at = now()"
+            "   attempt = excluded.attempt, finished_at = {s}.clock_now()"
             "   WHERE st.waiting AND NOT excluded.waiting"
             "  RETURNING wake_at),"
             " deadline AS (SELECT coalesce((SELECT wake_at FROM entry), (SELECT wake_at FROM {s}.steps"
             "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
             " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
-            "  at, extract(epoch FROM at - now())::float8 FROM deadline",
+            "  at, extract(epoch FROM at - {s}.clock_now())::float8 FROM deadline",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
              "topic": topic, "timeout": timeout, "final": final},
         )
@@ -149,7 +152,8 @@ class WaitStatements(Statements):
             "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
             " published AS (INSERT INTO {s}.events (workflow_id, key, value)"
             "  SELECT %(id)s, %(key)s, %(value)s FROM written"
-            "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = now() RETURNING 1)"
+            "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = {s}.clock_now()"
+            "  RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)",
             {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
              "key": key, "value": value},

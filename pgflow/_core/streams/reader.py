@@ -25,6 +25,7 @@ import psycopg
 
 from ... import codec
 from ...errors import UnknownWorkflow
+from ..batches import apart
 from ..signals import Outage, PollTicks, Waiters
 from ..signals import keys as signal_keys
 from ..store import Store, unreachable
@@ -229,25 +230,14 @@ class ChunkFetcher:
         breaks the query (whatever slipped past the checks) fails alone and the others are answered.
         A query that fails because the server is away is nobody's fault: every reader of it waits
         for the next ping or poll, until the outage has lasted too long."""
-        try:
-            store = await self._store()
-            found, learnt, states = await store.read_streams(
-                [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
-                [r.offset for r in batch], READ_BATCH, READ_BYTES)
-            self.queries += 1
-        except Exception as exc:  # noqa: BLE001 - given to the reads that caused it
-            if isinstance(exc, psycopg.Error) and unreachable(exc):
-                for read in batch:
-                    self._bear(read, exc)
-                return
-            if len(batch) > 1:
-                middle = len(batch) // 2
-                await self._answer(batch[:middle])
-                await self._answer(batch[middle:])
-                return
-            batch[0].error = exc
-            batch[0].signal()
-            return
+        await apart(batch, self._read, self._refused)
+
+    async def _read(self, batch: list[StreamRead]) -> None:
+        store = await self._store()
+        found, learnt, states = await store.read_streams(
+            [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
+            [r.offset for r in batch], READ_BATCH, READ_BYTES)
+        self.queries += 1
         for n, read in enumerate(batch):
             if read.closed:
                 continue
@@ -274,6 +264,15 @@ class ChunkFetcher:
                 self.idle(read)  # nothing new yet
                 continue
             read.signal()
+
+    def _refused(self, batch: list[StreamRead], exc: Exception) -> None:
+        if isinstance(exc, psycopg.Error) and unreachable(exc):
+            for read in batch:
+                self._bear(read, exc)
+            return
+        [read] = batch
+        read.error = exc
+        read.signal()
 
     def _bear(self, read: StreamRead, exc: psycopg.Error) -> None:
         if read.closed:

@@ -22,11 +22,9 @@ import asyncio
 import logging
 from typing import Protocol
 
-import psycopg
-
 from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
-from ..batches import GroupCommit
+from ..batches import GroupCommit, apart
 from ..signals import Chunk, News, Signals
 from ..signals import keys as signal_keys
 from ..signals.payload import CARRY_CHUNK_AT_MOST
@@ -112,13 +110,7 @@ class StreamWriter(GroupCommit[_Pending]):
         if stream is None:
             stream = owner.named_streams[key] = Stream(signal_keys.stream(owner.workflow_id, key))
         done: asyncio.Future[None] = self._loop.create_future()
-        pending = _Pending(owner, key, position, value, stream, done)
-        queue = self._queue
-        queue.append(pending)
-        if len(queue) == 1:
-            # Only the first chunk of a queue wakes the sender: while the queue holds more, a batch
-            # in flight wakes it when it is done (that is why they wait), so one set per batch is enough.
-            self._wake.set()
+        self._put(_Pending(owner, key, position, value, stream, done))
         return done
 
     def _take_batch(self) -> list[_Pending]:
@@ -144,6 +136,9 @@ class StreamWriter(GroupCommit[_Pending]):
         """Write a batch. A batch refused by the server for its content (not an outage) is split
         and its halves written apart, so one execution's bad chunk interrupts that execution only;
         a later half skips the executions an earlier half interrupted, so no stream gets a gap."""
+        await apart(batch, self._write, self._refused)
+
+    async def _write(self, batch: list[_Pending]) -> None:
         batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
         if not batch:
             return
@@ -167,24 +162,11 @@ class StreamWriter(GroupCommit[_Pending]):
             return await self._store.write_chunks(
                 owners, chunk_owners, stream_ids, positions, values, pings, again=tries > 1)  # type: ignore[arg-type]
 
-        try:
-            if unnamed:  # the first chunks of their streams: the streams are named first
-                await retrying(lambda: self._name(unnamed), f"naming {len(unnamed)} streams")
-            news = self._news(batch)
-            (fenced, cancelled), rode = await retrying(lambda: self._signals.ride(news, write),
-                                                       f"a batch of {len(batch)} chunks")
-        except psycopg.Error as exc:
-            if unreachable(exc):
-                log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
-                self._fail(batch, exc)
-                return
-            if len(batch) == 1:
-                self._refuse(batch[0], exc)
-                return
-            middle = len(batch) // 2
-            await self._flush(batch[:middle])
-            await self._flush(batch[middle:])
-            return
+        if unnamed:  # the first chunks of their streams: the streams are named first
+            await retrying(lambda: self._name(unnamed), f"naming {len(unnamed)} streams")
+        news = self._news(batch)
+        (fenced, cancelled), rode = await retrying(lambda: self._signals.ride(news, write),
+                                                   f"a batch of {len(batch)} chunks")
         self.batches += 1
         self.chunks += len(batch)
         telemetry.chunks_written.add(len(batch))
@@ -234,9 +216,18 @@ class StreamWriter(GroupCommit[_Pending]):
         return News(keys, [], chunks)
 
     @staticmethod
-    def _refuse(p: _Pending, exc: BaseException) -> None:
-        """The server refuses this chunk itself (not an outage): trying it again cannot help, so its
-        workflow fails with the reason instead of being run again and again."""
+    def _refused(batch: list[_Pending], exc: Exception) -> None:
+        """An outage past ``retrying``'s patience: every execution of the batch stops and is run
+        again from its journal. Otherwise the server refuses this one chunk itself: trying it again
+        cannot help, so its workflow fails with the reason instead of being run again and again."""
+        if unreachable(exc):
+            log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
+            for p in batch:
+                p.owner.interrupt = StreamWriteFailed(
+                    f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")
+                p.resolve(p.owner.interrupt)
+            return
+        [p] = batch
         log.error("a chunk of stream %r of workflow %r was refused: %s", p.key, p.owner.workflow_id, exc)
         p.owner.interrupt = ChunkRefused(
             f"a chunk of stream {p.key!r} could not be stored ({type(exc).__name__}: {exc})")
@@ -248,10 +239,3 @@ class StreamWriter(GroupCommit[_Pending]):
             p.resolve(p.owner.interrupt)
             return True
         return False
-
-    @staticmethod
-    def _fail(batch: list[_Pending], exc: BaseException) -> None:
-        for p in batch:
-            p.owner.interrupt = StreamWriteFailed(
-                f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")
-            p.resolve(p.owner.interrupt)

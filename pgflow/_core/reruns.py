@@ -1,0 +1,55 @@
+"""A workflow's own retry policy: a body that raised runs again, later, from its journal.
+
+The failed run gives its slot back (the workflow is queued again, due after the policy's backoff) and
+the claim that takes it up replays the recorded steps; the step whose record is the error runs again,
+as after ``resume()``. Only what the body itself raised is retried: not a timeout, a cancellation, a
+lost lease, nor arguments that do not decode.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from .outcomes import Outcome, runs
+from .registry import WorkflowSpec
+from .runtime import Runtime
+from .signals import News
+from .signals import keys as signal_keys
+from .store import Claimed, Store, retrying
+from .streams.writer import ChunkRefused
+
+log = logging.getLogger("pgflow.execution")
+
+
+async def retried(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed, outcome: Outcome,
+                  failure: BaseException | None, freed: tuple[str, ...]) -> bool:
+    """True when the failed ``outcome`` was given back to run again under the workflow's policy
+    (or the claim was lost meanwhile); False when it is to be recorded as the workflow's end."""
+    policy = workflow.retry
+    status, _, error = outcome
+    if (policy is None or status != "failed" or error is None or not isinstance(failure, Exception)
+            or isinstance(failure, ChunkRefused)):
+        return False
+    run = claimed.retries + 1  # this run of the body, counting the failed ones before it
+    if not policy.should_retry(failure, run):
+        return False
+    delay = policy.delay(run)
+    with anyio.CancelScope(shield=True):
+        try:
+            found = await retrying(lambda: store.retry_later(claimed.id, claimed.lease, delay, error),
+                                   f"queueing {claimed.id} to run again")
+        except Exception as exc:  # noqa: BLE001 - the lease runs out; the next claim fails it or runs it
+            log.warning("could not queue %s to run again: %s", claimed.id, exc)
+            return True
+    if found is None:
+        log.warning("workflow %r attempt %d lost its lease before it could be retried", claimed.id, claimed.attempt)
+        return True
+    queue, now, retries = found
+    runs.info("workflow %s %s failed (run %d of %d: %s: %s); %s", workflow.name, claimed.id, run,
+              policy.max_attempts, error.get("type"), error.get("message"),
+              f"runs again in {delay:.2f}s" if now == "queued" else "cancelled meanwhile")
+    told = {signal_keys.queue(queue), *freed, *([signal_keys.ended(claimed.id)] if now == "cancelled" else [])}
+    runtime.signals.announce(News(sorted(told)))
+    return True

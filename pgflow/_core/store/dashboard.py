@@ -1,0 +1,254 @@
+"""The dashboard's SQL (``pgflow dashboard``): every statement it runs against pgflow's tables.
+
+Each one is planned once for any values (pgflow's connections force generic plans) and reads through
+an index, and none counts more rows than a bound it is given: an open page must cost the database
+about as much with ten million finished workflows as with ten (tests/test_dashboard_plans.py checks
+the plans on a million). Values come back as stored bytes, and only when they are small enough to
+show; the dashboard decodes them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from .statements import Statements
+
+# The light columns of a workflow in a list: what a row of the table shows.
+LISTED = ("w.id, w.name, w.queue, w.status, w.attempt - w.attempt_base, w.created_at, w.started_at, w.finished_at,"
+          " w.error->>'type', left(w.error->>'message', 300), w.parent_id")
+# The list's filters, in the order of preference for the index a page is read through: a name or a
+# queue narrows more often than a status does.
+FILTERS = ("name", "queue", "status")
+FINISHED = "status IN ('succeeded', 'failed', 'cancelled')"  # the predicate of workflows_finished
+
+
+def value_column(column: str, limit: str) -> str:
+    """``column``'s size, and the column itself only when it is at most ``limit`` bytes."""
+    return f"octet_length({column}), CASE WHEN octet_length({column}) <= {limit} THEN {column} END"
+
+
+def list_statement(schema: str, driving: str | None, others: tuple[str, ...], since: bool) -> str:
+    """The statement of one page of the list, newest first from the cursor on: the positions
+    (created_at, id) come from the index of ``driving`` (or of creation time) alone, at most
+    ``%(scan)s`` of them, and each row is then looked up by id and kept where the ``others``
+    filters match. The inner LIMIT bounds the work of a page whose filters match rarely; the outer
+    one stops the read as soon as the page is full. Only that index holds the positions' order, so
+    the plan cannot read another one and filter it (which, for a rare queue, reads the whole table)."""
+    inner = [f"{driving} = %({driving})s"] if driving else []
+    if since:
+        inner.append("created_at > %(since)s")
+    inner.append("(created_at, id) < (%(at)s, %(after)s)")
+    outer = "".join(f" AND w.{name} = %({name})s" for name in others)
+    return (f"SELECT {LISTED} FROM (SELECT created_at, id FROM {schema}.workflows WHERE {' AND '.join(inner)}"
+            " ORDER BY created_at DESC, id DESC LIMIT %(scan)s) page"
+            f" JOIN {schema}.workflows w ON w.id = page.id{outer}"
+            " ORDER BY page.created_at DESC, page.id DESC LIMIT %(limit)s")
+
+
+def edge_statement(schema: str, driving: str | None, since: bool) -> str:
+    """Where a page's read of ``%(scan)s`` index entries stopped: the next page goes on from there."""
+    inner = [f"{driving} = %({driving})s"] if driving else []
+    if since:
+        inner.append("created_at > %(since)s")
+    inner.append("(created_at, id) < (%(at)s, %(after)s)")
+    return (f"SELECT created_at, id FROM {schema}.workflows WHERE {' AND '.join(inner)}"
+            " ORDER BY created_at DESC, id DESC OFFSET %(scan)s - 1 LIMIT 1")
+
+
+QUEUES = (
+    # The queues with queued or running workflows, found by skipping along the partial indexes one
+    # queue at a time (never reading a queue's rows), and those with limits; at most %(queues)s.
+    "WITH RECURSIVE waiting AS ("
+    "  (SELECT queue, 1 AS n FROM {s}.workflows WHERE status = 'queued' ORDER BY queue LIMIT 1)"
+    "  UNION ALL SELECT (SELECT w.queue FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue > waiting.queue"
+    "   ORDER BY w.queue LIMIT 1), n + 1 FROM waiting WHERE waiting.queue IS NOT NULL AND n < %(queues)s),"
+    " busy AS ("
+    "  (SELECT queue, 1 AS n FROM {s}.workflows WHERE status = 'running' ORDER BY queue LIMIT 1)"
+    "  UNION ALL SELECT (SELECT w.queue FROM {s}.workflows w WHERE w.status = 'running' AND w.queue > busy.queue"
+    "   ORDER BY w.queue LIMIT 1), n + 1 FROM busy WHERE busy.queue IS NOT NULL AND n < %(queues)s),"
+    " named AS (SELECT queue FROM waiting WHERE queue IS NOT NULL UNION SELECT queue FROM busy"
+    "  WHERE queue IS NOT NULL UNION SELECT name FROM (SELECT name FROM {s}.queues ORDER BY name"
+    "  LIMIT %(queues)s) limited)"
+    # Counts read in index order, so each stops after %(cap)s entries (a bitmap scan would gather
+    # every entry of a deep backlog before its limit applied).
+    " SELECT n.queue,"
+    "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
+    "   ORDER BY w.due_at LIMIT %(cap)s) c),"
+    "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = n.queue"
+    "   AND w.due_at <= {s}.clock_now() ORDER BY w.due_at LIMIT %(cap)s) c),"
+    "  (SELECT extract(epoch FROM {s}.clock_now() - w.due_at)::float8 FROM {s}.workflows w"
+    "   WHERE w.status = 'queued' AND w.queue = n.queue AND w.due_at <= {s}.clock_now() ORDER BY w.due_at LIMIT 1),"
+    "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'running' AND w.queue = n.queue"
+    "   ORDER BY w.queue LIMIT %(cap)s) c),"
+    "  q.concurrency, q.rate_limit, q.rate_period"
+    " FROM (SELECT queue FROM named ORDER BY queue LIMIT %(queues)s) n"
+    " LEFT JOIN {s}.queues q ON q.name = n.queue ORDER BY n.queue"
+)
+
+WORKERS = (
+    # Each registered worker with what it runs: one pass over the running workflows (as many as the
+    # fleet has slots, at most %(running)s read), grouped by the lease's owner and name.
+    "WITH held AS (SELECT lease_owner, name, count(*) AS n,"
+    "   count(*) FILTER (WHERE lease_expires_at < now()) AS expired"
+    "  FROM (SELECT lease_owner, name, lease_expires_at FROM {s}.workflows WHERE status = 'running'"
+    "   ORDER BY lease_expires_at LIMIT %(running)s) r GROUP BY lease_owner, name),"
+    " per AS (SELECT lease_owner, sum(n)::int8 AS running, sum(expired)::int8 AS expired,"
+    "  array_agg(name ORDER BY n DESC, name) AS names, array_agg(n::int8 ORDER BY n DESC, name) AS counts"
+    "  FROM held GROUP BY lease_owner)"
+    " SELECT w.id, w.host, w.pid, w.queues, w.version, w.names,"
+    "  extract(epoch FROM now() - w.started_at)::float8, extract(epoch FROM now() - w.heartbeat_at)::float8,"
+    "  coalesce(p.running, 0), coalesce(p.expired, 0), coalesce(p.names, '{}'), coalesce(p.counts, '{}')"
+    " FROM (SELECT * FROM {s}.workers ORDER BY started_at LIMIT %(workers)s) w"
+    " LEFT JOIN per p ON p.lease_owner = w.id ORDER BY w.started_at"
+)
+
+THROUGHPUT = (
+    # The most recent ends of the last %(window)s seconds, at most %(sample)s of them, read backwards
+    # along workflows_finished; per queue and status, how many and the oldest end among them. When
+    # the sample is full, the window it covers is shorter than asked, and rates are scaled from it.
+    "SELECT queue, status, count(*), min(finished_at), {s}.clock_now() FROM (SELECT queue, status, finished_at"
+    f" FROM {{s}}.workflows WHERE {FINISHED} AND finished_at > {{s}}.clock_now() - make_interval(secs => %(window)s)"
+    " ORDER BY finished_at DESC LIMIT %(sample)s) recent GROUP BY queue, status ORDER BY queue, status"
+)
+
+def as_json(select: str, order: str) -> str:
+    """A subquery's rows as one jsonb array (``[]`` for none), in ``order``."""
+    return f"(SELECT coalesce(jsonb_agg(x ORDER BY {order}), '[]') FROM ({select}) x)"
+
+
+def json_value(column: str, limit: str) -> str:
+    """``column``'s size, and the column itself in base64 when it is at most ``limit`` bytes."""
+    return (f"octet_length({column}) AS size,"
+            f" CASE WHEN octet_length({column}) <= {limit} THEN encode({column}, 'base64') END AS value")
+
+
+# A workflow's page, in one statement (one snapshot, one round trip): its record, then each part as a
+# jsonb array, every one read through an index and cut at a bound.
+WORKFLOW = (
+    "SELECT w.id, w.name, w.queue, w.status, w.attempt - w.attempt_base, w.attempt, w.created_at, w.started_at,"
+    " w.finished_at, w.due_at, w.priority, w.max_attempts, w.timeout, w.deadline_at, w.lease_owner,"
+    " w.lease_expires_at, w.cancel_requested, w.waiting_for, w.parent_id, w.traceparent,"
+    f" {value_column('w.inputs', '%(big)s')}, {value_column('w.output', '%(big)s')}, w.error, now(),"
+    + as_json(f"SELECT s.position, s.name, {json_value('s.output', '%(small)s')}, s.error, s.attempts,"
+              " s.finished_at, s.wake_at, s.waiting FROM {s}.steps s WHERE s.workflow_id = w.id"
+              " ORDER BY s.position LIMIT %(steps)s", "x.position") + ","
+    + as_json("SELECT a.position, sum(a.tries)::int8 AS tries FROM {s}.step_attempts a WHERE a.workflow_id = w.id"
+              " GROUP BY a.position", "x.position") + ","
+    + as_json(f"SELECT e.key, {json_value('e.value', '%(small)s')}, e.set_at FROM {{s}}.events e"
+              " WHERE e.workflow_id = w.id ORDER BY e.key LIMIT %(rows)s", "x.key") + ","
+    + as_json(f"SELECT m.id, m.topic, {json_value('m.value', '%(small)s')}, m.idempotency_key, m.sent_at,"
+              " m.consumed_at, m.consumed_position, m.workflow_id FROM {s}.messages m WHERE m.workflow_id = w.id"
+              " ORDER BY m.id LIMIT %(rows)s", "x.id") + ","
+    # Sent from the body without a key of their own: keyed "<this id>.<position>" ('/' follows '.').
+    + as_json(f"SELECT m.id, m.topic, {json_value('m.value', '%(small)s')}, m.idempotency_key, m.sent_at,"
+              " m.consumed_at, m.consumed_position, m.workflow_id FROM {s}.messages m"
+              " WHERE m.idempotency_key IS NOT NULL"
+              " AND (m.idempotency_key COLLATE \"C\") >= ((w.id || '.') COLLATE \"C\")"
+              " AND (m.idempotency_key COLLATE \"C\") < ((w.id || '/') COLLATE \"C\")"
+              " ORDER BY (m.idempotency_key COLLATE \"C\") LIMIT %(rows)s", "x.id") + ","
+    # Each stream's length from its last chunk: one index entry, whatever its length.
+    + as_json("SELECT i.key, i.id, last.position AS last, last.value IS NULL AS closed FROM {s}.stream_ids i"
+              " LEFT JOIN LATERAL (SELECT c.position, c.value FROM {s}.chunks c WHERE c.stream_id = i.id"
+              "  ORDER BY c.position DESC LIMIT 1) last ON true"
+              " WHERE i.workflow_id = w.id ORDER BY i.key LIMIT %(rows)s", "x.key") + ","
+    + "(WITH RECURSIVE up AS (SELECT p.id, p.name, p.status, p.parent_id, 1 AS depth FROM {s}.workflows p"
+      "  WHERE p.id = w.parent_id"
+      " UNION ALL SELECT p.id, p.name, p.status, p.parent_id, up.depth + 1 FROM {s}.workflows p"
+      "  JOIN up ON p.id = up.parent_id WHERE up.depth < %(depth)s)"
+      " SELECT coalesce(jsonb_agg(up ORDER BY up.depth DESC), '[]') FROM up),"
+    # Breadth first and cut at %(rows)s: a parent of a hundred thousand children reads that many.
+    # (Each generation's children looked up by their parent's id, a LIMIT apiece, so the planner
+    # cannot join a generation to every workflow that has a parent.)
+    + "(WITH RECURSIVE down AS (SELECT c.id, c.name, c.status, c.parent_id, 1 AS depth FROM {s}.workflows c"
+      "  WHERE c.parent_id = w.id"
+      " UNION ALL SELECT c.id, c.name, c.status, c.parent_id, down.depth + 1 FROM down"
+      "  CROSS JOIN LATERAL (SELECT k.id, k.name, k.status, k.parent_id FROM {s}.workflows k"
+      "   WHERE k.parent_id = down.id LIMIT %(rows)s) c WHERE down.depth < %(depth)s)"
+      " SELECT coalesce(jsonb_agg(d), '[]') FROM (SELECT * FROM down LIMIT %(rows)s) d)"
+    " FROM {s}.workflows w WHERE w.id = %(id)s"
+)
+FINGERPRINT = (
+    # What changes while a workflow runs, read from index entries: the page re-reads itself when it does.
+    "SELECT w.status, w.attempt, w.due_at, w.cancel_requested,"
+    " (SELECT s.position FROM {s}.steps s WHERE s.workflow_id = w.id ORDER BY s.position DESC LIMIT 1),"
+    " (SELECT sum(a.tries)::int8 FROM {s}.step_attempts a WHERE a.workflow_id = w.id),"
+    " (SELECT max(e.set_at) FROM {s}.events e WHERE e.workflow_id = w.id),"
+    " (SELECT m.id FROM {s}.messages m WHERE m.workflow_id = w.id ORDER BY m.id DESC LIMIT 1),"
+    " (SELECT count(*) FROM (SELECT FROM {s}.stream_ids i WHERE i.workflow_id = w.id LIMIT 100) k)"
+    " FROM {s}.workflows w WHERE w.id = %(id)s"
+)
+CHUNKS = (f"SELECT position, {value_column('value', '%(small)s')} FROM {{s}}.chunks WHERE stream_id = %(stream)s"
+          " AND position >= %(offset)s ORDER BY position LIMIT %(rows)s")
+ESTIMATE = "SELECT reltuples::float8 FROM pg_catalog.pg_class WHERE oid = %(table)s::regclass"
+
+
+class DashboardStatements(Statements):
+    """The dashboard's reads. Each method is one statement (a workflow's page one snapshot)."""
+
+    async def _all(self, template: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(template), params)
+            return list(await cur.fetchall())
+
+    async def queues(self, queues: int, cap: int) -> list[tuple[Any, ...]]:
+        """(queue, queued, due now, seconds the oldest due one has waited, running, concurrency
+        limit, rate limit, rate period), each count at most ``cap``; at most ``queues`` queues."""
+        return await self._all(QUEUES, {"queues": queues, "cap": cap})
+
+    async def workers(self, workers: int, running: int) -> list[tuple[Any, ...]]:
+        """(id, host, pid, queues, version, names it serves, seconds since it started, seconds since
+        its heartbeat, workflows it runs, of which leases expired, names running, their counts)."""
+        return await self._all(WORKERS, {"workers": workers, "running": running})
+
+    async def throughput(self, window: float, sample: int) -> list[tuple[Any, ...]]:
+        """(queue, status, ends, the oldest of them, now) over the last ``window`` seconds' ends, at
+        most ``sample`` of them."""
+        return await self._all(THROUGHPUT, {"window": window, "sample": sample})
+
+    async def estimated_workflows(self) -> float:
+        """The planner's estimate of the workflows table's rows (-1: never analyzed)."""
+        rows = await self._all(ESTIMATE, {"table": f"{self._s}.workflows"})
+        return float(rows[0][0]) if rows else -1.0
+
+    async def list_page(self, filters: dict[str, str], since: datetime | None, at: datetime, after: str,
+                        limit: int, scan: int) -> tuple[list[tuple[Any, ...]], tuple[datetime, str] | None]:
+        """One page of the list, newest first: the rows older than (``at``, ``after``) that match
+        ``filters`` (name, queue, status) and were created after ``since``; at most ``limit`` of
+        them, from at most ``scan`` index entries. Also where a read that found fewer than
+        ``limit`` stopped short (None: it reached the end)."""
+        given = [name for name in FILTERS if name in filters]
+        driving = given[0] if given else None
+        others = tuple(given[1:])
+        params: dict[str, Any] = {**filters, "since": since, "at": at, "after": after, "limit": limit,
+                                  "scan": scan}
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(list_statement(self._s, driving, others, since is not None), params)
+            rows = list(await cur.fetchall())
+            if len(rows) >= limit or not others:
+                return rows, None
+            cur = await conn.execute(edge_statement(self._s, driving, since is not None), params)
+            edge = await cur.fetchone()
+            return rows, None if edge is None else (edge[0], str(edge[1]))
+
+    async def workflow(self, workflow_id: str, big: int, small: int, steps: int, rows: int,
+                       depth: int) -> tuple[Any, ...] | None:
+        """Everything a workflow's page shows, in one statement: its record (the arguments and the
+        result only when at most ``big`` bytes), then as jsonb arrays its first ``steps`` steps, the
+        tries of steps under way, events, messages received and sent, streams, ancestors and
+        descendants (``rows`` of each at most, values only when at most ``small`` bytes, in base64);
+        None when there is no such workflow."""
+        rows_found = await self._all(WORKFLOW, {"id": workflow_id, "big": big, "small": small, "steps": steps,
+                                                "rows": rows, "depth": depth})
+        return rows_found[0] if rows_found else None
+
+    async def fingerprint(self, workflow_id: str) -> tuple[Any, ...] | None:
+        """A workflow's state, changes of which the page shows: status, attempt, due time, cancel
+        requested, last journal position, step tries under way, last event time, last message,
+        streams; None when there is no such workflow."""
+        rows = await self._all(FINGERPRINT, {"id": workflow_id})
+        return rows[0] if rows else None
+
+    async def chunks(self, stream_id: int, offset: int, rows: int, small: int) -> list[tuple[Any, ...]]:
+        """(position, size, value when at most ``small`` bytes) of a stream's chunks from ``offset``."""
+        return await self._all(CHUNKS, {"stream": stream_id, "offset": offset, "rows": rows, "small": small})

@@ -1,0 +1,41 @@
+"""The SQL of ``pgflow check-replay``: what it reads of unfinished workflows, on a connection of its
+own inside one read-only transaction (a consistent snapshot, and nothing it runs can write)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from .statements import quote_identifier
+from .store import BORN, JOURNAL, StepRecord, WorkflowRow, journal_of
+
+
+class ReplayReads:
+    """Reads over one read-only connection; the caller owns the connection and its transaction."""
+
+    def __init__(self, conn: AsyncConnection[Any], schema: str) -> None:
+        self.conn = conn
+        self._s = quote_identifier(schema)
+
+    def _sql(self, template: str) -> str:
+        return template.replace("{s}", self._s)
+
+    async def unfinished(self, statuses: Sequence[str], limit: int) -> list[tuple[str, str, str, bytes]]:
+        """(id, name, status, inputs) of up to ``limit`` workflows in ``statuses``, oldest first."""
+        cur = await self.conn.execute(self._sql(
+            "SELECT id, name, status, inputs FROM {s}.workflows WHERE status = ANY(%s)"
+            " ORDER BY created_at, id LIMIT %s"), (list(statuses), limit))
+        return [(str(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in await cur.fetchall()]
+
+    async def journal(self, workflow_id: str) -> tuple[dict[int, StepRecord], int]:
+        """As ``Store.journal``: the records, and the highest position reached (children included)."""
+        cur = await self.conn.execute(self._sql(JOURNAL), {"id": workflow_id})
+        return journal_of(await cur.fetchall())
+
+    async def workflow(self, id: str) -> WorkflowRow | None:
+        cur = await self.conn.execute(self._sql(
+            f"SELECT id, name, status, attempt, output, error, {BORN} FROM {{s}}.workflows WHERE id = %s"), (id,))
+        row = await cur.fetchone()
+        return None if row is None else WorkflowRow(*row)

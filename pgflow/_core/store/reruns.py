@@ -1,0 +1,47 @@
+"""The SQL of a workflow retry policy: a failed body given back to the queue, to run again later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from psycopg.types.json import Jsonb
+
+from .statements import Statements
+
+
+class RerunStatements(Statements):
+    """The statements of ``Store`` for workflow retries (the pool and schema come from it)."""
+
+    async def retry_later(self, workflow_id: str, lease: int, delay: float,
+                          error: dict[str, Any]) -> tuple[str, str, int] | None:
+        """Queue a workflow whose body failed again, due in ``delay`` seconds (or at its timeout's
+        deadline, if that comes first), for the execution holding the claim ``lease``. As ``resume``
+        does, the journal loses the first step record that holds an error and every later one, so
+        that step runs again while those before it replay; the failure stays in ``error`` until the
+        workflow ends, and ``retries`` counts it. The failed run costs nothing of ``max_attempts``
+        (which counts runs cut short). A cancellation asked for meanwhile ends it as cancelled.
+        Returns (queue, status now, retries so far), or None when the claim no longer holds it."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(self._sql(
+                "SELECT 1 FROM {s}.workflows WHERE id = %s AND lease_token = %s AND status = 'running'"
+                " FOR NO KEY UPDATE"), (workflow_id, lease))
+            if await cur.fetchone() is None:
+                return None
+            await conn.execute(self._sql(
+                "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
+                " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
+                " 2147483647)"), {"id": workflow_id})
+            await conn.execute(self._sql("DELETE FROM {s}.step_attempts WHERE workflow_id = %s"), (workflow_id,))
+            cur = await conn.execute(self._sql(
+                "UPDATE {s}.workflows SET"
+                " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
+                " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
+                " due_at = least({s}.clock_now() + make_interval(secs => %(delay)s), deadline_at),"
+                " retries = retries + 1, attempt_base = attempt_base + 1, error = %(error)s,"
+                " lease_owner = NULL, lease_expires_at = NULL"
+                " WHERE id = %(id)s RETURNING queue, status, retries"),
+                {"id": workflow_id, "delay": delay,
+                 "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode())})
+            row = await cur.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), int(row[2]))

@@ -1,0 +1,89 @@
+"""What the stream tests share: reading a stream through the async or the sync API (sync readers in
+threads of their own), the rows a stream left in the table, and bounded waits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+import pgflow
+from pgflow import codec
+
+from .helpers import query
+
+KINDS = ["async", "sync"]
+WAIT = 60.0  # seconds: the bound of every wait on something a worker does
+GATE_POLL = 0.01  # seconds between looks at a gate inside a workflow body
+SLOW_POLL = 60.0  # the poll of an App whose readers must be woken by pings, not by the poll
+PING_WAIT = 25.0  # seconds within which only a ping, not such a poll, can deliver
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+READER_THREADS = anyio.CapacityLimiter(64)  # threads for sync readers, apart from the worker's own
+
+
+async def read_async(handle: pgflow.WorkflowHandle[Any], key: str, offset: int = 0, *,
+                     type: Any = Any) -> list[Any]:
+    return [value async for value in handle.stream_async(key, offset, type=type)]
+
+
+async def read_sync(handle: pgflow.WorkflowHandle[Any], key: str, offset: int = 0, *,
+                    type: Any = Any) -> list[Any]:
+    """``list(handle.stream(...))`` in a thread; abandoned (not awaited) if the test times out."""
+    return await anyio.to_thread.run_sync(lambda: list(handle.stream(key, offset, type=type)),
+                                          limiter=READER_THREADS, abandon_on_cancel=True)
+
+
+async def read(kind: str, handle: pgflow.WorkflowHandle[Any], key: str, offset: int = 0, *,
+               type: Any = Any) -> list[Any]:
+    return await (read_async if kind == "async" else read_sync)(handle, key, offset, type=type)
+
+
+async def consume(kind: str, handle: pgflow.WorkflowHandle[Any], key: str, into: list[Any],
+                  offset: int = 0) -> None:
+    """Read a stream to its end, appending each chunk to ``into`` as it arrives (progress is visible)."""
+    if kind == "async":
+        async for value in handle.stream_async(key, offset):
+            into.append(value)
+    else:
+        def run() -> None:
+            for value in handle.stream(key, offset):
+                into.append(value)
+
+        await anyio.to_thread.run_sync(run, limiter=READER_THREADS, abandon_on_cancel=True)
+
+
+async def stored(dsn: str, schema: str, workflow_id: str, key: str) -> list[tuple[int, Any]]:
+    """(position, decoded value or None for the close marker) of every row of one stream."""
+    rows = await query(dsn, f'SELECT position, value FROM "{schema}".streams'
+                            " WHERE workflow_id = %s AND key = %s ORDER BY position", workflow_id, key)
+    return [(p, None if v is None else codec.decode(v)) for p, v in rows]
+
+
+async def assert_dense(dsn: str, schema: str, workflow_id: str, key: str, values: list[Any], *,
+                       closed: bool) -> None:
+    """The table holds exactly ``values`` at positions 0..n-1, then one close marker if ``closed``."""
+    expected = list(enumerate(values)) + ([(len(values), None)] if closed else [])
+    assert await stored(dsn, schema, workflow_id, key) == expected
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """For conditions no event announces (another App's state); polls, bounded."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+async def gate_async(gate: threading.Event) -> None:
+    while not gate.wait(0):
+        await anyio.sleep(GATE_POLL)
+
+
+def other_app(dsn: str, schema: str, **settings_: Any) -> pgflow.App:
+    return pgflow.App(dsn, schema=schema, **settings_)
+
+

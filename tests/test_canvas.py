@@ -1,0 +1,157 @@
+"""chain, group and chord: Celery's canvas built on child workflows, in process and across a SIGKILL
+of the worker that runs them mid-way (every member's side effect once)."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgflow
+
+from .processes import Processes, result_of, wait_until
+
+TARGET = "tests.apps.canvases:app"
+
+
+@pytest.fixture
+def effects(dsn: str, schema: str, app: pgflow.App) -> Any:
+    app.migrate()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".effects (tag text NOT NULL, pid int NOT NULL)')
+
+    def counted() -> Counter[str]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return Counter(r[0] for r in conn.execute(f'SELECT tag FROM "{schema}".effects').fetchall())
+    return counted
+
+
+def asleep_after_effect(app: pgflow.App, ids: list[str]) -> bool:
+    """Each of ``ids`` has recorded its effect step and gave its slot back in its sleep."""
+    for id in ids:
+        try:
+            handle = app.handle(id)
+            if handle.status() != "queued" or [s.name for s in handle.steps()] != ["canvases.effect", "pgflow.sleep"]:
+                return False
+        except pgflow.UnknownWorkflow:
+            return False
+    return True
+
+
+def test_chain_survives_a_sigkill_mid_way_running_each_member_once(
+        app: pgflow.App, worker_env: dict[str, str], procs: Processes, effects: Any) -> None:
+    from tests.apps import canvases
+
+    a = procs.worker("a", TARGET, worker_env, concurrency=4)
+    flow = pgflow.chain(canvases.add.s(1, 2, 3.0), canvases.add.s(10, 3.0), canvases.add.s(100, 0.0))
+    assert flow.client is canvases.app._client
+    handle = app.start_by_name("pgflow.canvas", flow.plan, [])
+    second = f"{handle.id}.1"  # the chain's second child, from its journal position
+    wait_until(lambda: asleep_after_effect(app, [second]), "the chain's second member asleep", procs, a)
+    a.signal(signal.SIGKILL)
+    a.wait_exit()
+    assert effects() == Counter({"add:1+2": 1, "add:3+10": 1})
+    procs.worker("b", TARGET, worker_env, concurrency=4)
+    assert result_of(handle, procs) == 113
+    assert effects() == Counter({"add:1+2": 1, "add:3+10": 1, "add:13+100": 1})
+    members = [app.handle(f"{handle.id}.{n}") for n in range(3)]
+    assert [m.result(timeout=5) for m in members] == [3, 13, 113]
+    assert all(s.attempts == 1 for m in members for s in m.steps())
+
+
+def test_chord_survives_a_sigkill_mid_way_running_each_member_and_the_callback_once(
+        app: pgflow.App, worker_env: dict[str, str], procs: Processes, effects: Any) -> None:
+    from tests.apps import canvases
+
+    a = procs.worker("a", TARGET, worker_env, concurrency=8)
+    flow = pgflow.chord(pgflow.group(canvases.add.s(i, i, 3.0) for i in range(4)), canvases.total.s(0.0))
+    handle = app.start_by_name("pgflow.canvas", flow.plan, [])
+    header = [f"{handle.id}.{n}" for n in range(4)]
+    wait_until(lambda: asleep_after_effect(app, header), "the chord's group asleep", procs, a)
+    a.signal(signal.SIGKILL)
+    a.wait_exit()
+    assert effects() == Counter({f"add:{i}+{i}": 1 for i in range(4)})
+    procs.worker("b", TARGET, worker_env, concurrency=8)
+    assert result_of(handle, procs) == 12
+    assert effects() == Counter({**{f"add:{i}+{i}": 1 for i in range(4)}, "total:[0, 2, 4, 6]": 1})
+
+
+@pytest.mark.anyio
+async def test_canvas_in_process_results_order_failures_and_refusals(app: pgflow.App, tmp_path: Path) -> None:
+    @app.workflow(name="c.add")
+    async def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.workflow(name="c.mul")
+    def mul(x: int, y: int) -> int:
+        return x * y
+
+    @app.workflow(name="c.boom")
+    async def boom(x: int) -> int:
+        raise ValueError(f"boom {x}")
+
+    @app.workflow(name="c.listed")
+    async def listed(xs: list[int]) -> list[int]:
+        return sorted(xs, reverse=True)
+
+    @app.workflow(name="c.parent")
+    async def parent(n: int) -> int:
+        h = await pgflow.chain(add.s(n, 1), mul.s(2)).start_async()  # a canvas as a child of a body
+        return int(await h.result_async()) + 0
+
+    other = pgflow.App(app.dsn, schema="elsewhere_unused")
+    try:
+        @other.workflow(name="c.foreign")
+        async def foreign(x: int) -> int:
+            return x
+
+        with pytest.raises(ValueError, match="different Apps"):
+            pgflow.chain(add.s(1, 2), foreign.s())
+    finally:
+        await other.close_async()
+    with pytest.raises(ValueError, match="at least one member"):
+        pgflow.chain()
+    with pytest.raises(TypeError, match="signatures"):
+        pgflow.group([add])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="header is a group"):
+        pgflow.chord(pgflow.chain(add.s(1, 2)), listed.s())
+    with pytest.raises(pgflow.SerializationError):
+        add.s(object(), 1)
+    with pytest.raises(ValueError):
+        pgflow.group(add.s(1, 2)).with_options(id="")
+
+    async with app.worker(concurrency=16):
+        assert await (await pgflow.chain(add.s(1, 2), mul.s(10), add.s(5)).start_async()).result_async(30) == 35
+        assert await (await pgflow.group(mul.s(i, i) for i in range(6)).start_async()).result_async(30) == \
+            [0, 1, 4, 9, 16, 25]
+        chord = pgflow.chord([add.s(1), mul.s(3), pgflow.chain(add.s(1), mul.s(100))], listed.s())
+        assert await (await chord.start_async(4)).result_async(30) == [500, 12, 5]  # 4 prepended to each
+        nested = pgflow.chain(pgflow.group(add.s(1, 1), add.s(2, 2)), listed.s())
+        assert await (await nested.start_async()).result_async(30) == [4, 2]
+        fixed = await pgflow.group(add.s(1, 1)).with_options(id="my-group").start_async()
+        assert fixed.id == "my-group" and await fixed.result_async(30) == [2]
+        assert await (await parent.start_async(4)).result_async(30) == 10
+
+        failing = await pgflow.chord([add.s(1, 1), boom.s(7)], listed.s()).start_async()
+        with pytest.raises(pgflow.WorkflowFailed, match="boom 7") as info:
+            await failing.result_async(30)
+        assert info.value.error_type == "pgflow.errors.WorkflowFailed"
+        assert [s.name for s in await failing.steps_async()] == []  # (children are not steps)
+        assert {r.name for r in await app.list_workflows_async(name="c.listed")} == {"c.listed"}
+        called = [r for r in await app.list_workflows_async(name="c.listed") if r.parent_id == failing.id]
+        assert called == []  # the callback never ran
+
+    sync = pgflow.group(add.s(2, 3), mul.s(2, 3))
+    async with app.worker(concurrency=8):
+        handle = await anyio_to_thread(sync.start)
+        assert await handle.result_async(30) == [5, 6]
+
+
+async def anyio_to_thread(fn: Any) -> Any:
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(fn)
