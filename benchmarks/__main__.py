@@ -6,6 +6,8 @@
   latency   an idle pgflow worker's no-op start-to-result latency, with where the time goes (fleet.py)
   recovery  crash takeover: a worker SIGKILLed mid-workflow, time until another carries on (fleet.py)
   flat      pgflow's drain and streams with 1M finished workflows, or 100K queued, in its tables (flat.py)
+  fleet     N worker processes x concurrency 64, direct and through pgbouncer: throughput, server
+            sessions and CPU per 1,000 workflows (fleet_pooled.py; its own flags are passed on)
 
 Common flags: --quick (each benchmark under 3 minutes: smaller runs, 1 repeat unless --repeats says),
 --json (one object {"benchmark": NAME, "systems": {SYSTEM: {figures}}} on stdout, everything else on
@@ -28,7 +30,7 @@ from typing import Any
 
 from benchmarks import harness, tasks
 
-NAMES = ["tasks", "streams", "latency", "recovery", "flat"]
+NAMES = ["tasks", "streams", "latency", "recovery", "flat", "fleet"]
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -95,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM unwinds like Ctrl-C, through the finally blocks that stop every process and drop the databases.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     stdout = sys.stdout
+    if a.name == "fleet":
+        from benchmarks import fleet_pooled
+
+        fleet_pooled.main([*([] if a.dsn is None else ["--dsn", a.dsn]), "--repeats", str(a.repeats),
+                           *([] if a.output is None else ["--output", a.output]), *rest])
+        return 0
     with contextlib.redirect_stdout(sys.stderr if a.json else sys.stdout):
         if a.name == "tasks":
             report = tasks.main(a)

@@ -157,14 +157,17 @@ class Flat:
 
         from pgflow._core.store import claims
 
-        params = {"queues": "'{default}'::text[]", "names": "'{bench.noop,bench.filler}'::text[]", "limit": "16",
-                  "owner": "'probe'", "lease": "10.0", "token": "1", "commit": "'on'",
-                  "floors": "'{NULL}'::timestamptz[]", "full": "true"}  # a full claim: the unbounded one
+        # A full claim (no floor, expired leases looked for): the one whose cost grows with what the
+        # table holds, if any does.
+        params = {"queues": "'{default}'::text[]", "floors": "'{NULL}'::timestamptz[]", "full": "true",
+                  "names": "'{bench.noop,bench.filler}'::text[]", "limit": "16",
+                  "owner": "'probe'", "lease": "10.0", "token": "1", "commit": "'on'"}
         order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", claims.CLAIM)))
         sql = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}",
                      claims.CLAIM.replace("{s}", f'"{schema}"'))
-        types = {"queues": "text[]", "names": "text[]", "limit": "int", "owner": "text", "lease": "float8",
-                 "token": "int8", "commit": "text", "floors": "timestamptz[]", "full": "bool"}
+        types = {"queues": "text[]", "floors": "timestamptz[]", "full": "bool",
+                 "names": "text[]", "limit": "int", "owner": "text", "lease": "float8",
+                 "token": "int8", "commit": "text"}
         with psycopg.connect(self.db, autocommit=True) as conn:
             conn.execute("SET plan_cache_mode = force_generic_plan")
             conn.execute(f"PREPARE probe_claim({', '.join(types[k] for k in order)}) AS {sql}")

@@ -69,9 +69,17 @@ class Pgbouncer:
         self._process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("this pgbouncer was not started")
+        return self._process.pid
+
     def dsn(self, dsn: str) -> str:
         """``dsn`` pointed at this pgbouncer (same database and user)."""
-        return psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=self.port, hostaddr="")
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        params.pop("hostaddr", None)
+        return psycopg.conninfo.make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(self.port)})
 
     def _write_ini(self) -> None:
         target = {name: str(self._server[name]) for name in ("host", "port", "user", "password")

@@ -107,12 +107,13 @@ def split_password(dsn: str) -> tuple[str, str | None]:
     return psycopg.conninfo.make_conninfo("", **params), None if password is None else str(password)
 
 
-async def check_connectable(dsn: str, settings: dict[str, Any] | None = None) -> None:
+async def check_connectable(dsn: str, query_timeout: float | None = None, *, session: bool = True) -> None:
     """Open and close one connection, or raise ConfigurationError explaining why it cannot be had.
-    With ``settings`` (``link_settings``'s) it is made as pgflow's own are, so that a pooler
-    refusing what pgflow sends (``options``) is told apart now, with what to do, too."""
-    extra = {"options": settings["options"]} if settings and "options" in settings else {}
+    Given ``query_timeout``, it is sent what pgflow's own connections are (``link_settings``), so
+    that a pooler refusing it (``options``) is told apart now, with what to do, too."""
     try:
+        settings = {} if query_timeout is None else link_settings(dsn, query_timeout, session=session)
+        extra = {"options": settings["options"]} if "options" in settings else {}
         conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True, **extra)
     except psycopg.ProgrammingError as exc:
         raise _malformed(dsn, exc) from None
@@ -151,10 +152,7 @@ def link_settings(dsn: str, query_timeout: float, *, session: bool = True) -> di
     settings are then the pooler's to make (``connect_query``, see workers/README.md), and
     ``check_pooled_settings`` says which are missing. The client's end (timeouts, keepalives)
     stays: it is this process's link to the pooler."""
-    try:
-        own = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:  # said now, and without the password it may hold
-        raise _malformed(dsn, exc) from None
+    own = psycopg.conninfo.conninfo_to_dict(dsn)
     seconds = max(2, round(query_timeout))
     settings: dict[str, Any] = {"connect_timeout": seconds, "keepalives": 1,
                                 "keepalives_idle": max(1, seconds // 2), "keepalives_interval": 1,

@@ -29,7 +29,7 @@ import psycopg
 from psycopg_pool import PoolClosed
 
 from .clock import OWNER, Clock
-from .connecting import check_connectable, link_settings, linked
+from .connecting import check_connectable, linked
 from .pool import Pool
 from .pooler import warn_of_missing_settings
 from .registry import Config
@@ -109,10 +109,9 @@ class Runtime:
         config = await self.hub.config_async()
         if not self.hub.reached:
             # A wrong DSN fails now, and says why.
-            await check_connectable(config.dsn, link_settings(config.dsn, config.query_timeout,
-                                                              session=not config.pooled))
+            await check_connectable(config.dsn, config.query_timeout, session=not config.pooled)
             if config.pooled:
-                await check_connectable(config.session_dsn, link_settings(config.session_dsn, config.query_timeout))
+                await check_connectable(config.session_dsn, config.query_timeout)
             self.hub.reached = True
         self.config = config
         pool = Pool(config)

@@ -110,8 +110,11 @@ class ClaimStatements(Statements):
 
     def __init__(self, pool: Pool, schema: str) -> None:
         super().__init__(pool, schema)
-        self._floors: dict[str, datetime] = {}  # FLOORS, as the last full claim found them
-        self._full_claim_at = -math.inf  # time.monotonic() of the last full claim
+        # By the names claimed (two workers of one loop may serve a queue's different workflows):
+        # FLOORS as the last full claim found them, per queue; the time.monotonic() of the last full
+        # claim, per set of queues.
+        self._floors: dict[tuple[str, frozenset[str]], datetime] = {}
+        self._full_claim_at: dict[tuple[frozenset[str], frozenset[str]], float] = {}
 
 
     async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
@@ -171,15 +174,16 @@ class ClaimStatements(Statements):
 
         Each queue is read by its own scan of the queued index, in priority and due order, and the
         scans are merged: a worker serving many queues reads no more rows than one serving one."""
-        floors = self._floors
-        full = time.monotonic() - self._full_claim_at >= FULL_CLAIM_EVERY or any(q not in floors for q in queues)
+        served, floors = frozenset(names), self._floors
+        full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
+            or any((queue, served) not in floors for queue in queues)
         if full:
-            self._full_claim_at = time.monotonic()
+            self._full_claim_at[frozenset(queues), served] = time.monotonic()
             cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
                                                          "margin": FLOOR_MARGIN})
-            floors.update({str(queue): floor for queue, floor in await cur.fetchall()})
+            floors.update({(str(queue), served): floor for queue, floor in await cur.fetchall()})
         cur = await conn.execute(self._sql(CLAIM
-        ), {"queues": list(queues), "floors": [None if full else floors[queue] for queue in queues],
+        ), {"queues": list(queues), "floors": [None if full else floors[queue, served] for queue in queues],
             "full": full, "names": list(names), "limit": limit, "owner": owner,
             "lease": lease, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         rows = await cur.fetchall()
