@@ -5,15 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 import anyio
 
 from ..errors import ExecutionInterrupted
 from .outcomes import attempt_error
+from .store import Store
 
-if TYPE_CHECKING:
-    from .execution import Execution
+T = TypeVar("T")
+
+
+class Execution(Protocol):
+    """What the note needs of the execution (execution.Execution): its claim, and its fenced writes."""
+
+    store: Store
+    workflow_id: str
+    lease: int
+    run: int
+
+    async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T: ...
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds the note may take, as a step start's note: it is only kept for reading
