@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .. import App
+from ..app import App
 from .._core.store import Store
 from .._core.store.dashboard import DashboardStatements
 from ..codec import decode

@@ -31,7 +31,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import App
+from ..app import App
 from .._core.checks import MAX_ID_BYTES, MAX_KEY_BYTES, POSITION_LIMIT, check_text
 from ..errors import CannotResume, UnknownWorkflow
 from .access import CSRF_COOKIE, SESSION_COOKIE, Access, Guard, Receive, Scope, Send, cookie_header, same_origin
