@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..app import App
 from .._core.store import Store
 from .._core.store.dashboard import DashboardStatements
+from ..app import App
 from ..codec import decode
 from ..records import Health
 

@@ -31,8 +31,8 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..app import App
 from .._core.checks import MAX_ID_BYTES, MAX_KEY_BYTES, POSITION_LIMIT, check_text
+from ..app import App
 from ..errors import CannotResume, UnknownWorkflow
 from .access import CSRF_COOKIE, SESSION_COOKIE, Access, Guard, Receive, Scope, Send, cookie_header, same_origin
 from .data import OVERVIEW_EVERY, TAIL, WATCH_EVERY, Reader, Value
