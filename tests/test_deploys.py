@@ -249,3 +249,31 @@ async def test_patched_is_false_where_an_old_run_started_a_child_without_a_recor
     assert [s.name for s in await handle.steps_async()] == ["h.a"]
     assert ran == ["a"]
     assert {r.id for r in await app.list_workflows_async(name="h.kid")} == {kid.id}
+
+
+@pytest.mark.anyio
+async def test_check_replay_reads_a_schema_from_before_the_clock_migration(app: pgflow.App, dsn: str,
+                                                                            schema: str) -> None:
+    """Run before a deploy, the check meets the schema the old code migrated: it needs no function a
+    later migration adds (here the schema's clock, dropped), and reads every recorded sleep as over."""
+    import anyio
+
+    @app.step(name="old.a")
+    async def a() -> int:
+        return 1
+
+    @app.workflow(name="old.flow")
+    async def flow() -> int:
+        await a()
+        await pgflow.sleep_async(600)
+        return await a()
+
+    async with app.worker(concurrency=2):
+        handle = await flow.start_async()
+        while [s.name for s in await handle.steps_async()] != ["old.a", "pgflow.sleep"] \
+                or await handle.status_async() != "queued":
+            await anyio.sleep(0.05)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f'DROP FUNCTION "{schema}".clock_now() CASCADE')
+    report = await pgflow.check_replay_async(app)
+    assert report.ok and report.passed == [handle.id]

@@ -80,7 +80,10 @@ class ReplayCheck(Execution):
 
     @property
     def suspend_after(self) -> float:
-        return 0.0  # a sleep not over yet ends the check there, it is not waited out
+        return 0.0  # a wait with time left ends the check there, it is not waited out
+
+    def seconds_left(self, remaining_when_loaded: float) -> float:
+        return 0.0  # a recorded sleep is over for the check: what follows it is recorded or the end
 
     def recorded(self, position: int, name: str) -> StepRecord | None:
         record = self.journal.get(position)
