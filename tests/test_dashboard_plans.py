@@ -6,6 +6,7 @@ plan test (tests/test_claims.py) checks the claim the same way."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -91,6 +92,18 @@ def populate(conn: psycopg.Connection[Any], s: str) -> None:
     # visibility map set, which is what makes the list's positions an index-only read.
     for table in TABLES:
         conn.execute(f"VACUUM ANALYZE {s}.{table}")
+    # A snapshot anywhere in the database while VACUUM runs (another session's statement) leaves the
+    # pages it cannot yet call all-visible unmarked (seen on PostgreSQL 15: 765 of 15,636 pages): vacuum
+    # again until the map is set, as autovacuum would come back to it.
+    for _ in range(60):
+        [(pages, visible)] = conn.execute("SELECT relpages, relallvisible FROM pg_class"
+                                          f" WHERE oid = '{s}.workflows'::regclass").fetchall()
+        if visible >= 0.95 * pages:
+            break
+        time.sleep(0.5)
+        conn.execute(f"VACUUM {s}.workflows")
+    else:
+        pytest.fail(f"the visibility map of workflows stayed unset: {visible} of {pages} pages")
 
 
 def check(plan: str, *indexes: str) -> None:
