@@ -241,12 +241,13 @@ class WorkflowHandle(Generic[R]):
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
         the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
         ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
-        items = self.stream_items_async(key, offset, type=type)
+        decoded = self._decoded(key, offset, type)  # (not through stream_items_async: a frame less per chunk)
         try:
-            async for _, value in items:
-                yield value
+            async for items in decoded:
+                for _, value in items:
+                    yield value
         finally:
-            await items.aclose()
+            await decoded.aclose()
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
         """Blocking twin of ``stream_async``: a generator, one trip to the loop per batch."""
