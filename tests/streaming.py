@@ -87,3 +87,18 @@ def other_app(dsn: str, schema: str, **settings_: Any) -> pgflow.App:
     return pgflow.App(dsn, schema=schema, **settings_)
 
 
+async def read_while_run(app: pgflow.App, kind: str, handle: pgflow.WorkflowHandle[Any], key: str, *,
+                         result: Any, timeout: float = WAIT) -> list[Any]:
+    """A reader attached from the start, while an in-process worker runs the workflow to its end
+    (which must return ``result``); everything the reader read."""
+    got: list[Any] = []
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                got.extend(await read(kind, handle, key))
+
+            tg.start_soon(reader)
+            async with app.worker(concurrency=2):
+                assert await handle.result_async(timeout=timeout) == result
+    return got

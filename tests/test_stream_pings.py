@@ -33,8 +33,8 @@ from .streaming import (
     consume,
     gate_async,
     other_app,
-    read,
     read_sync,
+    read_while_run,
     wait_until,
 )
 
@@ -104,16 +104,7 @@ async def test_with_notify_off_readers_in_the_writing_app_are_woken_directly(
             return n
 
         h = await trickle.start_async(30)
-        with anyio.fail_after(PING_WAIT):
-            async with anyio.create_task_group() as tg:
-                got: list[Any] = []
-
-                async def reader() -> None:
-                    got.extend(await read(kind, h, "s"))
-
-                tg.start_soon(reader)
-                async with app.worker(concurrency=2):
-                    assert await h.result_async(timeout=PING_WAIT) == 30
+        got = await read_while_run(app, kind, h, "s", result=30, timeout=PING_WAIT)
         assert got == list(range(30))
 
 

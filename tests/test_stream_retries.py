@@ -18,7 +18,7 @@ from .streaming import (
     WAIT,
     assert_dense,
     gate_async,
-    read,
+    read_while_run,
     wait_until,
 )
 
@@ -76,17 +76,8 @@ async def test_a_retried_step_resumes_from_stream_offset_and_every_chunk_appears
     flow = chat_async if kind == "async" else chat_sync
     h = await flow.start_async()
     expected = ["begin", *(f"t{i}" for i in range(6)), "end"]
-    with anyio.fail_after(WAIT):
-        async with anyio.create_task_group() as tg:
-            got: list[Any] = []
-
-            async def reader() -> None:
-                got.extend(await read(kind, h, "s"))
-
-            tg.start_soon(reader)
-            async with app.worker(concurrency=2):
-                # In the body, stream_offset is how many chunks the stream holds.
-                assert await h.result_async(timeout=WAIT) == [6, 7]
+    # In the body, stream_offset is how many chunks the stream holds.
+    got = await read_while_run(app, kind, h, "s", result=[6, 7])
     assert offsets == [0, 3]  # the retry saw its first attempt's three chunks, not the body's one
     assert got == expected
     await assert_dense(dsn, schema, h.id, "s", expected, closed=True)
@@ -135,16 +126,7 @@ async def test_a_retried_step_that_ignores_stream_offset_appends_after_its_earli
     flow = rewrite_async if kind == "async" else rewrite_sync
     h = await flow.start_async()
     expected = [*(f"a1-{i}" for i in range(3)), *(f"a2-{i}" for i in range(5)), "after"]
-    with anyio.fail_after(WAIT):
-        async with anyio.create_task_group() as tg:
-            got: list[Any] = []
-
-            async def reader() -> None:
-                got.extend(await read(kind, h, "s"))
-
-            tg.start_soon(reader)
-            async with app.worker(concurrency=2):
-                assert await h.result_async(timeout=WAIT) == 2
+    got = await read_while_run(app, kind, h, "s", result=2)
     assert got == expected
     await assert_dense(dsn, schema, h.id, "s", expected, closed=False)
 
