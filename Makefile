@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs clean install-check
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs fleet prune clean install-check
 
 help:
 	@echo "pgflow development targets:"
@@ -29,6 +29,10 @@ help:
 	@echo "               transactions (BENCH_ARGS='--rate 200 --dsn ...', '--quick')"
 	@echo "  make costs   benchmarks/costs.py: WAL per workflow and per chunk, NOTIFY's cost per commit, sessions"
 	@echo "               per worker, on a private PostgreSQL 18 (for docs/scaling.md)"
+	@echo "  make fleet   python -m benchmarks fleet: 4 worker processes x concurrency 64, direct and through pgbouncer"
+	@echo "               (server sessions and CPU per 1,000 workflows; needs pgbouncer; BENCH_ARGS='--processes 8')"
+	@echo "  make prune   benchmarks/prune_under_load.py at 10M chunks: streams during a prune that drops partitions,"
+	@echo "               and during the row-by-row prune of the version before (BENCH_ARGS='--dsn ...')"
 	@echo "  make clean   stop the embedded server, remove .venv and caches (keeps the data in ./.pgflow)"
 	@echo "  make venv    only create .venv and install '.[dev]' (done automatically by the targets above)"
 
@@ -101,6 +105,13 @@ longtx: $(STAMP)
 
 costs: $(STAMP)
 	$(PY) -m benchmarks.costs $(BENCH_ARGS)
+
+fleet: $(STAMP)
+	$(PY) -m benchmarks fleet $(BENCH_ARGS)
+
+prune: $(STAMP)
+	$(PY) benchmarks/prune_under_load.py --mode both --repeats 1 --old-workflows 25000 --old-chunks 400 \
+		--duration 30 $(BENCH_ARGS)
 
 clean:
 	@# The embedded server runs binaries from inside .venv: stop it before deleting them under its feet.

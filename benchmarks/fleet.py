@@ -81,7 +81,7 @@ from benchmarks.harness import (  # noqa: E402
     server_info,
     versions,
 )
-from pgflow import codec  # noqa: E402
+from pgflow._core import codec  # noqa: E402
 
 APP_TARGET = "benchmarks.fleet:app"
 STEP_SLEEP = 0.02  # seconds each step of the failover workflow takes

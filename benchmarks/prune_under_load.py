@@ -13,7 +13,13 @@ For each repeat, in a schema of its own (dropped at the end):
 3. fill again, and the baseline: the same load alone, the old rows present, its rate taken over the
    same window (offsets from the load's start) as the prune run's.
 
-At the end, one more fill and the prune alone, for scale.
+At the end, one more fill and the prune alone, for scale (its time and the WAL it wrote).
+
+``--mode`` says which prune: ``partitions`` (pgflow's: the workflows and their stream names are
+deleted in paced batches, then the partition the old streams began in is dropped whole; the schema's
+clock is moved two days on after each fill, so that partition's day is over, as it is for chunks kept
+a week), or ``rows`` (the version before partitioning: the same batches delete every chunk row by row,
+the statement being that version's). ``--mode both`` runs the two one after the other.
 
 The streaming load: a writer process runs ``app.worker(concurrency=N)`` and ``--streams`` workflows
 that each write chunks flat out (``await pgflow.write_stream_async``) until ``--duration`` seconds
@@ -50,6 +56,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
 import psycopg  # noqa: E402
 
 import pgflow  # noqa: E402
+from benchmarks.costs import Wal  # noqa: E402
 from pgflow._core import pruning  # noqa: E402
 
 KEY = "tokens"
@@ -175,6 +182,57 @@ def fill(dsn: str, schema: str, workflows: int, chunks: int) -> float:
     return time.monotonic() - began
 
 
+# The prune of the version before partitioned chunks: the chunks deleted with their workflows, row by row.
+ROW_BY_ROW_PRUNE = (
+    "WITH doomed AS (SELECT id FROM {s}.workflows"
+    "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
+    "   AND finished_at < {s}.clock_now() - make_interval(secs => %s)"
+    "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
+    " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING id),"
+    " chunks AS (DELETE FROM {s}.chunks WHERE stream_id = ANY(ARRAY(SELECT id FROM named))),"
+    " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+    " errors AS (DELETE FROM {s}.step_errors WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
+    " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"
+    " SELECT count(*) FROM gone")
+
+
+async def run_prune(app: pgflow.App, args: argparse.Namespace) -> int:
+    """The prune under test (``--mode``), of the workflows older than 7 days."""
+    batch = args.batch or pruning.PRUNE_BATCH
+    if args.current_mode == "partitions":
+        return await app.prune_async(dt.timedelta(days=7), batch=batch)
+    statement = ROW_BY_ROW_PRUNE.replace("{s}", f'"{app.schema}"')
+
+    async def one_batch() -> int:
+        async with await psycopg.AsyncConnection.connect(args.dsn, autocommit=True) as conn:
+            row = await (await conn.execute(statement, (7 * 86400.0, batch))).fetchone()
+            return int(row[0]) if row else 0
+
+    return await pruning.prune_paced(one_batch, batch)
+
+
+CLOCK = [0.0]  # the schema clock's offset, seconds
+
+
+async def fill_apart(app: pgflow.App, args: argparse.Namespace) -> float:
+    """``fill``; in partitions mode on a day of its own: the schema's clock is moved two days on
+    before (so no stream of a load began in the fill's partition) and after (so its day is over, as
+    it is for streams kept a week, and the load's streams begin in the next)."""
+    if args.current_mode == "partitions":
+        await two_days_on(app)
+    took = fill(args.dsn, app.schema, args.old_workflows, args.old_chunks)
+    if args.current_mode == "partitions":
+        await two_days_on(app)
+    return took
+
+
+async def two_days_on(app: pgflow.App) -> None:
+    CLOCK[0] += 2 * 86400.0
+    store = await app._client.runtime().store()
+    await store.set_clock(CLOCK[0])
+    await store.add_chunk_partitions()
+
+
 def rate(samples: list[list[float]], start: float, end: float) -> float:
     """Chunks/s between two wall-clock times, from the writer's (time, committed) samples."""
     def at(t: float) -> float:
@@ -208,7 +266,7 @@ async def one_load(app: pgflow.App, wf: Any, args: argparse.Namespace, schema: s
         if prune:
             await asyncio.sleep(args.warm)
             p0 = time.time()
-            deleted = await app.prune_async(dt.timedelta(days=7), **({"batch": args.batch} if args.batch else {}))
+            deleted = await run_prune(app, args)
             p1 = time.time()
             result.update(prune_s=p1 - p0, deleted=deleted, window=(p0 - began, min(p1, until) - began),
                           prune_outlasted_load=p1 > until)
@@ -227,7 +285,7 @@ async def one_load(app: pgflow.App, wf: Any, args: argparse.Namespace, schema: s
         quiet = [(a, b) for a, b in quiet if b - a > 0.5]
         result.update(chunks_per_s=rate(samples, began + w0, began + w1),
                       rest_of_run_chunks_per_s=sum(rate(samples, a, b) * (b - a) for a, b in quiet)
-                      / sum(b - a for a, b in quiet),
+                      / sum(b - a for a, b in quiet) if quiet else None,
                       whole_run_chunks_per_s=rate(samples, began + 1.0, until - 0.5),
                       read_p50_ms=1000 * read["p50"], read_p99_ms=1000 * read["p99"], chunks_read=read["chunks"])
         return result
@@ -238,39 +296,52 @@ async def one_load(app: pgflow.App, wf: Any, args: argparse.Namespace, schema: s
 
 
 async def orchestrate(args: argparse.Namespace) -> None:
+    for mode in (["rows", "partitions"] if args.mode == "both" else [args.mode]):
+        args.current_mode = mode
+        CLOCK[0] = 0.0
+        await orchestrate_mode(args)
+
+
+async def orchestrate_mode(args: argparse.Namespace) -> None:
     schema = f"bench_prune_{uuid.uuid4().hex[:8]}"
     app = pgflow.App(args.dsn, schema=schema)
     wf = build(app)
     runs: list[dict[str, Any]] = []
-    alone = 0.0
+    alone, alone_wal, empty = 0.0, 0, {}
     try:
         await app.migrate_async()
         with psycopg.connect(args.dsn) as conn:
             server = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+        # The load with no old chunks at all, to set beside the baselines (with them present).
+        empty = await one_load(app, wf, args, schema, "empty", (1.0, args.duration - 0.5), prune=False)
+        print(f"{args.current_mode}: the load alone on an empty schema: {empty['chunks_per_s']:,.0f} chunks/s"
+              f" (read p50 {empty['read_p50_ms']:.0f} ms, p99 {empty['read_p99_ms']:.0f} ms)", flush=True)
         for repeat in range(args.repeats):
             # Each run right after a fill of its own, so both find the same rows and the fill's
             # checkpoint pressure alike; the baseline is measured over the prune run's window.
-            took = fill(args.dsn, schema, args.old_workflows, args.old_chunks)
-            print(f"repeat {repeat + 1}: filled {args.old_workflows * args.old_chunks:,} old chunks in {took:.1f}s",
-                  flush=True)
+            took = await fill_apart(app, args)
+            print(f"{args.current_mode}, repeat {repeat + 1}: filled {args.old_workflows * args.old_chunks:,}"
+                  f" old chunks in {took:.1f}s", flush=True)
             pruned = await one_load(app, wf, args, schema, f"p{repeat}", None, prune=True)
             print(f"  prune:    {pruned['chunks_per_s']:,.0f} chunks/s (rest of the run"
                   f" {pruned['rest_of_run_chunks_per_s']:,.0f}) over {pruned['window'][0]:.1f}-"
                   f"{pruned['window'][1]:.1f}s; the prune deleted {pruned['deleted']:,} workflows in"
                   f" {pruned['prune_s']:.1f}s{' (outlasting the load)' if pruned['prune_outlasted_load'] else ''}"
                   f" (read p50 {pruned['read_p50_ms']:.0f} ms)", flush=True)
-            fill(args.dsn, schema, args.old_workflows, args.old_chunks)
+            await fill_apart(app, args)
             base = await one_load(app, wf, args, schema, f"b{repeat}", tuple(pruned["window"]), prune=False)
             print(f"  baseline: {base['chunks_per_s']:,.0f} chunks/s over the same window"
                   f" (read p50 {base['read_p50_ms']:.0f} ms)", flush=True)
             runs += [pruned, base]
-            await app.prune_async(dt.timedelta(days=7))  # the baseline's old rows, before the next fill
+            await run_prune(app, args)  # the baseline's old rows, before the next fill
         # The prune alone, for scale.
-        fill(args.dsn, schema, args.old_workflows, args.old_chunks)
+        await fill_apart(app, args)
+        wal = Wal(args.dsn)
+        wal.mark(checkpoint=False)
         began = time.monotonic()
-        await app.prune_async(dt.timedelta(days=7), **({"batch": args.batch} if args.batch else {}))
-        alone = time.monotonic() - began
-        print(f"the prune alone: {alone:.1f}s", flush=True)
+        await run_prune(app, args)
+        alone, alone_wal = time.monotonic() - began, wal.since(1)["wal_bytes"]
+        print(f"the prune alone: {alone:.1f}s, {alone_wal / 1e6:,.0f} MB of WAL", flush=True)
     finally:
         await app.close_async()
         with psycopg.connect(args.dsn, autocommit=True) as conn:
@@ -283,17 +354,19 @@ async def orchestrate(args: argparse.Namespace) -> None:
                "ratio_median": statistics.median(ratios), "ratios": ratios,
                "in_run_ratio_median": statistics.median(in_run), "in_run_ratios": in_run,
                "prune_s_median": statistics.median(r["prune_s"] for r in runs if r["prune"]),
-               "prune_alone_s": alone}
+               "prune_alone_s": alone, "prune_alone_wal_bytes": alone_wal, "empty": empty}
     print(f"median: baseline {summary['baseline_median']:,.0f} chunks/s, during the prune "
           f"{summary['prune_median']:,.0f} chunks/s; ratio per repeat {', '.join(f'{r:.2f}' for r in ratios)}"
           f" (median {summary['ratio_median']:.2f}); against the rest of the same run "
           f"{', '.join(f'{r:.2f}' for r in in_run)} (median {summary['in_run_ratio_median']:.2f});"
           f" prune {summary['prune_s_median']:.1f}s", flush=True)
     out = args.output or HERE / "results" / (
-        f"prune-under-load-{dt.date.today().isoformat()}-pg{server.split('.')[0]}-share{pruning.SHARE:g}"
+        f"prune-under-load-{dt.date.today().isoformat()}-pg{server.split('.')[0]}-{args.current_mode}"
+        f"-{args.old_workflows * args.old_chunks // 1_000_000}M-share{pruning.SHARE:g}"
         f"-batch{args.batch or pruning.PRUNE_BATCH}.json")
     Path(out).write_text(json.dumps({
-        "server": server, "share": pruning.SHARE, "args": {k: v for k, v in vars(args).items() if k != "role"},
+        "server": server, "share": pruning.SHARE, "mode": args.current_mode,
+        "args": {k: v for k, v in vars(args).items() if k not in ("role", "current_mode")},
         "loadavg": os.getloadavg(), "runs": runs, "summary": summary}, indent=1) + "\n")
     print(f"wrote {out}")
 
@@ -314,6 +387,9 @@ def main() -> None:
     parser.add_argument("--share", type=float, default=None,
                         help="the pruner's busy share (default: pgflow's; 1.0: no pause between batches)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mode", choices=["partitions", "rows", "both"], default="partitions",
+                        help="the prune: partitions (pgflow's), rows (the version before: chunks deleted row by"
+                             " row), or both, one after the other")
     parser.add_argument("--output")
     args = parser.parse_args()
     if args.role == "writer":

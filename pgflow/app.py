@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import logging
-import math
 import os
-import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -16,8 +13,23 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import anyio.to_thread
 
-from ._core.checks import check_id, check_queue
+from ._core.checks import (
+    check_id,
+    check_int,
+    check_max_attempts,
+    check_notify,
+    check_positive_seconds,
+    check_queue,
+    check_queue_limits,
+    check_registrable,
+    check_retention,
+    check_schema,
+    check_seconds,
+    check_value_limit,
+    setting_up,
+)
 from ._core.client import Client
+from ._core.codec import DEFAULT_VALUE_LIMIT
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
 from ._core.registry import (
@@ -35,7 +47,6 @@ from ._core.sync import LoopThread
 from ._core.twins import blocking
 from ._core.worker import Worker
 from .canvas import register as register_canvas
-from .codec import DEFAULT_VALUE_LIMIT
 from .cron import Cron
 from .errors import ConfigurationError
 from .handle import WorkflowHandle
@@ -48,9 +59,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 log = logging.getLogger("pgflow")
-
-_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,54}")
-
 
 class App(Operations):
     """A pgflow application: where its tables are, and which workflows and steps it has.
@@ -98,23 +106,16 @@ class App(Operations):
         max_value_bytes: int = DEFAULT_VALUE_LIMIT,
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
-        if not _SCHEMA.fullmatch(schema):
-            raise ConfigurationError(
-                f"schema {schema!r} is not usable: use lowercase letters, digits and _ "
-                "(at most 55 characters, not starting with a digit)"
-            )
-        if notify not in ("buffered", "off"):
-            raise ConfigurationError(f"notify must be 'buffered' or 'off', got {notify!r}")
-        if min(notify_interval, poll_interval, listen_idle, query_timeout) <= 0 or pool_size < 1 \
-                or not suspend_after >= 0:
-            raise ConfigurationError("notify_interval, poll_interval, listen_idle and query_timeout must be > 0, "
-                                     "pool_size >= 1, suspend_after >= 0")
-        if isinstance(retention, timedelta):
-            retention = retention.total_seconds()
-        if retention is not None and (isinstance(retention, bool) or not isinstance(retention, int | float)
-                                      or not math.isfinite(retention) or not retention > 0):
-            raise ConfigurationError(
-                f"retention is a positive, finite duration (or None to keep everything), got {retention!r}")
+        with setting_up():
+            check_schema(schema)
+            check_notify(notify)
+            for what, seconds in (("notify_interval", notify_interval), ("poll_interval", poll_interval),
+                                  ("listen_idle", listen_idle), ("query_timeout", query_timeout)):
+                check_positive_seconds(seconds, what)
+            check_int(pool_size, "pool_size", 1)
+            suspend_after = check_seconds(suspend_after, "suspend_after")
+            seconds_kept = check_retention(retention)
+            check_value_limit(max_value_bytes)
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         listen_dsn = listen_dsn or os.environ.get("PGFLOW_LISTEN_DSN") or None
         if listen_dsn is not None and self._dsn is None:
@@ -127,12 +128,8 @@ class App(Operations):
             raise EmbeddedUnavailable(embedded_missing())
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
-                              listen_idle=listen_idle, query_timeout=query_timeout, retention=retention,
-                              suspend_after=float(suspend_after), listen_dsn=listen_dsn)
-        if isinstance(max_value_bytes, bool) or not isinstance(max_value_bytes, int) or not (
-                1024 <= max_value_bytes <= 512 * 1024 * 1024):
-            raise ConfigurationError(f"max_value_bytes is an int between 1024 and {512 * 1024 * 1024}, got"
-                                     f" {max_value_bytes!r}")
+                              listen_idle=listen_idle, query_timeout=query_timeout, retention=seconds_kept,
+                              suspend_after=suspend_after, listen_dsn=listen_dsn)
         self.registry = Registry(value_limit=max_value_bytes)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}
@@ -192,9 +189,10 @@ class App(Operations):
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
-            _check_registrable(fn, "workflow")
-            spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout,
-                                   Cron.parse(schedule) if schedule is not None else None,
+            with setting_up():
+                check_registrable(fn, "workflow")
+                cron = Cron.parse(schedule) if schedule is not None else None
+            spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout, cron,
                                    self.registry.value_limit, retry)
             self.registry.add_workflow(spec)
             workflow: Workflow[Any, Any] = Workflow(spec, self._client)
@@ -226,13 +224,19 @@ class App(Operations):
         with ``pgflow.StepTimeout``, retried like any failure. A ``def`` step's thread cannot be
         stopped: it is abandoned (it runs on to its end, its result is dropped and its stream writes
         are refused).
+        A name already registered (a step's, by default ``module.qualname``) is refused with a
+        ``ConfigurationError``, as for workflows: the journal knows a step by its name, so a second one
+        under it would replay the first one's recorded outputs.
         """
-        retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
+        with setting_up():
+            check_max_attempts(max_attempts)  # (RetryPolicy checks less: a float, no int4 bound)
+            retry = RetryPolicy(max_attempts, backoff, backoff_rate, max_backoff, retry_on)
 
         def register(fn: Callable[..., Any]) -> Step[Any, Any]:
-            _check_registrable(fn, "step")
+            with setting_up():
+                check_registrable(fn, "step")
             spec = StepSpec.of(fn, name or qualified_name(fn), retry, timeout, self.registry.value_limit)
-            self.registry.steps[spec.name] = spec
+            self.registry.add_step(spec)
             step: Step[Any, Any] = Step(spec)
             self.steps[spec.name] = step
             return step
@@ -244,13 +248,9 @@ class App(Operations):
         """Limit a queue across every worker: at most ``concurrency`` of its workflows running at
         once, and at most ``rate_limit`` started per ``per`` seconds. Workers serving the queue write
         the limits to the database when they start."""
-        check_queue(name)
-        if concurrency is not None and concurrency < 1:
-            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
-        if rate_limit is not None and rate_limit < 1:
-            raise ConfigurationError(f"rate_limit must be at least 1, got {rate_limit}")
-        if per <= 0:
-            raise ConfigurationError(f"per must be a positive number of seconds, got {per}")
+        with setting_up():
+            check_queue(name)
+            per = check_queue_limits(concurrency, rate_limit, per)
         self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per)
 
     # -- entry points -----------------------------------------------------------------------------------
@@ -341,9 +341,3 @@ class App(Operations):
                         tb: TracebackType | None) -> None:
         await self.close_async()
 
-
-def _check_registrable(fn: object, what: str) -> None:
-    if not callable(fn):
-        raise ConfigurationError(f"@app.{what} decorates a function, got {fn!r}")
-    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
-        raise ConfigurationError(f"@app.{what} cannot decorate a generator function: {fn!r}")

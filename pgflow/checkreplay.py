@@ -16,12 +16,13 @@ from typing import Any
 
 from ._core.replaycheck import Mismatch, ReplayReport
 from ._core.replaycheck import check_replay as _check
+from ._core.status import UNFINISHED as _UNFINISHED
 from .app import App
 from .errors import ConfigurationError
 
 __all__ = ["Mismatch", "ReplayReport", "check_replay", "check_replay_async"]
 
-UNFINISHED = ("queued", "running")
+UNFINISHED = tuple(status.value for status in _UNFINISHED)  # ("queued", "running")
 MAX_LIMIT = 1_000_000
 
 

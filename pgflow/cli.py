@@ -9,18 +9,18 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 
+from ._commands import add_commands, explain, on_app
+from ._supervisor import supervise
 from .app import App
 from .checkreplay import add_command as add_check_replay
-from .commands import add_commands, explain, run
 from .dashboard.command import add_parser as add_dashboard
 from .dashboard.command import run as run_dashboard
 from .errors import ConfigurationError, EmbeddedUnavailable, PgflowError
-from .supervisor import supervise
 
 log = logging.getLogger("pgflow.cli")
 
@@ -125,13 +125,50 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
+        parser.error(f"PGFLOW_LOG_LEVEL is one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args, load_app))
+    except (ConfigurationError, EmbeddedUnavailable) as exc:  # neither is helped by a traceback
+        print(f"pgflow: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (PgflowError, ValueError) as exc:  # an unknown id, a workflow that cannot resume, ...
+        print(explain(exc), file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_FORCED
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand's parser carries its ``handler`` (see ``commands.Handler``),
+    which ``main`` calls, so a new command is one parser and one function, in its own module if it likes."""
     parser = _Parser(prog="pgflow", description=__doc__)
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                         default=os.environ.get("PGFLOW_LOG_LEVEL", "INFO"),
                         help=f"{', '.join(LOG_LEVELS)}, in any case (default: %(default)s, from "
                              "$PGFLOW_LOG_LEVEL when set)")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_worker(commands)
+    migrate = commands.add_parser("migrate", help="create or upgrade the schema")
+    migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
+    migrate.set_defaults(handler=_migrate)
 
+    def with_app(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--app", dest="app_target", metavar="MODULE:APP",
+                         help="the App (default: PGFLOW_DSN / PGFLOW_SCHEMA, else the embedded server)")
+        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    add_commands(commands, with_app)
+    add_dashboard(commands).set_defaults(handler=on_app(run_dashboard))
+    add_check_replay(commands, with_app)
+    return parser
+
+
+def _add_worker(commands: Any) -> None:
     worker = commands.add_parser("worker", help="run a worker process")
     worker.add_argument("app", help="the App to serve, as module:attribute")
     worker.add_argument("--concurrency", type=int, default=16, help="workflows run at once")
@@ -148,68 +185,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                              " off unless given")
     worker.add_argument("--health-host", default="0.0.0.0",
                         help="the address the probe binds (a kubelet probes the pod's IP)")
+    worker.set_defaults(handler=_worker)
 
-    migrate = commands.add_parser("migrate", help="create or upgrade the schema")
-    migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
 
-    def with_app(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--app", dest="app_target", metavar="MODULE:APP",
-                         help="the App (default: PGFLOW_DSN / PGFLOW_SCHEMA, else the embedded server)")
-        sub.add_argument("--json", action="store_true", help="print JSON for scripts")
-
-    add_commands(commands, with_app)
-    add_dashboard(commands)
-    add_check_replay(commands, with_app)
-
-    args = parser.parse_args(argv)
-    if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
-        parser.error(f"PGFLOW_LOG_LEVEL is one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
+    """``pgflow worker``: one worker in this process, or ``--processes`` of them under a supervisor."""
+    app = load_app(args.app)
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if args.processes < 1 or args.concurrency < 1:
+        raise ConfigurationError("--processes and --concurrency must be at least 1")
+    if args.health_port is not None and args.processes > 1:
+        raise ConfigurationError("--health-port probes one worker process: with --processes N, the"
+                                 " processes could not share the port; run one process per container"
+                                 " (scale with replicas) or drop --health-port")
+    if args.health_port is not None and not 0 <= args.health_port <= 65535:
+        raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
+    if args.processes > 1:
+        return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
+                          ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace)],
+                         args.processes)
     try:
-        if getattr(args, "handler", None) is not None:  # a command of its own module (check-replay)
-            return int(args.handler(args, load_app))
-        if args.command == "worker":
-            app = load_app(args.app)
-            queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-            if args.processes < 1 or args.concurrency < 1:
-                raise ConfigurationError("--processes and --concurrency must be at least 1")
-            if args.health_port is not None and args.processes > 1:
-                raise ConfigurationError("--health-port probes one worker process: with --processes N, the"
-                                         " processes could not share the port; run one process per container"
-                                         " (scale with replicas) or drop --health-port")
-            if args.health_port is not None and not 0 <= args.health_port <= 65535:
-                raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
-            if args.processes > 1:
-                return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
-                                  ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace)],
-                                 args.processes)
-            try:
-                code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace,
-                                      args.health_port, args.health_host)
-            finally:
-                app.close()
-            _exit_despite_abandoned_threads(code)
-            return code
-        if args.command == "dashboard":
-            with load_app(args.app_target) if args.app_target else App() as app:
-                return run_dashboard(app, args)
-        if args.command != "migrate":
-            with load_app(args.app_target) if args.app_target else App() as app:
-                return run(app, args)
-        app = load_app(args.app) if args.app else App()
-        with app:
-            version = app.migrate()
-        print(f"schema {app.schema!r} is at version {version}")
-        return EXIT_OK
-    except (ConfigurationError, EmbeddedUnavailable) as exc:  # neither is helped by a traceback
-        print(f"pgflow: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (PgflowError, ValueError) as exc:  # an unknown id, a workflow that cannot resume, ...
-        print(explain(exc), file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_FORCED
+        code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace,
+                              args.health_port, args.health_host)
+    finally:
+        app.close()
+    _exit_despite_abandoned_threads(code)
+    return code
+
+
+def _migrate(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
+    app = load_app(args.app) if args.app else App()
+    with app:
+        version = app.migrate()
+    print(f"schema {app.schema!r} is at version {version}")
+    return EXIT_OK
 
 
 if __name__ == "__main__":

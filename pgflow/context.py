@@ -6,7 +6,8 @@ up an answer: code that needs them is code that only makes sense inside one.
 
 from __future__ import annotations
 
-from ._core.execution import inside_step, running
+from ._core.execution import running
+from ._core.step_body import inside_step
 
 __all__ = ["attempt", "step_attempt", "workflow_id"]
 
@@ -31,4 +32,4 @@ def step_attempt() -> int:
     if run is None:
         raise RuntimeError("pgflow.step_attempt() can only be called inside a step; the workflow body's own "
                            "attempt is pgflow.attempt()")
-    return run.attempt
+    return run.step_attempt

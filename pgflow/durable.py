@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import codec
-from ._core import waits
-from ._core.checks import MAX_DELAY, check_text
+from ._core import codec, waits
+from ._core.checks import MAX_DELAY, check_event_key, check_seconds, check_topic
 from ._core.execution import current_execution, from_thread, running
 
 __all__ = ["recv", "recv_async", "set_event", "set_event_async", "sleep", "sleep_async"]
@@ -22,18 +21,18 @@ async def sleep_async(seconds: float) -> None:
     clock), so a replay sleeps only what is left. A sleep longer than the App's ``suspend_after``
     (5 s by default) gives the worker slot back: the workflow is queued again, due at the wake-up
     time, and any worker of its queue takes it up then."""
-    seconds = waits.check_seconds(seconds, "a sleep")
+    seconds = check_seconds(seconds, "a sleep")
     await waits.sleep(running("sleep_async"), seconds)
 
 
 def sleep(seconds: float) -> None:
     """Sync twin of ``sleep_async``, for ``def`` workflows."""
-    seconds = waits.check_seconds(seconds, "a sleep")
+    seconds = check_seconds(seconds, "a sleep")
     from_thread("sleep", waits.sleep, seconds)
 
 
 def _event(key: str, value: object) -> bytes:
-    check_text(key, "an event key", 256)
+    check_event_key(key)
     execution = current_execution.get()  # (outside one, the value is still checked, then refused)
     return codec.encode(value, f"the value of event {key!r}", execution.value_limit if execution else None)
 
@@ -53,8 +52,8 @@ def set_event(key: str, value: object) -> None:
 
 
 def _receiving(topic: str, timeout: float | None) -> float:
-    check_text(topic, "a message topic", 256)
-    return waits.check_seconds(timeout, "a receive's timeout") if timeout is not None else MAX_DELAY
+    check_topic(topic)
+    return check_seconds(timeout, "a receive's timeout") if timeout is not None else MAX_DELAY
 
 
 async def recv_async(topic: str, timeout: float | None = None, *, type: Any = Any) -> Any:

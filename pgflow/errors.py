@@ -129,7 +129,7 @@ _INSTALL_HINT = (
 )
 
 
-class EmbeddedUnavailable(RuntimeError):
+class EmbeddedUnavailable(PgflowError, RuntimeError):
     """No DSN was configured and the embedded PostgreSQL cannot be used.
 
     The message always ends with what to do about it, because the usual reader is someone who just ran their

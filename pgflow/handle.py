@@ -6,15 +6,23 @@ import uuid
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any, Generic, TypeVar
 
-from ._core.checks import MAX_ID_BYTES, check_reader, check_text
+from ._core.checks import (
+    check_event_key,
+    check_idempotency_key,
+    check_position,
+    check_reader,
+    check_topic,
+    check_wait,
+)
 from ._core.client import Client
+from ._core.codec import decode, encode
 from ._core.execution import journaling
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
+from ._core.status import ENDED, Status
 from ._core.store import WorkflowRow
-from ._core.streams.reader import ENDED, decoder
+from ._core.streams.reader import decoder
 from ._core.twins import blocking, iterate
-from .codec import decode, encode
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
 from .records import StepInfo, StreamInfo, WorkflowInfo, WorkflowRecord
 
@@ -92,9 +100,8 @@ class WorkflowHandle(Generic[R]):
         ping, with the poll as the backstop). None when ``timeout`` seconds pass first, or when the
         workflow ended without setting it (``timeout=None`` waits until one or the other; ``0``
         looks once). ``type`` decodes the value into a Struct or dataclass instead of builtins."""
-        check_text(key, "an event key", 256)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
-            raise ValueError(f"timeout is a number of seconds >= 0 or None, got {timeout!r}")
+        check_event_key(key)
+        timeout = check_wait(timeout)
         runtime = self._client.runtime()
 
         async def look() -> tuple[Any] | None:
@@ -116,10 +123,10 @@ class WorkflowHandle(Generic[R]):
         without a key, the key is the sender's journal position, so a replayed sender sends nothing
         twice; elsewhere without one, a fresh key, so a send retried after a lost answer is stored
         once."""
-        check_text(topic, "a message topic", 256)
+        check_topic(topic)
         data = encode(value, f"the message on {topic!r}", self._client.registry.value_limit)
         if idempotency_key is not None:
-            return data, check_text(idempotency_key, "an idempotency key", MAX_ID_BYTES)
+            return data, check_idempotency_key(idempotency_key)
         sender = journaling()
         if sender is not None:
             return data, f"{sender.workflow_id}.{sender.take_position()}"
@@ -160,7 +167,7 @@ class WorkflowHandle(Generic[R]):
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         record, steps, streams = found
-        return WorkflowInfo(WorkflowRecord.of(record), [StepInfo(*row) for row in steps],
+        return WorkflowInfo(WorkflowRecord.of(record), [StepInfo.of(row) for row in steps],
                             [StreamInfo(*row) for row in streams])
 
     info = blocking(info_async)
@@ -175,7 +182,7 @@ class WorkflowHandle(Generic[R]):
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         was, queue = found
-        if was not in ("failed", "cancelled"):
+        if was not in (Status.FAILED, Status.CANCELLED):
             raise CannotResume(f"workflow {self.id!r} is {was}: only a failed or cancelled workflow resumes")
         runtime.signals.waiters.ends.heard_of(self.id)  # an end heard before is not the resumed run's
         runtime.signals.announce(News([signal_keys.queue(queue), signal_keys.ended(self.id)]))
@@ -185,8 +192,7 @@ class WorkflowHandle(Generic[R]):
     async def fork_async(self, from_step: int) -> WorkflowHandle[R]:
         """A new workflow with the same arguments whose first ``from_step`` recorded steps are copied
         (replayed, not run), the rest run anew; its handle. The original is left as it is."""
-        if not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 0:
-            raise ValueError(f"from_step is a step position >= 0, got {from_step!r}")
+        check_position(from_step, "from_step")
         runtime = self._client.runtime()
         new_id = str(uuid.uuid4())
         queue = await runtime.db(lambda store: store.fork(self.id, new_id, from_step))
@@ -262,14 +268,14 @@ class WorkflowHandle(Generic[R]):
         found = await runtime.db(lambda store: store.request_cancel(self.id))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
-        runtime.signals.announce(News([signal_keys.ended(id) for id in (self.id, *found[1])]))
+        runtime.signals.announce(News([signal_keys.ended(id) for id in (self.id, *found.descendants)]))
 
     cancel = blocking(cancel_async)
 
     def _outcome(self, row: WorkflowRow) -> R:
-        if row.status == "succeeded":
+        if row.status == Status.SUCCEEDED:
             return self._client.registry.decode_result(row.name, row.output or b"\xc0")  # type: ignore[no-any-return]
-        if row.status == "cancelled":
+        if row.status == Status.CANCELLED:
             raise WorkflowCancelled(self.id, (row.error or {}).get("message") or None)
         error = row.error or {}
         raise WorkflowFailed(self.id, error.get("type", "Exception"), error.get("message", ""),

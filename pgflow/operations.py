@@ -12,9 +12,12 @@ import msgspec
 
 from ._core.checks import check_queue
 from ._core.client import Client
-from ._core.maintenance import NAMES, REAPER, RETENTION, cron_service, lock_name
+from ._core.maintenance import NAMES, PARTITIONS, REAPER, RETENTION, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
+from ._core.status import Status
+from ._core.store.details import DetailsRead
+from ._core.store.management import WorkerRow
 from ._core.twins import blocking
 from .errors import UnknownWorkflow
 from .records import (
@@ -35,7 +38,7 @@ from .records import (
     seconds_between,
 )
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+STATUSES = tuple(status.value for status in Status)  # plain strings, for the CLI's choices
 MAX_STEPS_SHOWN = 100_000  # steps_limit's bound: a journal read in full is this workflow's memory, once
 ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
 
@@ -89,15 +92,15 @@ class Operations:
         found = await self._client.runtime().db(lambda store: store.details(workflow_id, steps_limit))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
-        return _details(*found)
+        return _details(found)
 
     workflow_details = blocking(workflow_details_async)
 
     async def queues_info_async(self) -> list[QueueInfo]:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
         rows = await self._client.runtime().db(lambda store: store.queues_overview())
-        return [QueueInfo(str(r[0]), int(r[1]), int(r[2]), None if r[3] is None else float(r[3]), int(r[4]),
-                          r[5], r[6], r[7]) for r in rows]
+        return [QueueInfo(str(r.queue), int(r.queued), int(r.due), None if r.waited is None else float(r.waited),
+                          int(r.running), r.concurrency, r.rate_limit, r.rate_period) for r in rows]
 
     queues_info = blocking(queues_info_async)
 
@@ -105,9 +108,7 @@ class Operations:
         """The registered workers: where they run, what they serve, their heartbeat's age, how many
         workflows each holds, and whether it is dead (its heartbeat older than its lease)."""
         rows = await self._client.runtime().db(lambda store: store.workers_overview())
-        return [WorkerInfo(str(r[0]), str(r[1]), int(r[2]), list(r[3]), str(r[4]), float(r[5]), int(r[6]),
-                           list(r[7]), None if r[8] is None else float(r[8]),
-                           float(r[5]) > (SILENT_AFTER if r[8] is None else float(r[8]))) for r in rows]
+        return [_worker(r) for r in rows]
 
     workers_info = blocking(workers_info_async)
 
@@ -117,8 +118,8 @@ class Operations:
         runtime = self._client.runtime()
         usage, unserved, stuck, holders = await runtime.db(lambda store: store.health(30.0, stuck_after))
         workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
-        services = [REAPER, RETENTION, NAMES, *(cron_service(spec.name) for spec in self.registry.workflows.values()
-                                                if spec.schedule is not None)]
+        schedules = [cron_service(spec.name) for spec in self.registry.workflows.values() if spec.schedule is not None]
+        services = [REAPER, RETENTION, PARTITIONS, NAMES, *schedules]
         by_lock = {lock_name(self.schema, service): service for service in services}
         locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
         return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],
@@ -131,12 +132,16 @@ class Operations:
     async def prune_async(self, older_than: float | timedelta, batch: int = PRUNE_BATCH,
                           progress: Callable[[int], None] | None = None) -> int:
         """Delete the workflows that finished more than ``older_than`` ago, with their steps and
-        stream chunks, ``batch`` at a time (each batch one short statement, so nothing holds locks for
+        streams, ``batch`` at a time (each batch one short statement, so nothing holds locks for
         long); ``progress(deleted so far)`` after each batch. Returns how many went. Workers do this
-        by themselves for ``App(retention=...)``."""
+        by themselves for ``App(retention=...)``. A pruned stream's chunks become unreachable at once
+        and their space is freed when their partition is dropped: once every stream begun in its
+        period (a day by default) is pruned and the period is over, by this call or the workers."""
         seconds, batch = check_older_than(older_than), check_batch(batch)
         runtime = self._client.runtime()
-        return await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
+        deleted = await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
+        await runtime.db(lambda store: store.drop_chunk_partitions())
+        return deleted
 
     prune = blocking(prune_async)
 
@@ -153,30 +158,35 @@ class Operations:
     rotate_signal_key = blocking(rotate_signal_key_async)
 
 
-def _details(row: tuple[Any, ...], steps: list[tuple[Any, ...]], total: int, errors: list[tuple[Any, ...]],
-             begun: list[tuple[Any, ...]], streams: list[tuple[str, int, bool]]) -> WorkflowDetails:
-    (id, name, queue, status, attempt, priority, created_at, started_at, finished_at, due_at, waiting_for,
-     parent_id, lease_owner, lease_expires_at, cancel_requested, max_attempts, timeout, deadline_at, inputs,
-     output, error) = row
+def _worker(r: WorkerRow) -> WorkerInfo:
+    lease, age = None if r.lease_seconds is None else float(r.lease_seconds), float(r.heartbeat_age)
+    return WorkerInfo(str(r.id), str(r.host), int(r.pid), list(r.queues), str(r.version), age, int(r.running),
+                      list(r.names), lease, age > (SILENT_AFTER if lease is None else lease))
+
+
+def _details(read: DetailsRead) -> WorkflowDetails:
+    w = read.workflow
     kept: dict[int, list[AttemptError]] = {}
-    for position, run, step_attempt, failed_at, stored in errors:
-        kept.setdefault(position, []).append(
-            AttemptError(run, step_attempt, failed_at, ErrorDetails.of(stored) or ErrorDetails("?", "", "")))
+    for e in read.attempt_errors:
+        kept.setdefault(e.position, []).append(AttemptError(
+            e.run, e.step_attempt, e.failed_at, ErrorDetails.of(e.error) or ErrorDetails("?", "", "")))
     return WorkflowDetails(
-        id=id, name=name, queue=queue, status=status, attempt=attempt, priority=priority, created_at=created_at,
-        started_at=started_at, finished_at=finished_at, duration_s=seconds_between(started_at, finished_at),
-        due_at=due_at, waiting_for=waiting_for, parent_id=parent_id, lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at, cancel_requested=cancel_requested, max_attempts=max_attempts,
-        timeout_s=timeout, deadline_at=deadline_at, arguments=_arguments(inputs),
-        result=None if output is None else _value(output), error=ErrorDetails.of(error),
-        steps=[StepDetails(position, step_name, began, ended, seconds_between(began, ended), attempts,
-                           None if value is None else _value(value), ErrorDetails.of(failure),
-                           kept.get(position, []), wake_at, bool(waiting))
-               for position, step_name, began, ended, attempts, value, failure, wake_at, waiting in steps],
-        steps_total=total,
-        in_progress=[StepInProgress(position, int(tries or 0), began, kept.get(position, []))
-                     for position, tries, began in begun],
-        streams=[StreamInfo(*stream) for stream in streams],
+        id=w.id, name=w.name, queue=w.queue, status=w.status, attempt=w.attempt, priority=w.priority,
+        created_at=w.created_at, started_at=w.started_at, finished_at=w.finished_at,
+        duration_s=seconds_between(w.started_at, w.finished_at), due_at=w.due_at, waiting_for=w.waiting_for,
+        parent_id=w.parent_id, lease_owner=w.lease_owner, lease_expires_at=w.lease_expires_at,
+        cancel_requested=w.cancel_requested, max_attempts=w.max_attempts, timeout_s=w.timeout,
+        deadline_at=w.deadline_at, arguments=_arguments(w.inputs),
+        result=None if w.output is None else _value(w.output), error=ErrorDetails.of(w.error),
+        steps=[StepDetails(s.position, s.name, s.started_at, s.finished_at,
+                           seconds_between(s.started_at, s.finished_at), s.attempts,
+                           None if s.output is None else _value(s.output), ErrorDetails.of(s.error),
+                           kept.get(s.position, []), s.wake_at, bool(s.waiting))
+               for s in read.steps],
+        steps_total=read.steps_total,
+        in_progress=[StepInProgress(b.position, int(b.tries or 0), b.started_at, kept.get(b.position, []))
+                     for b in read.begun],
+        streams=[StreamInfo(st.key, int(st.chunks), bool(st.closed)) for st in read.streams],
     )
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ._core.checks import check_text
-from ._core.execution import Execution, from_thread, inside_step, running
+from ._core.checks import check_change_id
+from ._core.execution import Execution, from_thread, running
+from ._core.step_body import inside_step
 
 __all__ = ["deprecate_patch", "patched", "patched_async"]
 
@@ -25,7 +26,7 @@ PATCH = "pgflow.patch:"  # + the change id: the journal entry of a patch that wa
 
 
 def _marker(change_id: str, what: str) -> tuple[Execution, str]:
-    check_text(change_id, "a patch's change id", 200)
+    check_change_id(change_id)
     execution = running(what)
     execution.check_interrupt()
     if inside_step.get() is not None:

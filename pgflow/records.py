@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
+from ._core.store.management import RECORD_FIELDS, STEP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class StepInfo:
     @property
     def duration_s(self) -> float | None:
         return seconds_between(self.started_at, self.finished_at)
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> StepInfo:
+        """From a row of the store's ``STEP_COLUMNS`` (store/management.py), which name these fields."""
+        return cls(**dict(zip(STEP_FIELDS, row, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,13 @@ class WorkflowRecord:
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> WorkflowRecord:
-        return cls(*row)
+        """From a row of the store's ``RECORD`` columns (store/management.py), which name these fields."""
+        return cls(**dict(zip(RECORD_FIELDS, row, strict=True)))
+
+
+for _record, _fields in ((WorkflowRecord, RECORD_FIELDS), (StepInfo, STEP_FIELDS)):  # one list, one place
+    if tuple(f.name for f in fields(_record)) != _fields:
+        raise AssertionError(f"{_record.__name__}'s fields are not the store's columns for it: {_fields}")
 
 
 @dataclass(frozen=True)

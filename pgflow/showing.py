@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._core.status import Status
 from .records import AttemptError, ErrorDetails, StepDetails, Undecodable, WorkflowDetails
 from .terminal import cell, json_text, safe, table
 
@@ -30,7 +31,7 @@ def print_details(details: WorkflowDetails, full: bool) -> None:
     for name, value in record:
         print(f"{name + ':':13} {cell(value)}")
     print(f"{'arguments:':13} {value_text(details.arguments, VALUE_CHARS, full)}")
-    if details.status == "succeeded":
+    if details.status == Status.SUCCEEDED:
         print(f"{'result:':13} {value_text(details.result, VALUE_CHARS, full)}")
     if details.error is not None:
         print(f"{'error:':13} {error_line(details.error, VALUE_CHARS, full)}")

@@ -14,23 +14,29 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from . import telemetry
+from ._core import telemetry
 from ._core.checks import (
-    MAX_ID_BYTES,
+    check_call,
     check_chosen_id,
-    check_delay,
+    check_eta,
+    check_expires,
+    check_kwargs,
+    check_many_ids,
+    check_max_attempts,
+    check_name,
+    check_positive_seconds,
     check_priority,
     check_queue,
-    check_text,
+    check_seconds,
 )
 from ._core.client import Client
+from ._core.codec import encode_unchecked
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
-from ._core.store.store import Timing
+from ._core.store.starts import Timing
 from ._core.sync import on_a_loop
-from ._core.timing import check_eta, check_expires, timing
-from .codec import encode_unchecked
+from ._core.timing import timing
 from .handle import WorkflowHandle
 
 P = ParamSpec("P")
@@ -157,7 +163,7 @@ class Starter(Generic[P, R]):
         if priority is not None:
             check_priority(priority)
         if delay is not None:
-            delay = check_delay(delay)
+            delay = check_seconds(delay, "delay")
         if eta is not None:
             eta = check_eta(eta)
         expiry = None if expires is None else check_expires(expires)
@@ -213,10 +219,7 @@ class Starter(Generic[P, R]):
         encode = self._workflow.spec.codec.encode_arguments
         inputs: list[bytes] = []
         for call in calls:
-            if not isinstance(call, tuple | list):
-                raise TypeError(f"start_many takes one tuple of arguments per workflow, e.g. [(1,), (2,)]; "
-                                f"got {call!r:.80}")
-            inputs.append(encode(tuple(call), {}))
+            inputs.append(encode(check_call(call), {}))
         if ids is None:
             parent = journaling()
             if parent is not None:
@@ -225,9 +228,7 @@ class Starter(Generic[P, R]):
                 position = parent.take_position()
                 return [f"{parent.workflow_id}.{position}.{n}" for n in range(len(inputs))], inputs
             return [str(uuid.uuid4()) for _ in inputs], inputs
-        if isinstance(ids, str) or len(ids) != len(inputs):
-            raise ValueError(f"ids= gives one id per call: {len(inputs)} calls, got {ids!r:.80}")
-        return [check_chosen_id(id)[0] for id in ids], inputs
+        return check_many_ids(ids, len(inputs)), inputs
 
     async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None,
                             traceparent: str | None, chosen: bool = False) -> list[WorkflowHandle[R]]:
@@ -280,23 +281,20 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
     Everything is checked, and the id taken, here in the caller (a child's id comes from its parent's
     journal position, which only the caller's context knows); the enqueue is returned, to be awaited
     on the caller's loop or run for a sync caller."""
-    check_text(name, "a workflow name", MAX_ID_BYTES)
+    check_name(name)
     spec = client.registry.workflows.get(name)
     if queue is not None:
         check_queue(queue)
     if priority is not None:
         check_priority(priority)
-    if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
-                                     or max_attempts < 1):
-        raise ValueError(f"max_attempts is an int >= 1, got {max_attempts!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0):
-        raise ValueError(f"timeout is a positive number of seconds, got {timeout!r}")
-    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
-        raise TypeError(f"kwargs is a dict of keyword arguments by name, got {kwargs!r:.80}")
-    inputs = encode_unchecked(args, kwargs or {}, f"the arguments of start_by_name({name!r})",
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
+    if timeout is not None:
+        timeout = check_positive_seconds(timeout, "timeout")
+    inputs = encode_unchecked(args, check_kwargs(kwargs), f"the arguments of start_by_name({name!r})",
                               client.registry.value_limit)
     workflow_id, parent = new_id(None if id is None else check_chosen_id(id)[0])
-    delay = check_delay(delay)
+    delay = check_seconds(delay, "delay")
 
     async def start() -> WorkflowHandle[Any]:
         if id is not None:

@@ -85,6 +85,14 @@ def registered_pids(dsn: str, schema: str) -> set[int]:
     return {row[2] for row in registered(dsn, schema)}
 
 
+async def move_schema_clock(app: pgflow.App, seconds: float) -> None:
+    """Set the schema's clock (``clock_now()``, migration 0019) ``seconds`` ahead of the server's, as
+    ``pgflow.testing`` does: for what is decided by workflow time, such as which chunk partition a new
+    stream goes to and when a partition's period is over."""
+    store = await app._client.runtime().store()
+    await store.set_clock(seconds)
+
+
 # -- running a workflow to its end --------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 import pgflow
-from pgflow import codec
+from pgflow._core import codec
 
 from .helpers import query
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pgflow.supervisor import exit_code
+from pgflow._supervisor import exit_code
 
 WAIT = 60.0
 

@@ -23,6 +23,8 @@ FINISHED = 1_000_000
 # The tables that grow with the work. (``workers`` holds a row per worker process and ``queues`` one per
 # queue with limits: a handful, read whole where the planner finds that cheaper.)
 TABLES = ("workflows", "steps", "events", "messages", "stream_ids", "chunks", "step_attempts", "step_errors")
+# The primary key of a partition of chunks ("Seq Scan on chunks" catches a partition's sequential scan too).
+CHUNK_INDEX = "_pkey on chunks_"
 
 
 def generic_plan(conn: psycopg.Connection[Any], schema: str, template: str, params: dict[str, Any]) -> str:
@@ -123,8 +125,11 @@ def test_every_dashboard_statement_reads_through_an_index_at_a_million_finished_
         conn.execute("SET plan_cache_mode = force_generic_plan")
 
         now = datetime.now(UTC)
-        check(generic_plan(conn, schema, sql.QUEUES, {"queues": 200, "cap": 10_000}),
-              "workflows_due", "workflows_running_by_queue")
+        # The running workflows (as many as the fleet's slots) through either index that holds them by
+        # status: which one is the planner's choice from a sample that may have missed all 64.
+        plan = generic_plan(conn, schema, sql.QUEUES, {"queues": 200, "cap": 10_000})
+        check(plan, "workflows_due")
+        assert "workflows_running_by_queue" in plan or "Index Cond: (status = 'running'::text)" in plan, plan
         # The running workflows, through workflows_leased or the status index (planners differ).
         plan = generic_plan(conn, schema, sql.WORKERS, {"workers": 500, "running": 20_000})
         check(plan)
@@ -135,12 +140,12 @@ def test_every_dashboard_statement_reads_through_an_index_at_a_million_finished_
         plan = generic_plan(conn, schema, sql.WORKFLOW, {"id": "w1", "big": 262144, "small": 8192, "steps": 2000,
                                                          "rows": 200, "depth": 8})
         check(plan, "workflows_pkey", "steps_pkey", "step_attempts_pkey", "step_errors_pkey", "events_pkey",
-              "messages_by_workflow", "messages_by_sender", "stream_ids_workflow_id_key", "chunks_pkey",
+              "messages_by_workflow", "messages_by_sender", "stream_ids_workflow_id_key", CHUNK_INDEX,
               "workflows_parent")
         check(generic_plan(conn, schema, sql.FINGERPRINT, {"id": "w1"}), "workflows_pkey", "steps_pkey",
               "messages_by_workflow")
         check(generic_plan(conn, schema, sql.CHUNKS, {"stream": 1, "offset": 0, "rows": 100, "small": 8192}),
-              "chunks_pkey")
+              CHUNK_INDEX)
 
         # Every combination of the list's filters, with and without a lower time bound: read newest
         # first along the index of the first filter given (or of creation time), sorting nothing.

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import pgflow
+from pgflow._core import codec
 
 from .helpers import query, query_sync, requeue, run_to_end, wait_for
 from .processes import Processes, lines, result_of, wait_until
@@ -58,8 +59,8 @@ def test_each_message_consumed_once_across_a_sigkill_between_receive_and_the_nex
     assert lines(effects) == [f"got 'm1' {a.pid}", f"got 'm1' {b.pid}", f"got 'm2' {b.pid}", f"got 'm3' {b.pid}"]
     rows = query_sync(dsn, f'SELECT value, consumed_position FROM "{schema}".messages WHERE workflow_id = %s'
                       " ORDER BY id", (receiver.id,))
-    assert [(bytes(v), p) for v, p in rows] == [(pgflow.codec.encode("m1", ""), 0), (pgflow.codec.encode("m2", ""), 2),
-                                                 (pgflow.codec.encode("m3", ""), 4)]
+    assert [(bytes(v), p) for v, p in rows] == [(codec.encode("m1", ""), 0), (codec.encode("m2", ""), 2),
+                                                 (codec.encode("m3", ""), 4)]
 
 
 @pytest.mark.anyio

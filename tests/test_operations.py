@@ -308,8 +308,8 @@ async def test_the_worker_warns_once_per_name_of_queued_workflows_nobody_runs(
                         await anyio.sleep(0.02)
                 assert "names" in worker.leading
                 await unknown.start_async()
-                await worker._warn_unserved()  # the service's next looks: a new name warns, the old one not again
-                await worker._warn_unserved()
+                await worker._on.unserved()  # the service's next looks: a new name warns, the old one not again
+                await worker._on.unserved()
     assert warnings() == [
         "2 queued workflows are named 'renamed.away', which no live worker runs: they wait until a worker that"
         " registers that name starts (a renamed workflow? a worker serving another module?)",
@@ -371,7 +371,7 @@ def test_a_wrong_password_raises_configuration_error_within_3_seconds(embedded_s
 async def test_the_names_a_worker_warned_of_are_bounded(app: pgflow.App, dsn: str, schema: str) -> None:
     """Names of queued workflows are anybody's to make up: the worker remembers at most
     MAX_WARNED_NAMES of those it warned of, however many there are."""
-    from pgflow._core.worker import MAX_WARNED_NAMES
+    from pgflow._core.chores import MAX_WARNED_NAMES
 
     @app.workflow
     async def known() -> int:
@@ -383,5 +383,5 @@ async def test_the_names_a_worker_warned_of_are_bounded(app: pgflow.App, dsn: st
                            " SELECT 'x' || n, 'made.up.' || n, 'default', '\\x80'"
                            " FROM generate_series(1, %s) AS n", (MAX_WARNED_NAMES + 50,))
     async with app.worker(concurrency=1, queues=["elsewhere"]) as worker:
-        await worker._warn_unserved()
-        assert 0 < len(worker._warned_names) <= MAX_WARNED_NAMES
+        await worker._on.unserved()
+        assert 0 < len(worker._on.unserved.warned) <= MAX_WARNED_NAMES

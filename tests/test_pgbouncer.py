@@ -162,9 +162,9 @@ async def test_the_fleets_services_have_one_leader_behind_a_pgbouncer_with_one_s
         async with pooled_app(dsn, schema, narrow) as one, pooled_app(dsn, schema, narrow) as two:
             async with one.worker(concurrency=1, lease=1.0) as first, two.worker(concurrency=1, lease=1.0) as second:
                 with anyio.fail_after(60):
-                    while len(first._maintenance.leading | second._maintenance.leading) < 3:
+                    while len(first.leading | second.leading) < 3:
                         await anyio.sleep(0.05)
-                assert not first._maintenance.leading & second._maintenance.leading
+                assert not first.leading & second.leading
 
 
 @pytest.mark.anyio

@@ -127,14 +127,14 @@ async def test_each_maintenance_service_runs_on_one_worker_and_moves_when_it_sto
         @app.workflow(schedule="0 0 1 1 *")
         async def yearly() -> None: ...
 
-        every_service = {"reaper", "retention", "names", f"cron:{yearly.name}"}
+        every_service = {"reaper", "retention", "partitions", "names", f"cron:{yearly.name}"}
         first = app.worker(lease=0.5)
         async with first:
             await wait_until_async(lambda: first.leading == every_service,
                                    "the first worker to lead")
             async with app.worker(lease=0.5) as second:
                 await anyio.sleep(1.5)  # three election rounds: the second worker wins nothing
-                assert second.leading == set() and len(first.leading) == 4
+                assert second.leading == set() and len(first.leading) == 5
                 await first.stop(0)
                 await wait_until_async(lambda: second.leading == every_service,
                                        "the second worker to take over")
@@ -245,4 +245,16 @@ def test_the_package_has_no_import_cycle() -> None:
 
 def test_no_module_is_over_about_400_lines() -> None:
     sizes = {module_of(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert {name: n for name, n in sizes.items() if n > 420} == {}
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
+
+
+def test_no_function_is_over_60_lines() -> None:
+    """A function a newcomer reads in one screen: longer ones are split into named pieces."""
+    long: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > 60:
+                    long[f"{module_of(path)}.{node.name}"] = size
+    assert long == {}

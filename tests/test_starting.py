@@ -248,6 +248,89 @@ async def test_bad_options_are_refused(app: pgflow.App) -> None:
         opts.with_options(id="")
 
 
+def test_a_step_name_taken_twice_is_refused_as_a_workflow_name_is(app: pgflow.App) -> None:
+    @app.step(name="starting.twice")
+    def first() -> int:
+        return 1
+
+    def second() -> int:
+        return 2
+
+    @app.workflow(name="starting.twice")
+    def flow() -> None: ...
+
+    for what, register in (("step", app.step), ("workflow", app.workflow)):
+        # Another function under the name, and the same function again: either would take the first
+        # one's place in the journal's eyes.
+        for fn in (second, first.fn if what == "step" else flow.fn):
+            with pytest.raises(pgflow.ConfigurationError,
+                               match=f"a {what} named 'starting.twice' is already registered; pass name= to tell"):
+                register(name="starting.twice")(fn)  # type: ignore[operator]
+    assert app.steps["starting.twice"] is first and app.registry.steps["starting.twice"].fn is first.fn
+    assert app.workflows["starting.twice"] is flow
+    assert app.step(name="starting.second")(second)() == 2  # its own name: registered
+
+
+async def test_one_rule_per_value_and_one_exception_per_kind_of_bad_value(app: pgflow.App) -> None:
+    """The same bad value gets the same error wherever it comes in: a TypeError for a wrong type, a
+    ValueError for a wrong value, and at registration a ConfigurationError as well; nothing is
+    registered or written."""
+
+    @app.workflow(name="starting.ruled")
+    async def ruled() -> None: ...
+
+    def at_start(**options: Any) -> None:
+        ruled.with_options(**options)
+
+    def by_name(**options: Any) -> None:
+        app.start_by_name("starting.ruled", **options)
+
+    def registering(**options: Any) -> None:
+        app.workflow(name="starting.refused", **options)(lambda: None)
+
+    def registering_step(**options: Any) -> None:
+        app.step(name="starting.refused", **options)(lambda: None)
+
+    def limiting(**options: Any) -> None:
+        app.queue(**{"name": "starting.q", **options})
+
+    cases: list[tuple[dict[str, Any], type[Exception], str, list[Any]]] = [
+        ({"priority": "5"}, TypeError, "priority is an int", [at_start, by_name, registering]),
+        ({"priority": 2**31}, ValueError, "priority must be between", [at_start, by_name, registering]),
+        ({"queue": ""}, ValueError, "a queue name is a non-empty string", [at_start, by_name, registering]),
+        ({"name": ""}, ValueError, "a queue name is a non-empty string", [limiting]),
+        ({"delay": True}, TypeError, "delay is a number of seconds", [at_start, by_name]),
+        ({"delay": -1}, ValueError, "delay must be between 0 and", [at_start, by_name]),
+        ({"timeout": 0}, ValueError, "timeout is a positive number of seconds", [by_name, registering,
+                                                                                  registering_step]),
+        ({"timeout": "1"}, TypeError, "timeout is a positive number of seconds", [by_name, registering,
+                                                                                   registering_step]),
+        ({"max_attempts": 0}, ValueError, "max_attempts must be between 1 and", [by_name, registering,
+                                                                                  registering_step]),
+        ({"max_attempts": 1.5}, TypeError, "max_attempts is an int", [by_name, registering, registering_step]),
+        ({"per": 0}, ValueError, "per is a positive number of seconds", [limiting]),
+        ({"concurrency": 0}, ValueError, "concurrency must be at least 1", [limiting]),
+    ]
+    for options, error, words, entries in cases:
+        for entry in entries:
+            with pytest.raises(error, match=words) as raised:
+                entry(**options)
+            setup = entry in (registering, registering_step, limiting)
+            assert isinstance(raised.value, pgflow.ConfigurationError) == setup, (entry, options, raised.value)
+    with pytest.raises(pgflow.ConfigurationError, match="a step name must not contain NUL"):
+        app.step(name="starting.\x00")(lambda: None)
+    # Text and positions: a ValueError whatever the wrong value's type (the policy in checks.py).
+    with pytest.raises(ValueError, match="a workflow name is a non-empty string"):
+        app.start_by_name(5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="from_step is a position"):
+        app.handle("some-id").fork("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be between 0 and"):
+        app.handle("some-id").get_event("e", timeout=float("nan"))
+    assert "starting.refused" not in app.workflows and "starting.refused" not in app.steps
+    assert app.queues == {}
+    assert await app.list_workflows_async() == []
+
+
 # -- handles from another App, unknown ids ---------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow import codec
+from pgflow._core import codec
 from pgflow._core.signals import keys as signal_keys
 
 from .apps import streamy

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import pgflow
-from pgflow import codec
+from pgflow._core import codec
 from pgflow.streams import MAX_CHUNK_BYTES, MAX_KEY_BYTES
 
 from .helpers import query

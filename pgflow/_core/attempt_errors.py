@@ -12,7 +12,7 @@ import anyio
 
 from ..errors import ExecutionInterrupted
 from .outcomes import attempt_error
-from .store import Store
+from .store import Fenced, Store
 
 T = TypeVar("T")
 
@@ -22,30 +22,31 @@ class Execution(Protocol):
 
     store: Store
     workflow_id: str
-    lease: int
+    claim_token: int
     run: int
 
-    async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T: ...
+    async def fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T: ...
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds the note may take, as a step start's note: it is only kept for reading
 
 
-async def keep_attempt_error(execution: Execution, name: str, position: int, tries: int,
+async def keep_attempt_error(execution: Execution, name: str, position: int, step_attempt: int,
                              exc: BaseException) -> None:
-    """Note the error of attempt ``tries`` of the step at ``position``, bounded (outcomes.attempt_error)
+    """Note the error of attempt ``step_attempt`` of the step at ``position``, bounded (outcomes.attempt_error)
     and fenced by the execution's claim. Shielded and bounded in time, as the start's note is; a note
     that fails costs only the record (logged), and a lost lease or a cancellation it learns of is left
     in ``execution.interrupt`` for the retry to act on."""
     error = attempt_error(exc)
 
-    async def note() -> tuple[bool, bool, None]:
-        return (*await execution.store.note_step_error(execution.workflow_id, execution.lease, position,
-                                                       execution.run, tries, error), None)
+    async def note() -> Fenced[None]:
+        fence = await execution.store.note_step_error(execution.workflow_id, execution.claim_token, position,
+                                                      execution.run, step_attempt, error)
+        return fence.with_value(None)
 
     try:
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await execution.fenced(note, f"keep the error of step {name!r}")
     except Exception as failure:  # noqa: BLE001 - the error is only kept for reading, not needed to run
-        log.warning("could not keep the error of attempt %d of step %s of %s: %s", tries, name,
+        log.warning("could not keep the error of attempt %d of step %s of %s: %s", step_attempt, name,
                     execution.workflow_id, failure)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import inspect
 import logging
 import time
@@ -25,7 +24,6 @@ import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from .. import codec, telemetry
 from ..errors import (
     CancelRequested,
     ExecutionInterrupted,
@@ -35,12 +33,14 @@ from ..errors import (
     StepTimeout,
     StoreUnavailable,
 )
+from . import codec, telemetry
 from .attempt_errors import keep_attempt_error
 from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
-from .store import StepRecord, Store, WorkflowRow, retrying, unreachable
+from .step_body import StepRun, inside_step, run_step_body
+from .store import Fenced, StepRecord, StepStart, Store, WorkflowRow, retrying, unreachable
 from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -51,18 +51,6 @@ T = TypeVar("T")
 # journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
 # started from a workflow derive their ids from it.
 current_execution: ContextVar[Execution | None] = ContextVar("pgflow_execution", default=None)
-
-
-@dataclass(eq=False)
-class StepRun:
-    """One attempt of one step call: its number (``pgflow.step_attempt()``), and whether its
-    execution gave up on it (it ran past its timeout in a thread that cannot be stopped)."""
-
-    attempt: int
-    abandoned: bool = False
-
-
-inside_step: ContextVar[StepRun | None] = ContextVar("pgflow_inside_step", default=None)
 
 
 def journaling() -> Execution | None:
@@ -83,14 +71,14 @@ def running(what: str) -> Execution:
 
 @dataclass(eq=False)
 class Execution:
-    """One run of one workflow by one worker, identified by its claim's token (``lease``)."""
+    """One run of one workflow by one worker, identified by its claim's token (the words: status.py)."""
 
     replay_only: ClassVar[bool] = False  # a ``check-replay`` of the journal, which writes nothing
     runtime: Runtime
     store: Store
     workflow_id: str
     attempt: int  # the claim's number (a claim lost in a server crash leaves it to be handed out again)
-    lease: int  # the claim's token, never handed out twice: it fences every write of this run
+    claim_token: int  # never handed out twice: it fences every write of this run
     journal: dict[int, StepRecord]
     token: anyio.lowlevel.EventLoopToken
     writer: StreamWriter | None = None
@@ -169,91 +157,74 @@ class Execution:
             for key, end in (record.stream_ends or {}).items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
             return replay(record, step)
-        attempt = 1
+        step_attempt = 1
         while True:
             try:
-                output = await self._attempt(step, position, attempt, args, kwargs)
+                output = await self._attempt(step, position, step_attempt, args, kwargs)
             except Exception as exc:
-                if step.retry.should_retry(exc, attempt):
-                    delay = step.retry.delay(attempt)
+                if step.retry.should_retry(exc, step_attempt):
+                    delay = step.retry.delay(step_attempt)
                     log.info("step %s of %s failed (%s), step attempt %d of workflow attempt %d; retrying in"
-                             " %.2fs", step.name, self.workflow_id, exc, attempt, self.run, delay)
-                    await keep_attempt_error(self, step.name, position, attempt, exc)
-                    attempt += 1
+                             " %.2fs", step.name, self.workflow_id, exc, step_attempt, self.run, delay)
+                    await keep_attempt_error(self, step.name, position, step_attempt, exc)
+                    step_attempt += 1
                     await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
                     self.check_interrupt()
                     continue
-                await self._record(position, step.name, None, describe(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), step_attempt)
                 raise
             try:
                 data, output = codec.checked(output, step.return_type, f"the output of step {step.name!r}",
                                              step.limit)
             except SerializationError as exc:
-                await self._record(position, step.name, None, describe(exc), attempt)
+                await self._record(position, step.name, None, describe(exc), step_attempt)
                 raise
-            await self._record(position, step.name, data, None, attempt)
+            await self._record(position, step.name, data, None, step_attempt)
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
-    async def _attempt(self, step: StepSpec, position: int, attempt: int, args: Any, kwargs: Any) -> Any:
+    async def _attempt(self, step: StepSpec, position: int, step_attempt: int, args: Any, kwargs: Any) -> Any:
         """One attempt of a step, noted as it starts so that one cut short by a crash still counts.
         The note goes out before the attempt begins and its answer is awaited beside it, so a step
         costs no round trip more than its record."""
         failure: BaseException | None = None
         async with anyio.create_task_group() as noting:
-            noting.start_soon(self._note_start, step.name, position, attempt)
+            noting.start_soon(self._note_start, step.name, position, step_attempt)
             await anyio.lowlevel.checkpoint()  # the note's statement is sent before the attempt starts
             try:
-                with telemetry.step(step.name, self.workflow_id, position, attempt):
-                    output = await self._run_body(step, StepRun(attempt), args, kwargs)
+                with telemetry.step(step.name, self.workflow_id, position, step_attempt):
+                    output = await run_step_body(step, StepRun(step_attempt), self.workflow_id, args, kwargs)
             except BaseException as exc:  # noqa: BLE001 - raised once the note is in, outside the group
                 failure = exc
         if failure is not None:
             raise failure
         return output
 
-    async def _note_start(self, name: str, position: int, tries: int) -> None:
+    async def _note_start(self, name: str, position: int, step_attempt: int) -> None:
         """Note an attempt of a step. Shielded, and bounded: a worker stopping under the step must not
         cancel the note that counts it, nor wait long for it. A lost lease or a cancellation it learns
         of is left in ``interrupt``, for the attempt's end to act on."""
 
-        async def note() -> tuple[bool, bool, None]:
+        start = StepStart(self.workflow_id, self.attempt, self.claim_token, position, step_attempt)
+
+        async def note() -> Fenced[None]:
             if self.starts is not None:  # the worker's batch of notes
-                return (*await self.starts.note(self.workflow_id, self.attempt, self.lease, position, tries), None)
-            [(owner, cancel)] = await self.store.start_steps(
-                [(self.workflow_id, self.attempt, self.lease, position, tries)])
-            return owner, cancel, None
+                return (await self.starts.note(start)).with_value(None)
+            [fence] = await self.store.start_steps([start])
+            return fence.with_value(None)
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
             await self.fenced(note, f"start step {name!r}")
-
-    async def _run_body(self, step: StepSpec, run: StepRun, args: Any, kwargs: Any) -> Any:
-        """One attempt of the step, cut short at its timeout (which fails the attempt)."""
-        token = inside_step.set(run)
-        try:
-            with anyio.move_on_after(step.timeout):
-                if step.is_async:
-                    return await step.fn(*args, **kwargs)
-                context = contextvars.copy_context()
-                # A thread cannot be interrupted: on cancellation it is abandoned, and fencing refuses
-                # anything it tries to write after its workflow was given back (and a timed-out
-                # attempt's stream writes are refused by ``write_chunk``).
-                return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs),
-                                                      abandon_on_cancel=True)
-            run.abandoned = True
-            raise StepTimeout(f"step {step.name!r} of workflow {self.workflow_id!r} did not finish within its "
-                              f"timeout of {step.timeout}s (attempt {run.attempt})")
-        finally:
-            inside_step.reset(token)
 
     async def _record(
         self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None, attempts: int,
     ) -> None:
         ends = dict(self.stream_ends)
 
-        async def record() -> tuple[bool, bool, None]:
-            return (*await self.store.record_step(
-                self.workflow_id, self.attempt, self.lease, position, name, output, error, attempts, ends), None)
+        async def record() -> Fenced[None]:
+            fence = await self.store.record_step(
+                self.workflow_id, self.attempt, self.claim_token, position, name, output, error, attempts, ends)
+            return fence.with_value(None)
 
         try:
             await self.fenced(record, f"record step {name!r}")
@@ -261,7 +232,7 @@ class Execution:
             for key, end in ends.items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
 
-    async def fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
+    async def fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T:
         """``_fenced``, once the patch markers taken before it are written."""
         if self.marks:
             await self.write_marks()
@@ -277,9 +248,10 @@ class Execution:
             self.marks_lock = anyio.Lock()
         async with self.marks_lock:
             for position, name in sorted(self.marks.items()):
-                async def record(position: int = position, name: str = name) -> tuple[bool, bool, None]:
-                    return (*await self.store.record_step(self.workflow_id, self.attempt, self.lease, position,
-                                                          name, None, None, 1), None)
+                async def record(position: int = position, name: str = name) -> Fenced[None]:
+                    fence = await self.store.record_step(self.workflow_id, self.attempt, self.claim_token,
+                                                         position, name, None, None, 1)
+                    return fence.with_value(None)
 
                 await self._fenced(record, f"journal {name!r}")
                 del self.marks[position]
@@ -296,25 +268,25 @@ class Execution:
         replay check reads it once), or None to wait as any caller does."""
         return None
 
-    async def _fenced(self, operation: Callable[[], Awaitable[tuple[bool, bool, T]]], what: str) -> T:
-        """Run a write made on behalf of this execution, fenced by its attempt and tried again while
-        the server is away; it returns (still owner, cancel requested, value). A lost lease or a
+    async def _fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T:
+        """Run a write made on behalf of this execution, fenced by its claim and tried again while
+        the server is away; its value, once its fence is looked at. A lost lease or a
         cancellation interrupts the execution, and so does a server that stays away: not the
         workflow's failure, the run stops and the workflow is resumed once the database is back (the
         writes are fenced and idempotent, so a retry cannot double one)."""
         try:
-            owner, cancel, value = await retrying(operation, what)
+            answer = await retrying(operation, what)
         except psycopg.Error as exc:
             if not unreachable(exc):
                 raise
             self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
             raise self.interrupt from exc
-        if not owner:
+        if not answer.owner:
             self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.run} lost its lease")
-        elif cancel:
+        elif answer.cancel:
             self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
         self.check_interrupt()
-        return value
+        return answer.value
 
     def entry(self, name: str, what: str) -> tuple[int, StepRecord | None]:
         """The next journal position for a durable operation of the workflow body (a sleep, a

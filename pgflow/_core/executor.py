@@ -10,53 +10,56 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
 
-from .. import telemetry
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
+from . import telemetry
 from .clock import OWNER
 from .execution import Execution, current_execution
 from .finisher import Finisher
-from .outcomes import Outcome, describe, log_end, refused, runs
+from .outcomes import CANCELLED, Outcome, log_end, refused, runs
 from .registry import WorkflowSpec
 from .reruns import retried
 from .runtime import Runtime
 from .signals import End, News
 from .signals import keys as signal_keys
 from .starts import StepStarts
+from .status import Status
 from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 
 
-async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed,
-                  limiter: anyio.CapacityLimiter, writer: StreamWriter, finisher: Finisher,
-                  freed: tuple[str, ...] = (), cancellers: dict[str, Callable[[], None]] | None = None,
-                  starts: StepStarts | None = None, token: anyio.lowlevel.EventLoopToken | None = None) -> None:
+@dataclass(frozen=True)
+class Slot:
+    """What a worker lends every execution it runs, passed as one: the executor's helpers need most
+    of it, and a list of nine arguments at every call hid which one each used."""
+
+    runtime: Runtime
+    store: Store
+    limiter: anyio.CapacityLimiter
+    writer: StreamWriter
+    finisher: Finisher
+    token: anyio.lowlevel.EventLoopToken
+    cancellers: dict[str, Callable[[], None]] | None = None
+    starts: StepStarts | None = None
+
+
+async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, freed: tuple[str, ...] = ()) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
     Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
     workflow back to the queue at once, so another worker resumes it from its journal without waiting
     for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
-    While it runs, ``cancellers[id]`` cancels it where it stands (its worker learnt that somebody
+    While it runs, ``slot.cancellers[id]`` cancels it where it stands (its worker learnt that somebody
     cancelled it), and it is recorded as cancelled.
     """
     try:
-        token = token or anyio.lowlevel.current_token()  # (a worker passes its loop's, found once)
-        # A first attempt has nothing recorded yet: only a workflow run before has a journal to read.
-        first = claimed.attempt == 1
-        loaded_at = runtime.hub.clock.monotonic()
-        journal, horizon = ({}, -1) if first else await store.journal(claimed.id)
-        execution = Execution(
-            runtime=runtime, store=store, workflow_id=claimed.id, attempt=claimed.attempt, lease=claimed.lease,
-            journal=journal, horizon=horizon,
-            token=token, writer=writer, starts=starts,
-            stream_ends={} if first else await store.stream_ends(claimed.id), run=claimed.run,
-            loaded_at=loaded_at, value_limit=workflow.codec.limit,
-        )
+        execution = await _open(slot, workflow, claimed)
         with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
                                claimed.waited) as span:
             began = time.monotonic()
@@ -65,42 +68,88 @@ async def execute(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
             runs.debug("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.run)
             outcome = refused(claimed)
             if outcome is None:
-                with anyio.CancelScope() as scope:
-                    def canceller() -> None:
-                        _cancel(execution, scope)
-
-                    if cancellers is not None:
-                        cancellers[claimed.id] = canceller
-                    try:
-                        # (Without a timeout the body runs right here: one frame less to resume
-                        # each time it wakes, which a streaming body does once per chunk.)
-                        outcome = await (_run(workflow, claimed, execution, limiter) if claimed.seconds_left is None
-                                         else _run_in_time(workflow, claimed, execution, limiter, claimed.seconds_left))
-                    finally:
-                        if cancellers is not None and cancellers.get(claimed.id) is canceller:
-                            del cancellers[claimed.id]  # not another execution's of the same id
-                if scope.cancelled_caught:
-                    outcome = "cancelled", None, None
-            if outcome is not None and await retried(runtime, store, workflow, claimed, outcome, execution.failure,
-                                                     freed):
-                telemetry.ended(span, "retried", outcome[2])
+                outcome = await _run_cancellable(slot, workflow, claimed, execution)
+            if outcome is not None and await retried(slot.runtime, slot.store, workflow, claimed, outcome,
+                                                     execution.failure, freed):
+                telemetry.ended(span, "retried", outcome.error)
                 outcome = None
             if outcome is not None:
-                telemetry.ended(span, outcome[0], outcome[2])
-                await _finish(finisher, execution, claimed, workflow, outcome, began, freed)
+                telemetry.ended(span, outcome.status.value, outcome.error)
+                await _finish(slot.finisher, execution, claimed, workflow, outcome, began, freed)
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
-        await _suspend(runtime, store, workflow, claimed, pause, freed)
+        await _suspend(slot.runtime, slot.store, workflow, claimed, pause, freed)
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            try:
-                if await retrying(lambda: store.release(claimed.id, claimed.lease),
-                                  f"giving {claimed.id} back to the queue"):
-                    # Its own queue (with_options may have moved it).
-                    runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))
-            except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
-                log.warning("could not give %s back to the queue: %s", claimed.id, exc)
+        await _give_back(slot, claimed)
         raise
+
+
+async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Execution:
+    """The execution of a claimed run, with what earlier runs recorded: its journal and where each of
+    its streams ends. A first attempt has nothing recorded yet, so only a run before it is read."""
+    first = claimed.attempt == 1
+    loaded_at = slot.runtime.hub.clock.monotonic()
+    journal, horizon = ({}, -1) if first else await slot.store.journal(claimed.id)
+    return Execution(
+        runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
+        claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,
+        starts=slot.starts, stream_ends={} if first else await slot.store.stream_ends(claimed.id),
+        run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit,
+    )
+
+
+async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
+                           execution: Execution) -> Outcome | None:
+    """The body's outcome, with a canceller registered for as long as it runs: a cancellation that
+    its worker hears of stops it where it stands, and the outcome is then "cancelled"."""
+    outcome: Outcome | None
+    with anyio.CancelScope() as scope:
+        def canceller() -> None:
+            _cancel(execution, scope)
+
+        cancellers = slot.cancellers
+        if cancellers is not None:
+            cancellers[claimed.id] = canceller
+        try:
+            # (Without a timeout the body runs right here: one frame less to resume each time it
+            # wakes, which a streaming body does once per chunk.)
+            outcome = await (_run(workflow, claimed, execution, slot.limiter) if claimed.seconds_left is None
+                             else _run_in_time(workflow, claimed, execution, slot.limiter, claimed.seconds_left))
+        finally:
+            if cancellers is not None and cancellers.get(claimed.id) is canceller:
+                del cancellers[claimed.id]  # not another execution's of the same id
+    if scope.cancelled_caught:
+        return CANCELLED
+    return outcome
+
+
+async def _give_back(slot: Slot, claimed: Claimed) -> None:
+    """Return an interrupted run's workflow to the queue at once, shielded (the interruption may be
+    a cancellation): another worker then takes it up without waiting for its lease to run out."""
+    with anyio.CancelScope(shield=True):
+        try:
+            if await retrying(lambda: slot.store.release(claimed.id, claimed.claim_token),
+                              f"giving {claimed.id} back to the queue"):
+                # Its own queue (with_options may have moved it).
+                slot.runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))
+        except Exception as exc:  # noqa: BLE001 - the lease runs out and another worker takes over
+            log.warning("could not give %s back to the queue: %s", claimed.id, exc)
+
+
+async def give_back_unrun(slot: Slot, claimed: list[Claimed]) -> None:
+    """Return workflows claimed but never run (the worker began to stop while the claim ran) to the
+    queue as they were before the claim: no attempt of theirs is counted for a run that never was."""
+    if not claimed:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            given = await retrying(lambda: slot.store.unclaim(claimed), "giving unrun claims back to the queue")
+        except Exception as exc:  # noqa: BLE001 - their leases run out and another worker takes over
+            log.warning("could not give %d unrun workflows back to the queue: %s", len(claimed), exc)
+            return
+    queues = {c.queue for c in claimed if c.id in given}
+    if queues:
+        slot.runtime.signals.announce(News(sorted(signal_keys.queue(q) for q in queues)))
 
 
 async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed, pause: Suspended,
@@ -108,19 +157,19 @@ async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claim
     """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
     with anyio.CancelScope(shield=True):
         try:
-            found = await retrying(lambda: store.suspend(claimed.id, claimed.lease, pause.until, pause.topic),
-                                   f"suspending {claimed.id}")
+            requeued = await retrying(lambda: store.suspend(claimed.id, claimed.claim_token, pause.until,
+                                                            pause.topic), f"suspending {claimed.id}")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
             return
-    if found is None:
+    if requeued is None:
         log.warning("workflow %r attempt %d lost its lease before it could wait", claimed.id, claimed.run)
         return
-    queue, status = found
+    cancelled = requeued.status == Status.CANCELLED
     runs.info("workflow %s %s %s", workflow.name, claimed.id,
-              f"{pause} (slot given back)" if status == "queued" else "cancelled while it waited")
+              "cancelled while it waited" if cancelled else f"{pause} (slot given back)")
     # Workers look at the queue again, so they know when it falls due (and a limited queue's slot is free).
-    told = {signal_keys.queue(queue), *freed, *([signal_keys.ended(claimed.id)] if status == "cancelled" else [])}
+    told = {signal_keys.queue(requeued.queue), *freed, *([signal_keys.ended(claimed.id)] if cancelled else [])}
     runtime.signals.announce(News(sorted(told)))
 
 
@@ -140,12 +189,12 @@ async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Exec
     assert scope.cancelled_caught
     message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
     execution.interrupt = CancelRequested(message)
-    return "failed", None, describe(WorkflowTimeout(message))
+    return Outcome.failed(WorkflowTimeout(message))
 
 
 async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                limiter: anyio.CapacityLimiter) -> Outcome | None:
-    """The workflow function's outcome as (status, output, error); None when the lease was lost."""
+    """The workflow function's outcome; None when the lease was lost."""
     reset = current_execution.set(execution)
     OWNER.set(execution.workflow_id)  # (this task's own context: it ends with the run)
     try:
@@ -168,18 +217,18 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
             except BaseException as exc:
                 execution.failure = exc
                 raise
-        return "succeeded", workflow.codec.encode_result(result), None
+        return Outcome(Status.SUCCEEDED, workflow.codec.encode_result(result))
     except CancelRequested:
-        return "cancelled", None, None
+        return CANCELLED
     except ChunkRefused as exc:
         telemetry.failed(exc)
-        return "failed", None, describe(exc)
+        return Outcome.failed(exc)
     except LeaseLost as exc:
         log.warning("%s; leaving it to its new owner", exc)
         return None
     except Exception as exc:  # noqa: BLE001 - any exception is the workflow's recorded failure
         telemetry.failed(exc)
-        return "failed", None, describe(exc)
+        return Outcome.failed(exc)
     finally:
         current_execution.reset(reset)
 
@@ -191,8 +240,9 @@ async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, wo
     execution does not wait: the body is done, and a worker stopping now records what its finisher
     holds rather than giving a finished workflow back to be run again. Only a finisher that has
     stopped already makes the end be recorded here, shielded."""
-    status, output, error = outcome
-    end = End(execution.workflow_id, claimed.born, execution.attempt, workflow.name, status, output, error)
+    status = outcome.status.value  # a plain str: carried ends reach callers as rows read back do
+    end = End(execution.workflow_id, claimed.born, execution.attempt, workflow.name, status, outcome.output,
+              outcome.error)
 
     def then(recorded: bool, failure: BaseException | None) -> None:
         if failure is not None:
@@ -205,6 +255,6 @@ async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, wo
             log.warning("workflow %r attempt %d lost its lease before it could record %s",
                         execution.workflow_id, execution.run, status)
 
-    if not finisher.finish_soon(end, execution.lease, set(freed), then):
+    if not finisher.finish_soon(end, execution.claim_token, set(freed), then):
         with anyio.CancelScope(shield=True):
-            then(*await finisher.finish(end, execution.lease, set(freed)))
+            then(*await finisher.finish(end, execution.claim_token, set(freed)))

@@ -30,12 +30,12 @@ MAX_CLIENTS = 32  # requests served at once; more are closed unanswered (a probe
 
 
 class Liveness:
-    """What the worker's loop writes (monotonic times) and the probe reads. ``lease`` is how long a
-    fault is tolerated: as long as the worker's claims survive it unrenewed."""
+    """What the worker's loop writes (monotonic times) and the probe reads. ``lease_seconds`` is how
+    long a fault is tolerated: as long as the worker's claims survive it unrenewed."""
 
-    def __init__(self, lease: float, listening: Callable[[], bool]) -> None:
+    def __init__(self, lease_seconds: float, listening: Callable[[], bool]) -> None:
         now = time.monotonic()
-        self.lease = lease
+        self.lease_seconds = lease_seconds
         self.loop_at = now
         self.heartbeat_at = now
         self.listener_down_since: float | None = None
@@ -58,7 +58,7 @@ class Liveness:
         """What is wrong for longer than the lease; empty when the worker is alive. The heartbeat and
         the listener are judged by the loop's clock (its last pulse): a blocked loop renews nothing,
         and is reported as what it is, not as a database that does not answer."""
-        now, lease, loop_at = time.monotonic(), self.lease, self.loop_at
+        now, lease, loop_at = time.monotonic(), self.lease_seconds, self.loop_at
         found = []
         if now - loop_at > lease:
             found.append(f"the worker's event loop has not run for {now - loop_at:.1f} s (something blocks"

@@ -26,7 +26,8 @@ log = logging.getLogger("pgflow.maintenance")
 
 Service = Callable[[], Awaitable[None]]
 
-REAPER, RETENTION, NAMES = "reaper", "retention", "names"  # the fleet's services besides the schedules
+# The fleet's services besides the schedules.
+REAPER, RETENTION, PARTITIONS, NAMES = "reaper", "retention", "partitions", "names"
 APPLICATION = "pgflow-maintenance-"  # + the pid: the application name of a worker's lock connection
 
 

@@ -9,19 +9,32 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
-from .. import codec
 from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
+from . import codec
 from .registry import StepSpec
+from .status import Status
 from .store import Claimed, StepRecord
 
 runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
-# A workflow's recorded end: (status, output, error).
-Outcome = tuple[str, bytes | None, dict[str, Any] | None]
+
+class Outcome(NamedTuple):
+    """A workflow's end, as it is recorded: its status, and its encoded result or its error."""
+
+    status: Status
+    output: bytes | None = None
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> Outcome:
+        return cls(Status.FAILED, None, describe(exc))
+
+
+CANCELLED = Outcome(Status.CANCELLED)
 ARGS_AT_MOST = 4096  # bytes of an exception's encoded arguments kept to rebuild it on replay
 
 
@@ -129,25 +142,26 @@ def refused(claimed: Claimed) -> Outcome | None:
     """The end to record instead of running: for a workflow that expired before it started, a poison
     workflow, or one past its deadline."""
     if claimed.expired:
-        return "cancelled", None, describe(WorkflowExpired(
-            f"workflow {claimed.id!r} had not started by its expiry time (expires=), so it never ran"))
+        return Outcome(Status.CANCELLED, None, describe(WorkflowExpired(
+            f"workflow {claimed.id!r} had not started by its expiry time (expires=), so it never ran")))
     if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
         runs = claimed.max_attempts - (claimed.attempt - claimed.run)  # its max_attempts
-        return "failed", None, describe(MaxAttemptsExceeded(
+        return Outcome.failed(MaxAttemptsExceeded(
             f"workflow {claimed.id!r} was given up after {runs} interrupted runs: each was cut short (its"
             " worker crashed, was stopped or lost its lease) before it finished. Fix what kills it, then"
             " resume it (pgflow workflows resume ID), or give it a higher max_attempts"))
     if claimed.seconds_left is not None and claimed.seconds_left <= 0:
-        return "failed", None, describe(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
+        return Outcome.failed(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
     return None
 
 
 def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:
     """One line per workflow end at INFO; a failure at WARNING, with its traceback. The attempt is
     ``pgflow.attempt()``'s (runs cut short count, wakes from a sleep do not), not the claims."""
-    status, _, error = outcome
-    if status == "failed" and error is not None:
+    error = outcome.error
+    if outcome.status == Status.FAILED and error is not None:
         runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
                      claimed.run, error.get("type"), error.get("message"), error.get("traceback", ""))
     else:
-        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, status, seconds, claimed.run)
+        runs.info("workflow %s %s %s in %.3fs (attempt %d)", name, claimed.id, outcome.status, seconds,
+                  claimed.run)

@@ -9,11 +9,15 @@ loaded the server is, and a batch slowed down by load waits longer by itself.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Protocol
 
 import anyio
+
+log = logging.getLogger("pgflow.retention")
 
 SHARE = 0.25  # of the wall time a prune spends in its statements (benchmarks/prune_under_load.py)
 # Workflows per statement. Small, so a statement is short and the pauses come often (the same share
@@ -21,6 +25,19 @@ SHARE = 0.25  # of the wall time a prune spends in its statements (benchmarks/pr
 # a workflow, a statement deletes 10,000 chunks in about 10 ms on a 2-core machine.
 PRUNE_BATCH = 100
 MAX_PRUNE_BATCH = 10_000  # a statement past this holds its locks and fills the WAL for long
+# How often the partitions service makes the chunk partitions ahead and drops the emptied ones: a
+# period is an hour at least and partitions are made periods ahead, so a minute is soon enough.
+PARTITIONS_EVERY = 60.0
+
+
+class Prunable(Protocol):
+    """What the retention needs of the store."""
+
+    async def prune(self, older_than: float, batch: int) -> int: ...
+
+    async def add_chunk_partitions(self) -> int: ...
+
+    async def drop_chunk_partitions(self) -> list[str]: ...
 
 
 def check_older_than(older_than: object) -> float:
@@ -56,3 +73,21 @@ async def prune_paced(delete_batch: Callable[[], Awaitable[int]], batch: int,
         if gone < batch:
             return deleted
         await anyio.sleep((anyio.current_time() - began) * (1 - share) / share)
+
+
+async def prune(store: Prunable, older_than: float, batch: int = PRUNE_BATCH) -> int:
+    """The retention service's pass: small batches, paced so the pruning never crowds out the work
+    it runs beside. The chunk partitions it empties of streams go at the partitions service's next
+    pass, the one place of the fleet that drops them."""
+    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
+    if deleted:
+        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    return deleted
+
+
+async def tend_chunk_partitions(store: Prunable) -> None:
+    """The partitions service's pass: the partitions of the coming periods are made before a stream
+    needs them, and those no stream is left in are dropped (whether or not this fleet prunes:
+    ``App(retention=None)`` keeps every stream, and so every partition with a stream in it)."""
+    await store.add_chunk_partitions()
+    await store.drop_chunk_partitions()

@@ -11,11 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..codec import DEFAULT_VALUE_LIMIT, FunctionCodec, decode
 from ..cron import Cron
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy
-from .checks import check_priority, check_queue
+from .checks import (
+    check_max_attempts,
+    check_name,
+    check_positive_seconds,
+    check_priority,
+    check_queue,
+    check_schedulable,
+    setting_up,
+)
+from .codec import DEFAULT_VALUE_LIMIT, FunctionCodec, decode
 
 NotifyMode = Literal["buffered", "off"]
 
@@ -85,8 +93,10 @@ class StepSpec:
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, retry: RetryPolicy, timeout: float | None = None,
            limit: int | None = None) -> StepSpec:
-        if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-            raise ConfigurationError(f"a step's timeout is a positive number of seconds, got {timeout!r}")
+        with setting_up():
+            check_name(name, "a step name")
+            if timeout is not None:
+                timeout = check_positive_seconds(timeout, "a step's timeout")
         return cls(fn, name, retry, inspect.iscoroutinefunction(fn),
                    FunctionCodec(fn, f"step {name!r}").return_type, timeout, limit)
 
@@ -110,17 +120,18 @@ class WorkflowSpec:
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
            timeout: float | None, schedule: Cron | None, limit: int | None = None,
            retry: RetryPolicy | None = None) -> WorkflowSpec:
-        check_queue(queue)
-        check_priority(priority)
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout}")
-        if schedule is not None and len(inspect.signature(fn).parameters) > 1:
-            raise ConfigurationError(
-                f"scheduled workflow {name!r} takes no arguments or one (the tick's datetime)")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ConfigurationError(f"a workflow's retry is a pgflow.RetryPolicy, got {retry!r}")
+        with setting_up():
+            check_name(name)
+            check_queue(queue)
+            check_priority(priority)
+            if max_attempts is not None:
+                check_max_attempts(max_attempts)
+            if timeout is not None:
+                timeout = check_positive_seconds(timeout, "a workflow's timeout")
+            if schedule is not None:
+                check_schedulable(fn, name)
+            if retry is not None and not isinstance(retry, RetryPolicy):
+                raise TypeError(f"a workflow's retry is a pgflow.RetryPolicy, got {retry!r}")
         return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
                    inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit), retry)
 
@@ -137,11 +148,12 @@ class Registry:
     queues: dict[str, QueueLimits] = field(default_factory=dict)
 
     def add_workflow(self, spec: WorkflowSpec) -> None:
-        if spec.name in self.workflows:
-            raise ConfigurationError(
-                f"a workflow named {spec.name!r} is already registered; pass name= to tell them apart"
-            )
+        _refuse_twice(self.workflows, spec.name, "workflow")
         self.workflows[spec.name] = spec
+
+    def add_step(self, spec: StepSpec) -> None:
+        _refuse_twice(self.steps, spec.name, "step")
+        self.steps[spec.name] = spec
 
     def decode_result(self, name: str, data: bytes) -> Any:
         """A workflow's recorded result, typed by its return hint when this process knows it."""
@@ -149,3 +161,10 @@ class Registry:
         if spec is None:
             return decode(data)
         return spec.codec.decode_result(data)
+
+
+def _refuse_twice(registered: dict[str, Any], name: str, what: str) -> None:
+    """A second workflow or step under a name would silently take the first one's place: the journal
+    knows entries by name, so recorded calls of the first would replay as the second's."""
+    if name in registered:
+        raise ConfigurationError(f"a {what} named {name!r} is already registered; pass name= to tell them apart")

@@ -25,10 +25,9 @@ from .execution import Execution, current_execution
 from .outcomes import replay
 from .registry import Registry, StepSpec, WorkflowSpec
 from .runtime import Runtime
+from .status import ENDED
 from .store import StepRecord, Store, WorkflowRow
 from .store.replay import ReplayReads
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 class JournalEnd(ExecutionInterrupted):
@@ -169,7 +168,7 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
 
 async def _check_one(spec: WorkflowSpec, runtime: Runtime, reads: ReplayReads, id: str, inputs: bytes,
                      journal: dict[int, StepRecord], horizon: int, within: float) -> Mismatch | None:
-    check = ReplayCheck(runtime=runtime, store=cast(Store, _NoStore()), workflow_id=id, attempt=0, lease=0,
+    check = ReplayCheck(runtime=runtime, store=cast(Store, _NoStore()), workflow_id=id, attempt=0, claim_token=0,
                         journal=journal, token=anyio.lowlevel.current_token(), horizon=horizon, reads=reads)
     reset = current_execution.set(check)
     try:

@@ -17,6 +17,7 @@ from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
+from .status import Status
 from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused
 
@@ -28,28 +29,28 @@ async def retried(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
     """True when the failed ``outcome`` was given back to run again under the workflow's policy
     (or the claim was lost meanwhile); False when it is to be recorded as the workflow's end."""
     policy = workflow.retry
-    status, _, error = outcome
-    if (policy is None or status != "failed" or error is None or not isinstance(failure, Exception)
+    error = outcome.error
+    if (policy is None or outcome.status != Status.FAILED or error is None or not isinstance(failure, Exception)
             or isinstance(failure, ChunkRefused)):
         return False
-    run = claimed.retries + 1  # this run of the body, counting the failed ones before it
-    if not policy.should_retry(failure, run):
+    policy_attempt = claimed.retries + 1  # this run of the body under its policy, the failed ones counted
+    if not policy.should_retry(failure, policy_attempt):
         return False
-    delay = policy.delay(run)
+    delay = policy.delay(policy_attempt)
     with anyio.CancelScope(shield=True):
         try:
-            found = await retrying(lambda: store.retry_later(claimed.id, claimed.lease, delay, error),
+            rerun = await retrying(lambda: store.retry_later(claimed.id, claimed.claim_token, delay, error),
                                    f"queueing {claimed.id} to run again")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; the next claim fails it or runs it
             log.warning("could not queue %s to run again: %s", claimed.id, exc)
             return True
-    if found is None:
-        log.warning("workflow %r attempt %d lost its lease before it could be retried", claimed.id, claimed.attempt)
+    if rerun is None:
+        log.warning("workflow %r attempt %d lost its lease before it could be retried", claimed.id, claimed.run)
         return True
-    queue, now, retries = found
-    runs.info("workflow %s %s failed (run %d of %d: %s: %s); %s", workflow.name, claimed.id, run,
+    runs.info("workflow %s %s failed (run %d of %d: %s: %s); %s", workflow.name, claimed.id, policy_attempt,
               policy.max_attempts, error.get("type"), error.get("message"),
-              f"runs again in {delay:.2f}s" if now == "queued" else "cancelled meanwhile")
-    told = {signal_keys.queue(queue), *freed, *([signal_keys.ended(claimed.id)] if now == "cancelled" else [])}
+              f"runs again in {delay:.2f}s" if rerun.status == Status.QUEUED else "cancelled meanwhile")
+    ended = [signal_keys.ended(claimed.id)] if rerun.status == Status.CANCELLED else []
+    told = {signal_keys.queue(rerun.queue), *freed, *ended}
     runtime.signals.announce(News(sorted(told)))
     return True

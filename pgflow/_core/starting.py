@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .. import telemetry
 from ..errors import WorkflowConflict
+from . import telemetry
 from .execution import journaling
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
-from .store.store import Timing
+from .store.starts import NO_TIMING, NewWorkflows, Timing
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
@@ -36,15 +36,17 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])  # delayed ones too: idle workers re-read when the next falls due
     hearing = signals.hearing()
-    (created, found, born), rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue(
-        id, name, queue, priority, inputs, delay, max_attempts, timeout, pings, parent, traceparent, when,
-    ), when_quiet=True))
-    if found != name:
+    new = NewWorkflows(name=name, queue=queue, priority=priority, delay=delay, max_attempts=max_attempts,
+                       timeout=timeout, parent=parent, traceparent=traceparent, when=when or NO_TIMING)
+    started, rode = await runtime.db(lambda store: signals.ride(
+        news, lambda pings: store.enqueue(id, inputs, new, pings), when_quiet=True))
+    if started.name != name:
         raise WorkflowConflict(
-            f"workflow id {id!r} already belongs to a workflow {found!r}, not {name!r}; choose another id"
+            f"workflow id {id!r} already belongs to a workflow {started.name!r}, not {name!r}; choose another id"
         )
+    created = started.created
     if created:
-        signals.waiters.ends.started([(id, born)], hearing)
+        signals.waiters.ends.started([(id, started.born)], hearing)
         signals.told(news, rode)
         telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: name, telemetry.QUEUE: queue})
     return created
@@ -80,16 +82,18 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
     signals = runtime.signals
     news = News([signal_keys.queue(queue)])
     hearing = signals.hearing()
-    found, rode = await runtime.db(lambda store: signals.ride(news, lambda pings: store.enqueue_many(
-        ids, workflow.name, queue, priority, inputs, delay, workflow.max_attempts, workflow.timeout, pings,
-        parent, traceparent, when,
-    ), when_quiet=True))
-    created = sum(1 for new, _, _ in found if new)
-    signals.waiters.ends.started(((id, born) for id, (new, _, born) in zip(ids, found, strict=True) if new), hearing)
+    new = NewWorkflows(name=workflow.name, queue=queue, priority=priority, delay=delay,
+                       max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
+                       traceparent=traceparent, when=when or NO_TIMING)
+    found, rode = await runtime.db(lambda store: signals.ride(
+        news, lambda pings: store.enqueue_many(ids, inputs, new, pings), when_quiet=True))
+    created = sum(1 for started in found if started.created)
+    signals.waiters.ends.started(((id, started.born) for id, started in zip(ids, found, strict=True)
+                                  if started.created), hearing)
     if created:
         signals.told(news, rode)
         telemetry.workflows_started.add(created, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
-    taken = [(id, name) for id, (_, name, _) in zip(ids, found, strict=True) if name != workflow.name]
+    taken = [(id, started.name) for id, started in zip(ids, found, strict=True) if started.name != workflow.name]
     if taken:
         id, name = taken[0]
         raise WorkflowConflict(

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 
 from .batches import GroupCommit
-from .store import Store
-
-Note = tuple[str, int, int, int, int]  # workflow id, its execution's attempt and lease, step position, tries
+from .store import Fence, StepStart, Store
 
 
-class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
+class StepStarts(GroupCommit[tuple[StepStart, "asyncio.Future[Fence]"]]):
     """One batch of notes at a time: while it is out, the next gathers."""
 
     drains = True  # a step cut short by the worker stopping waits for its note, which counts it
@@ -25,14 +23,14 @@ class StepStarts(GroupCommit[tuple[Note, "asyncio.Future[tuple[bool, bool]]"]]):
         super().__init__(max_batch, max_in_flight=1)
         self._store = store
 
-    async def note(self, workflow_id: str, attempt: int, lease: int, position: int, tries: int) -> tuple[bool, bool]:
-        """Note the start and return (still owner, cancel requested) once its batch committed. A
-        failed batch raises its error in every note of it; each caller retries its own."""
-        done: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
-        await self._submit(((workflow_id, attempt, lease, position, tries), done))
+    async def note(self, start: StepStart) -> Fence:
+        """Note the start and return its fence once its batch committed. A failed batch raises its
+        error in every note of it; each caller retries its own."""
+        done: asyncio.Future[Fence] = asyncio.get_running_loop().create_future()
+        await self._submit((start, done))
         return await done
 
-    async def _flush(self, batch: list[tuple[Note, asyncio.Future[tuple[bool, bool]]]]) -> None:
+    async def _flush(self, batch: list[tuple[StepStart, asyncio.Future[Fence]]]) -> None:
         try:
             answers = await self._store.start_steps([note for note, _ in batch])
         except Exception as exc:  # noqa: BLE001 - every waiter gets it, and decides

@@ -9,26 +9,17 @@ takes it again replays the journal up to the wait, which then returns at once.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 from ..errors import Suspended
-from .checks import MAX_DELAY
 from .execution import Execution
 from .signals import News
 from .signals import keys as signal_keys
+from .store import Fenced, Receipt, Wake
 
 SLEEP = "pgflow.sleep"
 SET_EVENT = "pgflow.set_event:"  # + the key
 RECV = "pgflow.recv:"  # + the topic
-
-
-def check_seconds(seconds: object, what: str) -> float:
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
-        raise TypeError(f"{what} is a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY:
-        raise ValueError(f"{what} is between 0 and {MAX_DELAY:.0f} seconds (ten years), got {seconds!r}")
-    return float(seconds)
 
 
 async def sleep(execution: Execution, seconds: float) -> None:
@@ -38,12 +29,12 @@ async def sleep(execution: Execution, seconds: float) -> None:
     if record is None:
         store = execution.store
 
-        async def journal() -> tuple[bool, bool, tuple[float, datetime]]:
-            owner, cancel, left, wake_at = await store.record_wake(
-                execution.workflow_id, execution.attempt, execution.lease, position, SLEEP, seconds)
-            return owner, cancel, (left, wake_at)
+        async def journal() -> Fenced[Wake]:
+            return await store.record_wake(
+                execution.workflow_id, execution.attempt, execution.claim_token, position, SLEEP, seconds)
 
-        left, until = await execution.fenced(journal, "journal a sleep")
+        wake = await execution.fenced(journal, "journal a sleep")
+        left, until = wake.left, wake.at
     else:
         left = execution.seconds_left(record.remaining) if record.remaining is not None else 0.0
         until = record.wake_at or datetime.now(UTC)
@@ -71,10 +62,10 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
         return
     store = execution.store
 
-    async def publish() -> tuple[bool, bool, None]:
-        owner, cancel = await store.set_event(execution.workflow_id, execution.attempt, execution.lease, position,
-                                              name, key, value)
-        return owner, cancel, None
+    async def publish() -> Fenced[None]:
+        fence = await store.set_event(execution.workflow_id, execution.attempt, execution.claim_token, position,
+                                      name, key, value)
+        return fence.with_value(None)
 
     await execution.fenced(publish, f"publish event {key!r}")
     execution.runtime.signals.announce(News([signal_keys.event(execution.workflow_id)]))
@@ -94,26 +85,26 @@ async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None
         return record.output  # the message taken, or None for a receive that timed out
     store = execution.store
 
-    async def receive(final: bool) -> tuple[bool, bytes | None, float, datetime]:
-        async def statement() -> tuple[bool, bool, tuple[bool, bytes | None, float, datetime]]:
-            owner, cancel, taken, value, left, deadline = await store.receive(
-                execution.workflow_id, execution.attempt, execution.lease, position, name, topic, timeout, final)
-            return owner, cancel, (taken, value, left, deadline)
+    async def receive(final: bool) -> Receipt:
+        async def statement() -> Fenced[Receipt]:
+            return await store.receive(
+                execution.workflow_id, execution.attempt, execution.claim_token, position, name, topic, timeout, final)
 
         return await execution.fenced(statement, f"receive a message on {topic!r}")
 
-    taken, value, left, deadline = await receive(False)
-    if taken:
-        return value
-    if left > execution.suspend_after:
-        raise Suspended(deadline, f"waiting for a message on {topic!r} (position {position})", topic)
+    first = await receive(False)
+    if first.taken:
+        return first.value
+    if first.left > execution.suspend_after:
+        raise Suspended(first.deadline, f"waiting for a message on {topic!r} (position {position})", topic)
 
     async def look() -> tuple[bytes | None] | None:
-        taken, value, _, _ = await receive(False)
-        return (value,) if taken else None
+        receipt = await receive(False)
+        return (receipt.value,) if receipt.taken else None
 
-    got = await execution.runtime.wait_for([signal_keys.message(execution.workflow_id)], look, max(0.0, left))
+    got = await execution.runtime.wait_for([signal_keys.message(execution.workflow_id)], look,
+                                           max(0.0, first.left))
     if got is not None:
         return got[0]
-    taken, value, _, _ = await receive(True)
-    return value if taken else None
+    last = await receive(True)
+    return last.value if last.taken else None

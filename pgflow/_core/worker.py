@@ -12,12 +12,14 @@ another worker resumes it from its journal without waiting for the lease to run 
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
@@ -28,24 +30,38 @@ from anyio.abc import TaskGroup
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from .checks import check_queue
+from .chores import UnservedNames, chores
 from .connecting import linked, where
-from .executor import execute
+from .executor import Slot, give_back_unrun, run_claimed
 from .finisher import Finisher
 from .health import HealthServer, Liveness
-from .maintenance import NAMES, REAPER, RETENTION, Maintenance, Service, cron_service, every, schedule
-from .pruning import PRUNE_BATCH, prune_paced
-from .registry import Registry, WorkflowSpec
+from .maintenance import Maintenance
+from .registry import Registry
 from .runtime import Runtime, Runtimes
 from .signals import Waiter
 from .signals import keys as signal_keys
-from .starting import enqueue
 from .starts import StepStarts
 from .store import Claimed, Store
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.worker")
 
-MAX_WARNED_NAMES = 1000  # names of queued workflows nobody runs, warned of once each (then again)
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a worker runs with once started: made on entry (anyio and the store need the running
+    loop), and gone with the stop."""
+
+    runtime: Runtime
+    store: Store
+    wake: Waiter  # woken by pings on the worker's queues and by slots freeing up
+    writer: StreamWriter
+    finisher: Finisher
+    starts: StepStarts
+    slot: Slot  # what every execution borrows from the worker
+    maintenance: Maintenance
+    unserved: UnservedNames
+    stack: contextlib.AsyncExitStack  # the worker's task group, and the leaving that follows it
 
 
 class Worker:
@@ -75,7 +91,7 @@ class Worker:
         self.runtimes = runtimes
         self.concurrency = concurrency
         self.queues = [check_queue(queue) for queue in queues] if queues else ["default"]
-        self.lease = lease
+        self.lease_seconds = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
         self.grace = grace
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -86,16 +102,18 @@ class Worker:
         self._slot_wanted = True
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
-        self._group: TaskGroup | None = None
-        self._tasks: TaskGroup | None = None
-        self._runtime: Runtime | None = None
-        self._store: Store | None = None
-        self._wake: Waiter | None = None
-        self._writer: StreamWriter | None = None
-        self._finisher: Finisher | None = None
-        self._starts: StepStarts | None = None
-        self._maintenance: Maintenance | None = None
-        self._warned_names: set[str] = set()
+        self._parts: _Parts | None = None
+
+    @property
+    def lease(self) -> float:
+        """Seconds a claim holds a workflow unrenewed: ``app.worker(lease=...)`` (``lease_seconds``)."""
+        return self.lease_seconds
+
+    @property
+    def _on(self) -> _Parts:
+        if self._parts is None:
+            raise RuntimeError("the worker is not running: use it as `async with app.worker(...)`")
+        return self._parts
 
     async def __aenter__(self) -> Worker:
         try:
@@ -111,82 +129,93 @@ class Worker:
         self._running_scope = anyio.CancelScope()
         self._claiming = anyio.CancelScope()
         self._idle = anyio.Event()
-        runtime = self._runtime = self.runtimes.current()
+        runtime = self.runtimes.current()
         if self.health_port is not None:  # bound first: a port that is taken stops the worker before it starts
-            self._liveness = Liveness(self.lease, lambda: bool(runtime.signals.listener
+            self._liveness = Liveness(self.lease_seconds, lambda: bool(runtime.signals.listener
                                                               and runtime.signals.listener.connected))
             try:
                 self.health = HealthServer(self._liveness, self.health_host, self.health_port)
             except OSError as exc:
                 raise ConfigurationError(f"cannot serve the health probe on {self.health_host}:{self.health_port}:"
                                          f" {exc.strerror or exc}") from exc
-        self._store = await runtime.store()
+        store = await runtime.store()
         for queue in self.queues:
             limits = self.registry.queues.get(queue)
             if limits is not None:
-                await self._store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
-        await self._store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
-                                          sorted(self.registry.workflows), self.lease)
-        assert runtime.config is not None
-        self._writer = StreamWriter(self._store, runtime.signals)
-        runtime.writers.add(self._writer)
-        # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
-        # next claim goes out beside that batch instead of after it.
-        self._finisher = Finisher(self._store, runtime.signals, recorded=runtime.count_ends)
-        self._starts = StepStarts(self._store)
-        config = runtime.config
-        self._maintenance = Maintenance(linked(config.session_dsn, config.query_timeout), self._store.schema,
-                                        self._services(), interval=self.lease, query_timeout=config.query_timeout)
-        self._wake = Waiter()
-        self._token = anyio.lowlevel.current_token()  # the loop's, for every execution's sync callbacks
+                await store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+        await store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
+                                    sorted(self.registry.workflows), self.lease_seconds)
+        self._parts = parts = self._assemble(runtime, store)
         for queue in self.queues:
-            runtime.signals.waiters.add(signal_keys.queue(queue), self._wake)
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
-        await self._group.start(self._main)
+            runtime.signals.waiters.add(signal_keys.queue(queue), parts.wake)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self._left)  # last: once the group below is done
+            await (await stack.enter_async_context(anyio.create_task_group())).start(self._main)
+            self._parts = parts = dataclasses.replace(parts, stack=stack.pop_all())
         log.info("worker %s started: server %s, schema %s, queues %s, concurrency %d", self.id,
-                 where((await self.runtimes.config_async()).dsn), self._store.schema,
-                 ",".join(self.queues), self.concurrency)
+                 where((await self.runtimes.config_async()).dsn), store.schema, ",".join(self.queues),
+                 self.concurrency)
         if self.health is not None:
             self.health.start()
             log.info("worker %s answers its liveness probe on http://%s:%d/healthz", self.id, self.health.host,
                      self.health.port)
         return self
 
+    def _assemble(self, runtime: Runtime, store: Store) -> _Parts:
+        assert runtime.config is not None
+        config = runtime.config
+        writer = StreamWriter(store, runtime.signals)
+        runtime.writers.add(writer)
+        # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
+        # next claim goes out beside that batch instead of after it.
+        finisher = Finisher(store, runtime.signals, recorded=runtime.count_ends)
+        starts = StepStarts(store)
+        unserved = UnservedNames(store, self.heartbeat)
+        maintenance = Maintenance(linked(config.session_dsn, config.query_timeout), store.schema,
+                                  chores(runtime, store, self.registry, self.queues, self.lease_seconds,
+                                         self.heartbeat, unserved),
+                                  interval=self.lease_seconds, query_timeout=config.query_timeout)
+        # (the loop's token is for the executions' sync callbacks)
+        slot = Slot(runtime, store, self._limiter, writer, finisher, anyio.lowlevel.current_token(),
+                    self._cancellers, starts)
+        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, maintenance, unserved,
+                      contextlib.AsyncExitStack())
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        assert self._group is not None
         try:
-            try:
-                with anyio.CancelScope(shield=exc_type is None):
-                    await self.stop(0.0 if exc_type is not None else self.grace)
-            finally:
-                # Always exit the group, or the caller's cancel scopes unwind out of order. The
-                # block's own exception propagates as it is, not wrapped in an ExceptionGroup.
-                self._running_scope.cancel()
-                await self._group.__aexit__(None, None, None)
+            with anyio.CancelScope(shield=exc_type is None):
+                await self.stop(0.0 if exc_type is not None else self.grace)
         finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._store.unregister_worker(self.id)  # type: ignore[union-attr]
-                except Exception as exc:  # noqa: BLE001 - the maintenance service forgets it anyway
-                    log.warning("could not unregister worker %s: %s", self.id, exc)
-            if self.health is not None:
-                self.health.stop()
-            log.info("worker %s stopped", self.id)
+            # Always exit the group, or the caller's cancel scopes unwind out of order. The
+            # block's own exception propagates as it is, not wrapped in an ExceptionGroup.
+            self._running_scope.cancel()
+            await self._on.stack.aclose()
+
+    async def _left(self) -> None:
+        """What follows the worker's tasks: its registration given up, its probe closed."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._on.store.unregister_worker(self.id)
+            except Exception as exc:  # noqa: BLE001 - the maintenance service forgets it anyway
+                log.warning("could not unregister worker %s: %s", self.id, exc)
+        if self.health is not None:
+            self.health.stop()
+        self._parts = None
+        log.info("worker %s stopped", self.id)
 
     @property
     def leading(self) -> set[str]:
         """The fleet-wide maintenance services this worker runs now (each runs on one worker)."""
-        return set(self._maintenance.leading) if self._maintenance is not None else set()
+        return set(self._parts.maintenance.leading) if self._parts is not None else set()
 
     async def stop(self, grace: float) -> bool:
         """Stop claiming, wait up to ``grace`` seconds for running workflows, then interrupt the
         rest (they go back to the queue). Returns True when nothing had to be interrupted."""
-        assert self._wake is not None and self._runtime is not None
+        on = self._on
         self._claiming.cancel()
         for queue in self.queues:
-            self._runtime.signals.waiters.remove(signal_keys.queue(queue), self._wake)
+            on.runtime.signals.waiters.remove(signal_keys.queue(queue), on.wake)
         if self.running and grace > 0:
             log.info("worker %s draining %d running workflows (up to %.1fs)", self.id,
                      len(self.running), grace)
@@ -205,86 +234,38 @@ class Worker:
     async def _main(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Own every task of the worker under one scope that ``stop`` cancels. (Cancelling the outer
         group's scope instead would also cancel the code inside the caller's ``async with``.)"""
-        assert self._writer is not None and self._finisher is not None and self._maintenance is not None
-        assert self._starts is not None
+        on = self._on
         with self._running_scope:
             try:
                 async with anyio.create_task_group() as tasks:
-                    self._tasks = tasks
-                    tasks.start_soon(self._writer.run)
-                    tasks.start_soon(self._finisher.run)
-                    tasks.start_soon(self._starts.run)
-                    tasks.start_soon(self._intake)
+                    tasks.start_soon(on.writer.run)
+                    tasks.start_soon(on.finisher.run)
+                    tasks.start_soon(on.starts.run)
+                    tasks.start_soon(self._intake, tasks)
                     tasks.start_soon(self._heartbeat_loop)
                     if self._liveness is not None:
                         tasks.start_soon(self._pulse, self._liveness)
                     task_status.started()
             finally:
-                assert self._runtime is not None
-                self._runtime.retire(self._writer)
+                on.runtime.retire(on.writer)
 
-    async def _intake(self) -> None:
+    async def _intake(self, tasks: TaskGroup) -> None:
         """Everything that brings work in (claiming, the maintenance services such as schedules);
-        ``stop`` cancels it first."""
-        assert self._maintenance is not None
+        ``stop`` cancels it first. Claimed workflows run in ``tasks``."""
         with self._claiming:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._claim_loop)
-                group.start_soon(self._maintenance.run)
+                group.start_soon(self._claim_loop, tasks)
+                group.start_soon(self._on.maintenance.run)
 
-    def _services(self) -> dict[str, Service]:
-        """The fleet-wide chores this worker can take on: forgetting dead workers, deleting finished
-        workflows past the retention, and the schedules of the workflows it serves."""
-        assert self._store is not None
-        store, forget_after = self._store, max(60.0, 10 * self.lease)
-        services = {REAPER: every(self.heartbeat, lambda: store.forget_workers(forget_after),
-                                    "forgetting dead workers")}
-        assert self._runtime is not None and self._runtime.config is not None
-        retention = self._runtime.config.retention
-        if retention is not None:
-            services[RETENTION] = every(max(1.0, min(60.0, retention / 10, 10 * self.lease)),
-                                          lambda: prune(store, retention),
-                                          "deleting old finished workflows", shielded=False)
-        services[NAMES] = every(max(5.0, 3 * self.lease), self._warn_unserved,
-                                  "looking for queued workflows nobody runs")
-        for spec in self.registry.workflows.values():
-            if spec.schedule is not None and spec.queue in self.queues:
-                services[cron_service(spec.name)] = schedule(spec.schedule, self._start_tick(spec),
-                                                         catch_up=3 * self.lease, clock=self.runtimes.clock)
-        return services
-
-    async def _warn_unserved(self) -> None:
-        """Warn, once per name, of queued workflows whose name no live worker registered: they would
-        wait forever, silently (a deploy that renamed a workflow, a worker serving the wrong module).
-        ``pgflow status`` reports the same names."""
-        assert self._store is not None
-        for name, count in await self._store.unserved(max(30.0, 3 * self.heartbeat)):
-            if name not in self._warned_names:
-                if len(self._warned_names) >= MAX_WARNED_NAMES:  # bounded: names are anybody's to make up
-                    self._warned_names.clear()
-                self._warned_names.add(name)
-                log.warning("%d queued workflows are named %r, which no live worker runs: they wait until a"
-                            " worker that registers that name starts (a renamed workflow? a worker serving"
-                            " another module?)", count, name)
-
-    def _start_tick(self, spec: WorkflowSpec) -> Callable[[datetime], Awaitable[object]]:
-        async def start(tick: datetime) -> object:
-            assert self._runtime is not None
-            inputs = spec.codec.encode_arguments((tick,) if spec.takes_tick else (), {})
-            return await enqueue(self._runtime, spec, f"{spec.name}@{tick.isoformat()}", inputs)
-
-        return start
-
-    async def _claim_loop(self) -> None:
-        assert self._store is not None and self._wake is not None and self._tasks is not None
-        assert self._finisher is not None
-        assert self._runtime is not None and self._runtime.config is not None
-        poll = self._runtime.config.poll_interval
+    async def _claim_loop(self, tasks: TaskGroup) -> None:
+        on = self._on
+        assert on.runtime.config is not None
+        poll = on.runtime.config.poll_interval
         names = sorted(self.registry.workflows)
         limited = [q for q in self.queues if q in self.registry.queues]
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
-            self._wake.arm()
+            on.wake.arm()
             free = self.concurrency - len(self.running)
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
@@ -295,32 +276,35 @@ class Worker:
                     # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                     with anyio.CancelScope(shield=True):
                         claimed, due, refill = await self._claim(unlimited, limited, names, free)
+                    if self._claiming.cancel_called:  # a stop began while the claim ran: none run now
+                        await give_back_unrun(on.slot, claimed)
+                        return
                     self._slot_wanted = len(claimed) == free
                     if claimed and self._idle.is_set():
                         self._idle = anyio.Event()  # busy again: a drain waits for this one
                     for row in claimed:
                         self.running[row.id] += 1
-                        self._tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+                        tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
                     wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
             if wait > 0:
-                await self._wake.wait(wait)
+                await on.wake.wait(wait)
 
     async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
                      free: int) -> tuple[list[Claimed], float | None, float | None]:
         """Claim up to ``free``; also say when the next delayed workflow falls due and when a
         rate-limited queue's bucket next has a token."""
-        assert self._store is not None
+        store = self._on.store
         claimed: list[Claimed] = []
         due: float | None = None
         refill: float | None = None
         if unlimited:
-            claimed, due = await self._store.claim(self.id, unlimited, names, free, self.lease)
+            claimed, due = await store.claim(self.id, unlimited, names, free, self.lease_seconds)
         for queue in limited:
             if len(claimed) < free:
-                more, more_due, wait = await self._store.claim_limited(self.id, queue, names, free - len(claimed),
-                                                                       self.lease)
+                more, more_due, wait = await store.claim_limited(self.id, queue, names, free - len(claimed),
+                                                                       self.lease_seconds)
                 claimed += more
                 due = _earliest(due, more_due)
                 refill = _earliest(refill, wait)
@@ -338,14 +322,12 @@ class Worker:
         return wait if refill is None else min(wait, refill)
 
     async def _run(self, claimed: Claimed) -> None:
-        assert self._store is not None and self._wake is not None and self._runtime is not None
+        on = self._on
         freed: tuple[str, ...] = ()
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (signal_keys.queue(workflow.queue),) if workflow.queue in self.registry.queues else ()
-            assert self._writer is not None and self._finisher is not None
-            await execute(self._runtime, self._store, workflow, claimed, self._limiter, self._writer,
-                          self._finisher, freed, self._cancellers, self._starts, self._token)
+            await run_claimed(on.slot, workflow, claimed, freed)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
@@ -360,32 +342,31 @@ class Worker:
             # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
             if self._slot_wanted or freed:
-                self._wake.wake()
+                on.wake.wake()
 
     async def _heartbeat_loop(self) -> None:
-        assert self._store is not None
+        store = self._on.store
         # A renewal answered after the lease ran out is worth nothing: past half the lease, the link
         # is taken for dead and the next renewal goes over a fresh one.
-        within = min(max(self.lease / 2, 1.0), self._store.pool.query_timeout)
+        within = min(max(self.lease_seconds / 2, 1.0), store.pool.query_timeout)
         while True:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
-                    leases = await self._store.heartbeat(self.id, self.lease, socket.gethostname(), os.getpid(),
-                                                         self.queues, __version__, sorted(self.registry.workflows),
-                                                         sorted(self.running), within=within)
+                    leases = await store.heartbeat(self.id, self.lease_seconds, socket.gethostname(), os.getpid(),
+                                                   self.queues, __version__, sorted(self.registry.workflows),
+                                                   sorted(self.running), within=within)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue
             if self._liveness is not None:
                 self._liveness.renewed()
             # A cancelled workflow stops now, even one that never reaches another step or write.
-            for workflow_id, _, cancel_requested in leases:
-                cancel = self._cancellers.get(workflow_id) if cancel_requested else None
+            for held in leases:
+                cancel = self._cancellers.get(held.id) if held.cancel_requested else None
                 if cancel is not None:
-                    log.info("workflow %s was cancelled; stopping it", workflow_id)
+                    log.info("workflow %s was cancelled; stopping it", held.id)
                     cancel()
-
 
     @staticmethod
     async def _pulse(liveness: Liveness) -> None:
@@ -397,12 +378,3 @@ class Worker:
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
-
-
-async def prune(store: Store, older_than: float, batch: int = PRUNE_BATCH) -> int:
-    """The retention service's pass: small batches, paced so the pruning never crowds out the work
-    it runs beside."""
-    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
-    if deleted:
-        log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
-    return deleted

@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 
 import anyio
 
+from .._core.codec import decode
+from .._core.status import Status
 from .._core.store import Store
 from .._core.store.dashboard import DashboardStatements
 from ..app import App
-from ..codec import decode
 from ..records import Health
 
 T = TypeVar("T")
@@ -313,10 +314,12 @@ class Reader:
         async def parts() -> tuple[list[QueueRow], list[WorkerRow]]:
             queues = await self._db(lambda d: d.queues(MAX_QUEUES, COUNT_CAP))
             workers = await self._db(lambda d: d.workers(MAX_WORKERS, MAX_RUNNING))
-            return ([QueueRow(str(q[0]), int(q[1]), int(q[2]), q[3], int(q[4]), q[5], q[6], q[7]) for q in queues],
-                    [WorkerRow(str(w[0]), str(w[1]), int(w[2]), list(w[3]), str(w[4]), list(w[5]), float(w[6]),
-                               float(w[7]), int(w[8]), int(w[9]), list(zip(w[10], w[11], strict=True)),
-                               None if w[12] is None else float(w[12]))
+            return ([QueueRow(str(q.queue), int(q.queued), int(q.due), q.waited, int(q.running), q.concurrency,
+                              q.rate_limit, q.rate_period) for q in queues],
+                    [WorkerRow(str(w.id), str(w.host), int(w.pid), list(w.queues), str(w.version), list(w.names),
+                               float(w.up), float(w.heartbeat_age), int(w.running), int(w.expired),
+                               list(zip(w.running_names, w.running_counts, strict=True)),
+                               None if w.lease_seconds is None else float(w.lease_seconds))
                      for w in workers])
 
         queues, workers = await self._overview.get(parts)
@@ -347,7 +350,7 @@ class Reader:
         per: dict[str, tuple[float, float]] = {}
         for queue, status, n, _, _ in rows:
             ends, failed = per.get(queue, (0.0, 0.0))
-            per[queue] = (ends + int(n) * scale, failed + (int(n) * scale if status == "failed" else 0.0))
+            per[queue] = (ends + int(n) * scale, failed + (int(n) * scale if status == Status.FAILED else 0.0))
         return Throughput(window, estimated, per)
 
     async def _read_health(self) -> tuple[Health | None, str | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from .._core.status import Status
 from ..records import Health
 from .data import (
     BIG_VALUE,
@@ -23,8 +24,8 @@ from .data import (
 )
 from .markup import Html, count, esc, join, link, page, path, seconds, shown_value, status, table, tag, when
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-ENDED = ("succeeded", "failed", "cancelled")
+STATUSES = tuple(s.value for s in Status)  # plain strings: the filter's options
+ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
 
 def workflow_link(workflow_id: str, text: str | None = None) -> Html:
@@ -193,7 +194,7 @@ def _actions(d: Detail) -> Html:
     if r["status"] not in ENDED:
         items.append(link(path("confirm", id=r["id"], action="cancel"), "Cancel", class_="button danger",
                           id="action-cancel"))
-    if r["status"] in ("failed", "cancelled"):
+    if r["status"] in (Status.FAILED, Status.CANCELLED):
         items.append(link(path("confirm", id=r["id"], action="resume"), "Resume", class_="button",
                           id="action-resume"))
     items.append(link(path("confirm", id=r["id"], action="fork"), "Fork…", class_="button", id="action-fork"))
@@ -212,7 +213,7 @@ def workflow_state(d: Detail, actions: bool) -> Html:
         ("status", status(r["status"])), ("attempt", f"{r['attempt']} (claims: {r['claims']})"),
         ("created", when(r["created_at"])), ("started", when(r["started_at"])), ("finished", when(r["finished_at"])),
         ("ran for", seconds(ran.total_seconds()) if ran is not None else "-"),
-        ("due", when(r["due_at"]) if r["status"] == "queued" else "-"),
+        ("due", when(r["due_at"]) if r["status"] == Status.QUEUED else "-"),
         ("waiting for", r["waiting_for"] or "-"), ("priority", r["priority"]),
         ("max attempts", "unlimited" if r["max_attempts"] is None else r["max_attempts"]),
         ("timeout", seconds(r["timeout"])), ("deadline", when(r["deadline_at"])),
@@ -226,7 +227,7 @@ def workflow_state(d: Detail, actions: bool) -> Html:
     if d.error:
         parts.append(tag("section", tag("h2", "Error"), _error(d.error), id="error"))
     values = [tag("h2", "Arguments"), _value(d.arguments, BIG_VALUE, arguments=True)]
-    if r["status"] == "succeeded" or d.result.size is not None:
+    if r["status"] == Status.SUCCEEDED or d.result.size is not None:
         values += [tag("h2", "Result"), tag("div", _value(d.result, BIG_VALUE), id="result")]
     parts.append(tag("div", tag("section", tag("h2", "Record"), record),
                      tag("section", *values, id="arguments"), class_="columns"))

@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 import anyio
 import psycopg
 
+from .._core.codec import decode
 from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
 from .._core.store import Store
 from .._core.worker import Worker
 from ..app import App
-from ..codec import decode
 from ..handle import WorkflowHandle
 from ..records import StepInfo, WorkflowRecord
 from .clock import VirtualClock

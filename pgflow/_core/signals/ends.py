@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..status import Status
 from ..store import WorkflowRow
 from . import keys as signal_keys
 from .payload import End, News
@@ -89,7 +90,7 @@ class EndNews:
         start = self._started.pop(workflow_id, None)
         if start is None or start[1]:
             return None
-        return WorkflowRow(workflow_id, "", "queued", 0, None, None, start[0])
+        return WorkflowRow(workflow_id, "", Status.QUEUED.value, 0, None, None, start[0])
 
     def take_end(self, seen: WorkflowRow) -> WorkflowRow | None:
         """The end of a watched workflow that news carried since its row was ``seen``, if any."""
@@ -106,4 +107,4 @@ def supersedes(end: End, seen: WorkflowRow) -> bool:
     workflow was resumed (queued again, same attempt), and must not pass for the new run's end."""
     if end.born != seen.born:
         return False
-    return end.attempt > seen.attempt or (end.attempt == seen.attempt and seen.status == "running")
+    return end.attempt > seen.attempt or (end.attempt == seen.attempt and seen.status == Status.RUNNING)

@@ -2,6 +2,8 @@
 
 from .channel import NO_PINGS, Pings
 from .claims import Claimed
+from .fencing import Fence, Fenced, Receipt, Requeued, StepStart, Wake
+from .reruns import Rerun
 from .statements import quote_identifier
 from .store import (
     StepRecord,
@@ -11,5 +13,5 @@ from .store import (
     unreachable,
 )
 
-__all__ = ["NO_PINGS", "Claimed", "Pings", "StepRecord", "Store", "WorkflowRow", "quote_identifier", "retrying",
-           "unreachable"]
+__all__ = ["NO_PINGS", "Claimed", "Fence", "Fenced", "Pings", "Receipt", "Requeued", "Rerun", "StepRecord", "StepStart",
+           "Store", "Wake", "WorkflowRow", "quote_identifier", "retrying", "unreachable"]

@@ -57,10 +57,13 @@ CLAIM = (
     "   w.queue, w.traceparent, extract(epoch FROM {s}.clock_now() - chosen.ready_at)::float8 AS waited,"
     "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
     # Past its expiry and never started before this claim (which set started_at to the clock's now).
-    "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries)"
+    "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries,"
+    # What this claim set rather than kept (for ``unclaim``).
+    "   (w.started_at = {s}.clock_now()) IS TRUE AS set_start,"
+    "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline)"
     " SELECT id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent, waited, born,"
-    "  expired, retries, NULL::float8 FROM claimed"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    "  expired, retries, set_start, set_deadline, NULL::float8 FROM claimed"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
     "  extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
     "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
@@ -96,13 +99,15 @@ class Claimed:
     queue: str
     traceparent: str | None  # the caller's trace, when it had one
     waited: float  # seconds from being due (or its lease running out) to this claim
-    lease: int  # the claim's token, which fences every write of the execution
+    claim_token: int  # never handed out twice: it fences every write of the execution
     born: int  # the row's created_at in microseconds (what binds news of its end to this workflow)
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
     run: int = 1
     expired: bool = False  # claimed past its ``expires=`` without having started: ends cancelled, unrun
     retries: int = 0  # runs of the body that failed and were retried under its workflow's retry policy
+    set_start: bool = False  # this claim set the row's started_at (its first start), and
+    set_deadline: bool = False  # its deadline_at (the first start's, or a rerun's): ``unclaim`` clears them
 
 
 class ClaimStatements(Statements):
@@ -118,17 +123,17 @@ class ClaimStatements(Statements):
 
 
     async def claim(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
-                    lease: float) -> tuple[list[Claimed], float | None]:
+                    lease_seconds: float) -> tuple[list[Claimed], float | None]:
         """Take up to ``limit`` due workflows, queued or with an expired lease, best priority first.
 
         Only workflows named in ``names`` are taken: a worker never claims one it cannot run. Also
         returns in how many seconds the next delayed one falls due (None when none waits).
         """
         async with self.pool.connection() as conn:
-            return await self._claim(conn, owner, queues, names, limit, lease)
+            return await self._claim(conn, owner, queues, names, limit, lease_seconds)
 
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
-                            lease: float) -> tuple[list[Claimed], float | None, float | None]:
+                            lease_seconds: float) -> tuple[list[Claimed], float | None, float | None]:
         """Claim from a queue with limits, holding its row lock so the limits hold across workers:
         at most ``concurrency`` live leases at once, and starts paced by a token bucket.
 
@@ -145,7 +150,7 @@ class ClaimStatements(Statements):
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
-                return (*await self._claim(conn, owner, [queue], names, limit, lease, durable=True), None)
+                return (*await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True), None)
             concurrency, rate_limit, period, tokens = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
@@ -156,7 +161,7 @@ class ClaimStatements(Statements):
                 limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            claimed, due = (await self._claim(conn, owner, [queue], names, limit, lease, durable=True)
+            claimed, due = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
                             if limit > 0 else ([], None))
             if rate_limit is None:
                 return claimed, due, None
@@ -167,7 +172,7 @@ class ClaimStatements(Statements):
             return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
-                     names: Sequence[str], limit: int, lease: float,
+                     names: Sequence[str], limit: int, lease_seconds: float,
                      durable: bool = False) -> tuple[list[Claimed], float | None]:
         """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
         workflow of these queues falls due (None when none waits), in the same round trip.
@@ -185,14 +190,31 @@ class ClaimStatements(Statements):
         cur = await conn.execute(self._sql(CLAIM
         ), {"queues": list(queues), "floors": [None if full else floors[queue, served] for queue in queues],
             "full": full, "names": list(names), "limit": limit, "owner": owner,
-            "lease": lease, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
+            "lease": lease_seconds, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         rows = await cur.fetchall()
         due = rows[-1][-1]
-        claimed = [Claimed(id, name, inputs, attempt, max_attempts, None if left is None else float(left), queue,
-                           traceparent, float(waited), token, born, run, bool(expired), retries)
+        claimed = [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
+                           seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
+                           waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
+                           retries=retries, set_start=set_start, set_deadline=set_deadline)
                    for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
-                   retries, _ in rows[:-1]]
+                   retries, set_start, set_deadline, _ in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
+
+    async def unclaim(self, claimed: Sequence[Claimed]) -> list[str]:
+        """Undo claims whose workflows were not run (their worker began to stop while the claim ran):
+        queued again as they were before it, the attempt not counted, so giving them back costs them
+        nothing. (A limited queue's token spent on the claim is not refunded.) Returns the ids given back."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "UPDATE {s}.workflows w SET status = 'queued', attempt = w.attempt - 1, lease_owner = NULL,"
+                "  lease_expires_at = NULL, started_at = CASE WHEN u.set_start THEN NULL ELSE w.started_at END,"
+                "  deadline_at = CASE WHEN u.set_deadline THEN NULL ELSE w.deadline_at END"
+                " FROM unnest(%s::text[], %s::int8[], %s::bool[], %s::bool[]) AS u(id, lease, set_start, set_deadline)"
+                " WHERE w.id = u.id AND w.lease_token = u.lease AND w.status = 'running' RETURNING w.id"
+            ), ([c.id for c in claimed], [c.claim_token for c in claimed], [c.set_start for c in claimed],
+                [c.set_deadline for c in claimed]))
+            return [str(row[0]) for row in await cur.fetchall()]
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
                             rate_period: float) -> None:

@@ -10,8 +10,9 @@ show; the dashboard decodes them.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
+from .management import QueueRow
 from .statements import Statements
 
 # The light columns of a workflow in a list: what a row of the table shows.
@@ -85,6 +86,25 @@ QUEUES = (
     " FROM (SELECT queue FROM named ORDER BY queue LIMIT %(queues)s) n"
     " LEFT JOIN {s}.queues q ON q.name = n.queue ORDER BY n.queue"
 )
+
+
+class WorkerLoad(NamedTuple):
+    """A registered worker and what it runs, as ``WORKERS`` reads it (its columns, in order)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    version: str
+    names: list[str]  # the names it serves
+    up: float  # seconds since it started
+    heartbeat_age: float  # seconds since its heartbeat
+    running: int  # workflows it runs
+    expired: int  # of which leases expired
+    running_names: list[str]
+    running_counts: list[int]
+    lease_seconds: float | None  # None: a worker of a version that did not record it
+
 
 WORKERS = (
     # Each registered worker with what it runs: one pass over the running workflows (as many as the
@@ -195,16 +215,13 @@ class DashboardStatements(Statements):
             cur = await conn.execute(self._sql(template), params)
             return list(await cur.fetchall())
 
-    async def queues(self, queues: int, cap: int) -> list[tuple[Any, ...]]:
-        """(queue, queued, due now, seconds the oldest due one has waited, running, concurrency
-        limit, rate limit, rate period), each count at most ``cap``; at most ``queues`` queues."""
-        return await self._all(QUEUES, {"queues": queues, "cap": cap})
+    async def queues(self, queues: int, cap: int) -> list[QueueRow]:
+        """The queues with work or limits, each count at most ``cap``; at most ``queues`` queues."""
+        return [QueueRow._make(row) for row in await self._all(QUEUES, {"queues": queues, "cap": cap})]
 
-    async def workers(self, workers: int, running: int) -> list[tuple[Any, ...]]:
-        """(id, host, pid, queues, version, names it serves, seconds since it started, seconds since
-        its heartbeat, workflows it runs, of which leases expired, names running, their counts, its
-        lease in seconds or None for a worker of a version that did not record it)."""
-        return await self._all(WORKERS, {"workers": workers, "running": running})
+    async def workers(self, workers: int, running: int) -> list[WorkerLoad]:
+        """The registered workers (at most ``workers``) and what they run."""
+        return [WorkerLoad._make(row) for row in await self._all(WORKERS, {"workers": workers, "running": running})]
 
     async def throughput(self, window: float, sample: int) -> list[tuple[Any, ...]]:
         """(queue, status, ends, the oldest of them, now) over the last ``window`` seconds' ends, at

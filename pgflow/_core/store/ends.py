@@ -8,6 +8,7 @@ import msgspec
 
 from . import arrays
 from .channel import Pings, ping_parameters, riding
+from .fencing import held
 from .statements import Statements
 
 _ERRORS = msgspec.json.Encoder()
@@ -17,13 +18,13 @@ class EndStatements(Statements):
     """The end statements of ``Store`` (which provides the pool and the schema)."""
 
     async def finish_many(
-        self, workflow_ids: list[str], leases: list[int], statuses: list[str], outputs: list[bytes | None],
+        self, workflow_ids: list[str], claim_tokens: list[int], statuses: list[str], outputs: list[bytes | None],
         errors: list[dict[str, Any] | None], pings: Pings,
     ) -> set[tuple[str, int]]:
         """Record the ends of many executions in one autocommit statement; ``pings`` go out with its
         commit only if every end was recorded (they may carry the ends: one that was not recorded
-        must not reach a caller). An end is recorded only while its claim (``leases``, the claims'
-        tokens) still holds the workflow (fencing); returns the (id, lease) pairs that were.
+        must not reach a caller). An end is recorded only while its claim (``claim_tokens``)
+        still holds the workflow (fencing); returns the (id, claim token) pairs that were.
 
         The rows are locked in id order, the order every statement that locks several workflow rows
         takes them in (heartbeats, stream batches), so two batches cannot deadlock. A batch tried
@@ -35,16 +36,17 @@ class EndStatements(Statements):
             cur = await conn.execute(self._sql(
                 "WITH ends AS (SELECT * FROM unnest(%(ids)s::text[], %(leases)s::int8[], %(statuses)s::text[],"
                 "   %(outputs)s::bytea[], %(errors)s::text[]) AS e(id, lease, status, output, error)),"
-                " owned AS (SELECT w.id FROM {s}.workflows w JOIN ends e ON w.id = e.id AND w.lease_token = e.lease"
-                "   WHERE w.status = 'running' ORDER BY w.id FOR UPDATE OF w),"
+                # (locked in id order)
+                " " + held("owned", "(SELECT id, lease FROM ends ORDER BY id)", "w.id", lock=" FOR UPDATE") + ","
                 " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
                 "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
                 "   FROM ends e WHERE w.id = e.id AND w.lease_token = e.lease AND w.id IN (SELECT id FROM owned)"
                 "   RETURNING w.id, w.lease_token)"
                 " SELECT id, lease_token FROM done"
                 + riding(2, "(SELECT count(*) FROM done) = %(n)s")
-            ), {"ids": arrays.texts(workflow_ids), "leases": arrays.int8s(leases), "statuses": arrays.texts(statuses),
+            ), {"ids": arrays.texts(workflow_ids), "leases": arrays.int8s(claim_tokens),
+                "statuses": arrays.texts(statuses),
                 "outputs": arrays.byteas(outputs),
                 "errors": arrays.texts([None if e is None else _ERRORS.encode(e).decode() for e in errors]),
                 "n": len(workflow_ids), **ping_parameters(conn, pings)})
-            return {(str(id), int(lease)) for id, lease in await cur.fetchall()}
+            return {(str(id), int(token)) for id, token in await cur.fetchall()}

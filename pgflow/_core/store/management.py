@@ -3,15 +3,58 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
+from ..status import Status
 from .statements import Statements
 
-RECORD = ("id, name, queue, status, attempt - attempt_base, created_at, started_at, finished_at,"
-          " error->>'type', parent_id, CASE WHEN status = 'queued' THEN due_at END,"
-          " CASE WHEN status = 'queued' THEN waiting_for END, retries, expires_at")
+# The light record of a workflow (``pgflow.records.WorkflowRecord``): each of its fields, in order, and
+# the column that gives it. The record's class checks on import that its fields are these.
+RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "id"), ("name", "name"), ("queue", "queue"), ("status", "status"),
+    ("attempt", "attempt - attempt_base"), ("created_at", "created_at"), ("started_at", "started_at"),
+    ("finished_at", "finished_at"), ("error_type", "error->>'type'"), ("parent_id", "parent_id"),
+    ("due_at", "CASE WHEN status = 'queued' THEN due_at END"),
+    ("waiting_for", "CASE WHEN status = 'queued' THEN waiting_for END"), ("retries", "retries"),
+    ("expires_at", "expires_at"),
+)
+RECORD_FIELDS = tuple(field for field, _ in RECORD_COLUMNS)
+RECORD = ", ".join(column for _, column in RECORD_COLUMNS)
+# A recorded step as ``info`` reads it (``pgflow.records.StepInfo``), in the same way.
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("position", "position"), ("name", "name"), ("error_type", "error->>'type'"), ("attempts", "attempts"),
+    ("finished_at", "finished_at"), ("started_at", "started_at"),
+)
+STEP_FIELDS = tuple(field for field, _ in STEP_COLUMNS)
+
+
+class QueueRow(NamedTuple):
+    """A queue with work or limits, as ``queues_overview`` reads it (the columns of its SELECT, in order)."""
+
+    queue: str
+    queued: int
+    due: int
+    waited: float | None  # seconds the oldest due one has waited
+    running: int
+    concurrency: int | None
+    rate_limit: int | None
+    rate_period: float | None
+
+
+class WorkerRow(NamedTuple):
+    """A registered worker, as ``workers_overview`` reads it (the columns of its SELECT, in order)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    version: str
+    heartbeat_age: float  # seconds since its heartbeat
+    running: int  # workflows it holds
+    names: list[str]
+    lease_seconds: float | None  # None: a worker of a version that did not record it
 
 
 class ManagementStatements(Statements):
@@ -44,7 +87,7 @@ class ManagementStatements(Statements):
             if record is None:
                 return None
             cur = await conn.execute(self._sql(
-                "SELECT position, name, error->>'type', attempts, finished_at, started_at FROM {s}.steps"
+                f"SELECT {', '.join(column for _, column in STEP_COLUMNS)} FROM {{s}}.steps"
                 " WHERE workflow_id = %s ORDER BY position"), (workflow_id,))
             steps = list(await cur.fetchall())
             cur = await conn.execute(self._sql(
@@ -64,7 +107,7 @@ class ManagementStatements(Statements):
             row = await cur.fetchone()
             if row is None:
                 return None
-            if row[0] not in ("failed", "cancelled"):
+            if row[0] not in (Status.FAILED, Status.CANCELLED):
                 return str(row[0]), str(row[1])
             await conn.execute(self._sql(
                 "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
@@ -142,9 +185,8 @@ class ManagementStatements(Statements):
                 {"new": new_id, "old": workflow_id, "n": from_step})
             return str(row[0])
 
-    async def queues_overview(self) -> list[tuple[Any, ...]]:
-        """Per queue with work or limits: (queue, queued, due now, seconds the oldest due one has
-        waited, running, concurrency limit, rate limit, rate period)."""
+    async def queues_overview(self) -> list[QueueRow]:
+        """Every queue with work or limits."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH live AS (SELECT queue, count(*) FILTER (WHERE status = 'queued') AS queued,"
@@ -157,17 +199,16 @@ class ManagementStatements(Statements):
                 " SELECT coalesce(l.queue, q.name), coalesce(l.queued, 0), coalesce(l.due, 0), l.waited,"
                 "  coalesce(l.running, 0), q.concurrency, q.rate_limit, q.rate_period"
                 " FROM live l FULL JOIN {s}.queues q ON q.name = l.queue ORDER BY 1"))
-            return list(await cur.fetchall())
+            return [QueueRow._make(row) for row in await cur.fetchall()]
 
-    async def workers_overview(self) -> list[tuple[Any, ...]]:
-        """Per registered worker: (id, host, pid, queues, version, seconds since its heartbeat,
-        workflows it holds, names it runs, its lease in seconds or None)."""
+    async def workers_overview(self) -> list[WorkerRow]:
+        """Every registered worker."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "SELECT w.id, w.host, w.pid, w.queues, w.version, extract(epoch FROM now() - w.heartbeat_at),"
                 " (SELECT count(*) FROM {s}.workflows f WHERE f.lease_owner = w.id AND f.status = 'running'),"
                 " w.names, w.lease FROM {s}.workers w ORDER BY w.started_at"))
-            return list(await cur.fetchall())
+            return [WorkerRow._make(row) for row in await cur.fetchall()]
 
     async def health(self, silent_after: float, stuck_after: float) -> tuple[
             float, list[tuple[str, int]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -227,17 +268,16 @@ class ManagementStatements(Statements):
 
     async def prune(self, older_than: float, batch: int) -> int:
         """Delete up to ``batch`` workflows that finished more than ``older_than`` seconds ago, with
-        their steps, step attempts' notes and errors and stream chunks, in one short statement; how many
-        went."""
+        their steps, step attempts' notes and errors and the names of their streams, in one short
+        statement; how many went. The chunks are not deleted one by one: unreachable without their
+        stream's name, they go with their partition (``drop_chunk_partitions``)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH doomed AS (SELECT id FROM {s}.workflows"
                 "   WHERE status IN ('succeeded', 'failed', 'cancelled')"
                 "   AND finished_at < {s}.clock_now() - make_interval(secs => %s)"
                 "   ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED),"
-                " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))"
-                "   RETURNING id),"
-                " chunks AS (DELETE FROM {s}.chunks WHERE stream_id = ANY(ARRAY(SELECT id FROM named))),"
+                " named AS (DELETE FROM {s}.stream_ids WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " tries AS (DELETE FROM {s}.step_attempts WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " errors AS (DELETE FROM {s}.step_errors WHERE workflow_id = ANY(ARRAY(SELECT id FROM doomed))),"
                 " gone AS (DELETE FROM {s}.workflows WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)"

@@ -12,7 +12,10 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+import psycopg
 from psycopg import AsyncConnection
+
+DEADLOCK_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,41 @@ async def applied_versions(conn: AsyncConnection[tuple[object, ...]], schema: st
 async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> list[Migration]:
     """Bring ``schema`` up to date; return the migrations this call applied (often none). Every
     shipped migration not applied yet is applied, not only those above the highest applied: branches
-    developed side by side number theirs apart, and a merged build may bring a lower number later."""
+    developed side by side number theirs apart, and a merged build may bring a lower number later.
+
+    A new schema gets them all in one transaction (nobody can be using it yet, and one commit is
+    cheaper than thirty). An upgrade applies each in a transaction of its own, so that the locks one
+    takes end with it while workers of the version before go on: 0023 scans the chunks under a lock
+    that lets them write, and must not run under 0022's, which would stop them. A migration that
+    meets a deadlock (its locks against those of running statements) is tried again."""
     todo = available()
-    if {m.version for m in todo} <= await applied_versions(conn, schema):
+    done = await applied_versions(conn, schema)
+    if {m.version for m in todo} <= done:
         return []
+    if not done:
+        return await _apply(conn, schema, todo)
+    applied_now = []
+    for migration in todo:
+        if migration.version not in done:
+            applied_now += await _apply(conn, schema, [migration])
+    return applied_now
+
+
+async def _apply(conn: AsyncConnection[tuple[object, ...]], schema: str, todo: list[Migration]) -> list[Migration]:
+    """Apply those of ``todo`` not applied yet (another process may have, while this one waited for
+    the lock), in one transaction; return those this call applied."""
+    attempts = 1
+    while True:
+        try:
+            return await _apply_once(conn, schema, todo)
+        except psycopg.errors.DeadlockDetected:
+            if attempts == DEADLOCK_ATTEMPTS:
+                raise
+            attempts += 1
+
+
+async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
+                      todo: list[Migration]) -> list[Migration]:
     applied_now = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgflow.migrate.{schema}",))

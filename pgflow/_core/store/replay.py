@@ -9,7 +9,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from .statements import quote_identifier
-from .store import BORN, JOURNAL, StepRecord, WorkflowRow, journal_of
+from .store import JOURNAL, WORKFLOW_ROW, StepRecord, WorkflowRow, journal_of
 
 # The journal as the workers read it, without the schema's clock: a check runs against the schema as it
 # is before a deploy, which may lack the clock's migration, and needs no sleep's time left (every
@@ -41,6 +41,6 @@ class ReplayReads:
 
     async def workflow(self, id: str) -> WorkflowRow | None:
         cur = await self.conn.execute(self._sql(
-            f"SELECT id, name, status, attempt, output, error, {BORN} FROM {{s}}.workflows WHERE id = %s"), (id,))
+            f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s"), (id,))
         row = await cur.fetchone()
         return None if row is None else WorkflowRow(*row)

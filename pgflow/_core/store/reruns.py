@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from psycopg.types.json import Jsonb
 
+from ..status import Status
+from .fencing import HOLDS_LOCKED
 from .statements import Statements
+
+
+class Rerun(NamedTuple):
+    """A failed body given back: its ``queue``, its ``status`` now (queued, or cancelled when that was
+    asked for meanwhile), and ``retries`` so far."""
+
+    queue: str
+    status: Status
+    retries: int
 
 
 class RerunStatements(Statements):
     """The statements of ``Store`` for workflow retries (the pool and schema come from it)."""
 
-    async def retry_later(self, workflow_id: str, lease: int, delay: float,
-                          error: dict[str, Any]) -> tuple[str, str, int] | None:
+    async def retry_later(self, workflow_id: str, claim_token: int, delay: float,
+                          error: dict[str, Any]) -> Rerun | None:
         """Queue a workflow whose body failed again, due in ``delay`` seconds (or at its timeout's
-        deadline, if that comes first), for the execution holding the claim ``lease``. As ``resume``
+        deadline, if that comes first), for the execution holding ``claim_token``. As ``resume``
         does, the journal loses the first step record that holds an error and every later one, so
         that step runs again while those before it replay; the failure stays in ``error`` until the
         workflow ends, and ``retries`` counts it. The failed run costs nothing of ``max_attempts``
         (which counts runs cut short). A cancellation asked for meanwhile ends it as cancelled.
-        Returns (queue, status now, retries so far), or None when the claim no longer holds it."""
+        None when the claim no longer holds it."""
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(
-                "SELECT 1 FROM {s}.workflows WHERE id = %s AND lease_token = %s AND status = 'running'"
-                " FOR NO KEY UPDATE"), (workflow_id, lease))
+            cur = await conn.execute(self._sql(HOLDS_LOCKED), (workflow_id, claim_token))
             if await cur.fetchone() is None:
                 return None
             await conn.execute(self._sql(
@@ -44,4 +53,4 @@ class RerunStatements(Statements):
                 {"id": workflow_id, "delay": delay,
                  "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode())})
             row = await cur.fetchone()
-        return None if row is None else (str(row[0]), str(row[1]), int(row[2]))
+        return None if row is None else Rerun(str(row[0]), Status(row[1]), int(row[2]))

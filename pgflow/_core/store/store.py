@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
 import msgspec
@@ -27,48 +27,16 @@ from .claims import ClaimStatements
 from .clock import ClockStatements
 from .details import DetailStatements
 from .ends import EndStatements
+from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, StepStart, held
 from .management import ManagementStatements
+from .partitions import PartitionStatements
 from .reruns import RerunStatements
+from .starts import BORN, DUE, EXPIRES, NewWorkflows, Started
 from .streams import StreamStatements
 from .waits import WaitStatements
 
 log = logging.getLogger("pgflow.store")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """When a new workflow falls due and when it expires: ``eta`` (a time) or else ``delay`` seconds
-    from now on the server's clock; ``expires_at`` (a time) or ``expires_in`` seconds from now."""
-
-    eta: datetime | None = None
-    expires_at: datetime | None = None
-    expires_in: float | None = None
-
-    def parameters(self) -> dict[str, Any]:
-        return {"eta": self.eta, "expires_at": self.expires_at, "expires_in": self.expires_in}
-
-
-NO_TIMING = Timing()
-DUE = "coalesce(%(eta)s::timestamptz, {s}.clock_now() + make_interval(secs => %(delay)s))"
-EXPIRES = ("coalesce(%(expires_at)s::timestamptz,"
-           " {s}.clock_now() + make_interval(secs => %(expires_in)s::float8))")
-
-# A row's creation time in microseconds: what binds news of a workflow to this one of its id.
-BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
-
-
-# A journal's records, and one more row (its name NULL) holding the highest position from which the
-# body started a child: a child's id is its parent's, a dot and the position (and for start_many a
-# dot and its index), so a run that started one there reached that position without a record.
-JOURNAL = (
-    "SELECT position, name, output, error, stream_ends, wake_at,"
-    " extract(epoch FROM wake_at - {s}.clock_now())::float8, waiting FROM {s}.steps WHERE workflow_id = %(id)s"
-    " UNION ALL SELECT max(split_part(substr(id, length(%(id)s) + 2), '.', 1)::int), NULL, NULL, NULL, NULL,"
-    "  NULL, NULL, false FROM {s}.workflows WHERE parent_id = %(id)s"
-    "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
-    "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +49,22 @@ class StepRecord:
     wake_at: datetime | None = None  # a sleep's wake-up time
     remaining: float | None = None  # seconds until wake_at when the journal was read
     waiting: bool = False  # a receive that has no message yet (wake_at is its deadline)
+
+
+
+# A journal's records, their columns in StepRecord's order (``journal_of`` builds them by position),
+# and one more row (its name NULL) holding the highest position from which the body started a child: a
+# child's id is its parent's, a dot and the position (and for start_many a dot and its index), so a run
+# that started one there reached that position without a record.
+_RECORD_COLUMNS = {"remaining": "extract(epoch FROM wake_at - {s}.clock_now())::float8"}
+JOURNAL = (
+    f"SELECT {', '.join(_RECORD_COLUMNS.get(f.name, f.name) for f in fields(StepRecord))}"
+    " FROM {s}.steps WHERE workflow_id = %(id)s"
+    " UNION ALL SELECT max(split_part(substr(id, length(%(id)s) + 2), '.', 1)::int), NULL, NULL, NULL, NULL,"
+    "  NULL, NULL, false FROM {s}.workflows WHERE parent_id = %(id)s"
+    "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
+    "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
+)
 
 
 def journal_of(rows: Sequence[tuple[Any, ...]]) -> tuple[dict[int, StepRecord], int]:
@@ -101,8 +85,27 @@ class WorkflowRow:
     born: int  # its created_at in microseconds: a workflow started again under a pruned one's id is another
 
 
+WORKFLOW_ROW = f"id, name, status, attempt, output, error, {BORN}"  # WorkflowRow's fields, in order
+
+
+class Cancelled(NamedTuple):
+    """What ``request_cancel`` did: the workflow's ``status`` afterwards, and the ids of the
+    ``descendants`` it cancelled or flagged."""
+
+    status: str
+    descendants: list[str]
+
+
+class Held(NamedTuple):
+    """A lease a heartbeat extended: on the workflow ``id``, claim number ``attempt``."""
+
+    id: str
+    attempt: int
+    cancel_requested: bool
+
+
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements, DetailStatements, ClockStatements, RerunStatements):
+            ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
@@ -116,14 +119,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     # -- starting and looking at workflows ------------------------------------------------------------
 
-    async def enqueue(
-        self, id: str, name: str, queue: str, priority: int, inputs: bytes, delay: float,
-        max_attempts: int | None, timeout: float | None, pings: Pings,
-        parent: str | None = None, traceparent: str | None = None, when: Timing | None = None,
-    ) -> tuple[bool, str, int]:
-        """Insert a queued workflow unless the id exists; return (created, name of the row's
-        workflow, its birth: ``BORN``). ``pings`` go out with the commit; ``parent`` is the workflow
-        whose body started it, ``traceparent`` the starting caller's trace."""
+    async def enqueue(self, id: str, inputs: bytes, new: NewWorkflows, pings: Pings) -> Started:
+        """Insert a queued workflow unless the id exists. ``pings`` go out with the commit."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH new AS ("
@@ -136,9 +133,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 " SELECT true, name, born FROM new"
                 f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
                 "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
-            ), {"id": id, "name": name, "queue": queue, "priority": priority, "inputs": inputs, "delay": delay,
-                "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
+            ), {"id": id, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
             row = await cur.fetchone()
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
@@ -146,16 +141,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             found = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
             if found is None:
                 raise LookupError(id)
-            return False, str(found[0]), int(found[1])
-        return bool(row[0]), str(row[1]), int(row[2])
+            return Started(False, str(found[0]), int(found[1]))
+        return Started(bool(row[0]), str(row[1]), int(row[2]))
 
-    async def enqueue_many(
-        self, ids: list[str], name: str, queue: str, priority: int, inputs: list[bytes], delay: float,
-        max_attempts: int | None, timeout: float | None, pings: Pings, parent: str | None = None,
-        traceparent: str | None = None, when: Timing | None = None,
-    ) -> list[tuple[bool, str, int]]:
-        """Insert many queued workflows of one name in one statement, skipping ids that exist; for
-        each id in order, (created, name of the row's workflow, its birth)."""
+    async def enqueue_many(self, ids: list[str], inputs: list[bytes], new: NewWorkflows,
+                           pings: Pings) -> list[Started]:
+        """Insert many queued workflows of one name in one statement, skipping ids that exist; what
+        each start found, in the order of ``ids``."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
@@ -171,11 +163,9 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
-            ), {"ids": ids, "inputs": inputs, "name": name, "queue": queue, "priority": priority, "delay": delay,
-                "max_attempts": max_attempts, "timeout": timeout, "parent": parent, "traceparent": traceparent,
-                **(when or NO_TIMING).parameters(), **ping_parameters(conn, pings)})
+            ), {"ids": ids, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
-        found: list[tuple[bool, str, int]] = [(False, "", 0)] * len(ids)
+        found: list[Started] = [Started(False, "", 0)] * len(ids)
         created_here: set[str] = set()
         for n, created, row_name, born in rows:
             id = ids[n - 1]
@@ -188,7 +178,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 if late is None:
                     raise LookupError(id)
                 row_name, born = late
-            found[n - 1] = (bool(created), str(row_name), int(born))
+            found[n - 1] = Started(bool(created), str(row_name), int(born))
         return found
 
     async def existing(self, ids: list[str]) -> set[str]:
@@ -198,15 +188,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             return {str(row[0]) for row in await cur.fetchall()}
 
     async def workflow(self, id: str) -> WorkflowRow | None:
-        row = await self._fetchone(
-            f"SELECT id, name, status, attempt, output, error, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,)
-        )
+        row = await self._fetchone(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s", (id,))
         return None if row is None else WorkflowRow(*row)
 
-    async def request_cancel(self, id: str) -> tuple[str, list[str]] | None:
+    async def request_cancel(self, id: str) -> Cancelled | None:
         """Cancel a queued workflow at once, or flag a running one, and the same for every workflow
-        its body started (children, theirs, ...) that has not ended. Returns its status afterwards and
-        the ids of the descendants cancelled or flagged; None when there is no such workflow."""
+        its body started (children, theirs, ...) that has not ended. None: no such workflow."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH RECURSIVE tree AS (SELECT id FROM {s}.workflows WHERE id = %(id)s"
@@ -222,27 +209,27 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             rows = await cur.fetchall()
         if not rows or rows[0][0] != id:
             return None
-        return str(rows[0][1]), [str(r[0]) for r in rows[1:]]
+        return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
 
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
-                              version: str, names: Sequence[str], lease: float | None = None) -> None:
+                              version: str, names: Sequence[str], lease_seconds: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
                 "INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version, list(names), lease))
+            ), (id, host, pid, list(queues), version, list(names), lease_seconds))
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
 
-    async def heartbeat(self, owner: str, lease: float, host: str, pid: int, queues: Sequence[str],
+    async def heartbeat(self, owner: str, lease_seconds: float, host: str, pid: int, queues: Sequence[str],
                         version: str, names: Sequence[str], running: Sequence[str],
-                        within: float) -> list[tuple[str, int, bool]]:
+                        within: float) -> list[Held]:
         """Say this worker lives and extend the leases ``owner`` holds on the workflows it is still
-        ``running``, in one statement; return (id, attempt, cancel requested) per lease. (Not every
+        ``running``, in one statement; return each lease extended. (Not every
         lease it holds: one on a workflow it gave up, whose release failed, must run out.)
 
         A heartbeat lost in a crash harms nothing (the leases simply run out), so it does not wait
@@ -254,16 +241,16 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
                 "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
-                " lazy AS (SELECT set_config('synchronous_commit', 'off', true))"
-                # Rows are locked in id order, as stream batches lock them, so the two cannot deadlock.
+                " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+                # (``running`` comes sorted: the rows are locked in id order)
+                " " + held("renewed", "(SELECT unnest(%(running)s::text[]) AS id)", "w.id", lock=" FOR UPDATE",
+                       by="w.lease_owner = %(owner)s") +
                 " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
-                " WHERE id IN (SELECT id FROM {s}.workflows WHERE id = ANY(%(running)s)"
-                "  AND lease_owner = %(owner)s AND status = 'running' ORDER BY id FOR UPDATE)"
-                " AND EXISTS (SELECT FROM lazy)"
+                " WHERE id IN (SELECT id FROM renewed) AND EXISTS (SELECT FROM lazy)"
                 " RETURNING id, attempt, cancel_requested"
-            ), {"owner": owner, "lease": lease, "host": host, "pid": pid,
+            ), {"owner": owner, "lease": lease_seconds, "host": host, "pid": pid,
                 "queues": list(queues), "version": version, "names": list(names), "running": list(running)})
-            return [(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
+            return [Held(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
 
     async def forget_workers(self, silent_for: float) -> int:
         """Forget the workers whose heartbeat has been silent for ``silent_for`` seconds."""
@@ -273,12 +260,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             ), (silent_for,))
             return int(cur.rowcount)
 
-    async def release(self, id: str, lease: int) -> bool:
+    async def release(self, id: str, claim_token: int) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting."""
         row = await self._fetchone(
-            "UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE id = %s AND lease_token = %s AND status = 'running' RETURNING 1",
-            (id, lease),
+            "WITH held AS (" + HOLDS_LOCKED + ")"
+            " UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = (SELECT id FROM held) RETURNING 1",
+            (id, claim_token),
         )
         return row is not None
 
@@ -292,10 +280,9 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(JOURNAL), {"id": workflow_id})
             return journal_of(await cur.fetchall())
 
-    async def start_steps(self, notes: Sequence[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
-        """Note, for each (workflow id, attempt, claim lease, position, tries), that the execution
-        holding that lease starts its ``tries``-th attempt of the step at ``position``, before the step runs, so
-        an attempt cut short by a crash still counts. Returns (still owner, cancel requested) per note.
+    async def start_steps(self, notes: Sequence[StepStart]) -> list[Fence]:
+        """Note, for each start, that the execution holding its claim token starts that attempt of
+        the step, before the step runs, so an attempt cut short by a crash still counts.
 
         Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
         loses nothing, and only a server crash before the step's record could forget an attempt
@@ -304,8 +291,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(
                 "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int8[], %s::int[], %s::int[])"
                 "   WITH ORDINALITY AS a(id, attempt, lease, position, tries, n)),"
-                " owner AS (SELECT a.*, w.cancel_requested FROM asked a JOIN {s}.workflows w"
-                "   ON w.id = a.id AND w.lease_token = a.lease AND w.status = 'running'),"
+                " " + held("owner", "asked", "a.*, w.cancel_requested") + ","
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
                 # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
                 " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
@@ -316,20 +302,19 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
                 " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"),
                 [list(column) for column in zip(*notes, strict=True)])
-            return [(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
+            return [Fence(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
 
     async def record_step(
-        self, workflow_id: str, attempt: int, lease: int, position: int, name: str, output: bytes | None,
+        self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, attempts: int, stream_ends: dict[str, int] | None = None,
-    ) -> tuple[bool, bool]:
-        """Record a finished step for the execution holding ``attempt`` under the claim ``lease``.
+    ) -> Fence:
+        """Record a finished step for the execution holding ``attempt`` under ``claim_token``.
 
-        Returns (still owner, cancel requested). The workflow row is share-locked for the insert, so a
-        takeover cannot slip in between the fencing check and the write.
+        The workflow row is share-locked for the insert, so a takeover cannot slip in between the
+        fencing check and the write.
         """
         row = await self._fetchone(
-            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
+            "WITH " + OWNER_LOCKED + ","
             # The attempts every execution started, this one's included: the record counts them all.
             " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
             "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
@@ -342,12 +327,12 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             "    (SELECT max(started_at) FROM started))"
             "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
-            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "attempts": attempts,
              "stream_ends": _jsonb(stream_ends or None)},
         )
         assert row is not None
-        return row[0] is not None, bool(row[0])
+        return Fence(row[0] is not None, bool(row[0]))
 
 
 

@@ -7,24 +7,19 @@ position): a bigint key instead of two text columns in every index entry of the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import arrays
 from .channel import Pings, ping_parameters, riding
+from .fencing import held
 from .statements import Statements
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
 # rows the writers named (``asked``: ordinal i, id, lease, in id order, the order rows are locked in
 # everywhere) that are still running under the same execution. Each row is locked FOR SHARE, so no
-# claim can take the workflow over between this check and the commit, and then checked: the status
-# and the token (``lease_token``, the claim's) are tested outside the locking subquery, on the row as it is once
-# locked, so only the primary key can find it: a partial index on running rows, unanalysed on a new
-# table, made a plan that scanned every running row once per chunk owner (the LIMIT, a no-op on a
-# primary key, keeps the planner from pushing the status test down to where that index matches).
-_FENCE = (
-    " fence AS (SELECT a.i, w.id, w.cancel_requested FROM asked a CROSS JOIN LATERAL"
-    "   (SELECT w.id, w.lease_token, w.status, w.cancel_requested FROM {s}.workflows w WHERE w.id = a.id"
-    "    LIMIT 1 FOR SHARE) w"
-    "   WHERE w.status = 'running' AND w.lease_token = a.lease),"
-)
+# claim can take the workflow over between this check and the commit, and then checked, on the row as
+# it is once locked (fencing.held).
+_FENCE = " " + held("fence", "asked", "a.i, w.id, w.cancel_requested", lock=" FOR SHARE") + ","
 
 
 class StreamStatements(Statements):
@@ -69,11 +64,11 @@ class StreamStatements(Statements):
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` with its commit: one NOTIFY per batch, no second transaction; but none when a
         chunk of the batch was fenced out (``pings`` may carry chunks, which must be written to be
-        told of). ``owners`` are the (workflow id, lease) of the executions writing, in id order;
+        told of). ``owners`` are the (workflow id, claim token) of the executions writing, in id order;
         ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
         Each chunk is written only if its execution still holds its workflow (fencing by the claim's
-        token, the lease of ``owners``). Returns the (workflow id, lease) pairs that were fenced out
+        token, in ``owners``). Returns the (workflow id, claim token) pairs that were fenced out
         and the ids whose cancellation was requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
@@ -96,7 +91,7 @@ class StreamStatements(Statements):
                 " FROM asked a LEFT JOIN fence f ON f.i = a.i"
                 " WHERE f.id IS NULL OR f.cancel_requested"
                 + riding(4, "(SELECT count(*) FROM fence) = %(n)s")
-            ), {"ids": arrays.texts([w for w, _ in owners]), "leases": arrays.int8s([lease for _, lease in owners]),
+            ), {"ids": arrays.texts([w for w, _ in owners]), "leases": arrays.int8s([token for _, token in owners]),
                 "owners": arrays.int8s(chunk_owners), "streams": arrays.int8s(stream_ids),
                 "positions": arrays.int4s(positions), "values": arrays.byteas(values), "n": len(owners),
                 **ping_parameters(conn, pings)})
@@ -118,55 +113,67 @@ class StreamStatements(Statements):
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
-        # Only a read that found nothing needs the workflow's status and whether the stream was
-        # closed before its offset (the close marker is always a stream's last chunk): scalar
-        # subqueries under CASE, so the others skip both lookups, and the planner cannot turn them
-        # into a scan of the whole workflows table.
-        ended = (
-            " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
-            "  WHERE stream_id = r.sid ORDER BY position DESC LIMIT 1), false) ELSE false END,"
-            " c.position, c.value"
-        )
-        # Up to ``limit`` chunks and ``budget`` bytes of each stream (its first chunk whatever its size:
-        # a chunk may be 8 MiB), so a reader holds one bounded batch however big its stream's chunks are.
-        chunks = (
-            " LEFT JOIN LATERAL (SELECT w.position, w.value FROM (SELECT position, value,"
-            "   sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
-            "    - coalesce(octet_length(value), 0) AS before FROM {s}.chunks"
-            "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) w"
-            "  WHERE w.before < %s) c ON true"
-            " ORDER BY r.i, c.position"
-        )
         known = None not in stream_ids
         async with self.pool.connection() as conn:
             arrays.ready(conn)
             if known:  # the usual read, of streams read before: by id alone
-                cur = await conn.execute(self._sql(
-                    "SELECT r.i, r.sid,"
-                    " CASE WHEN c.position IS NULL THEN (SELECT w.status FROM {s}.stream_ids i"
-                    "  JOIN {s}.workflows w ON w.id = i.workflow_id WHERE i.id = r.sid) END," + ended +
-                    " FROM unnest(%b::int8[], %b::int[]) WITH ORDINALITY AS r(sid, start, i)" + chunks
-                ), (arrays.int8s(stream_ids), arrays.int4s(offsets), limit, budget),  # type: ignore[arg-type]
+                cur = await conn.execute(self._sql(_READ_BY_ID), (
+                    arrays.int8s(stream_ids), arrays.int4s(offsets), limit, budget),  # type: ignore[arg-type]
                     binary=True)
             else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
-                cur = await conn.execute(self._sql(
-                    "SELECT r.i, r.sid, CASE WHEN c.position IS NULL THEN"
-                    "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END," + ended +
-                    " FROM (SELECT q.i, q.workflow_id, q.start, coalesce(nullif(q.sid, 0), (SELECT id FROM"
-                    "   {s}.stream_ids WHERE workflow_id = q.workflow_id AND key = q.key)) AS sid"
-                    "  FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
-                    "   AS q(sid, workflow_id, key, start, i)) r" + chunks
-                ), (arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
+                cur = await conn.execute(self._sql(_READ_BY_NAME), (
+                    arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
                     arrays.int4s(offsets), limit, budget), binary=True)
             rows = await cur.fetchall()
-        found: list[list[tuple[int, bytes | None]]] = [[] for _ in stream_ids]
-        learnt: dict[int, int] = {}
-        states: dict[int, tuple[str | None, bool]] = {}
-        for i, sid, status, closed, position, value in rows:
-            if position is not None:
-                found[i - 1].append((position, value))
-            else:
-                states[i - 1] = (status, closed)
-            if not known and sid is not None:
-                learnt[i - 1] = sid
-        return found, learnt, states
+        return _sorted_reads(rows, len(stream_ids), learn=not known)
+
+
+# Only a read that found nothing needs the workflow's status and whether the stream was closed before
+# its offset (the close marker is always a stream's last chunk): scalar subqueries under CASE, so the
+# others skip both lookups, and the planner cannot turn them into a scan of the whole workflows table.
+_READ_ENDED = (
+    " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
+    "  WHERE stream_id = r.sid ORDER BY position DESC LIMIT 1), false) ELSE false END,"
+    " c.position, c.value"
+)
+# Up to ``limit`` chunks and ``budget`` bytes of each stream (its first chunk whatever its size: a chunk
+# may be 8 MiB), so a reader holds one bounded batch however big its stream's chunks are.
+_READ_CHUNKS = (
+    " LEFT JOIN LATERAL (SELECT w.position, w.value FROM (SELECT position, value,"
+    "   sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
+    "    - coalesce(octet_length(value), 0) AS before FROM {s}.chunks"
+    "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) w"
+    "  WHERE w.before < %s) c ON true"
+    " ORDER BY r.i, c.position"
+)
+_READ_BY_ID = (
+    "SELECT r.i, r.sid,"
+    " CASE WHEN c.position IS NULL THEN (SELECT w.status FROM {s}.stream_ids i"
+    "  JOIN {s}.workflows w ON w.id = i.workflow_id WHERE i.id = r.sid) END," + _READ_ENDED +
+    " FROM unnest(%b::int8[], %b::int[]) WITH ORDINALITY AS r(sid, start, i)" + _READ_CHUNKS
+)
+_READ_BY_NAME = (
+    "SELECT r.i, r.sid, CASE WHEN c.position IS NULL THEN"
+    "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END," + _READ_ENDED +
+    " FROM (SELECT q.i, q.workflow_id, q.start, coalesce(nullif(q.sid, 0), (SELECT id FROM"
+    "   {s}.stream_ids WHERE workflow_id = q.workflow_id AND key = q.key)) AS sid"
+    "  FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
+    "   AS q(sid, workflow_id, key, start, i)) r" + _READ_CHUNKS
+)
+
+
+def _sorted_reads(rows: list[tuple[Any, ...]], asked: int, learn: bool) -> tuple[
+        list[list[tuple[int, bytes | None]]], dict[int, int], dict[int, tuple[str | None, bool]]]:
+    """The rows of a read, by index asked (the rows count from 1): the chunks found, the stream ids
+    learnt (only when ``learn``: some were asked by name), and the status of the streams that had none."""
+    found: list[list[tuple[int, bytes | None]]] = [[] for _ in range(asked)]
+    learnt: dict[int, int] = {}
+    states: dict[int, tuple[str | None, bool]] = {}
+    for i, sid, status, closed, position, value in rows:
+        if position is not None:
+            found[i - 1].append((position, value))
+        else:
+            states[i - 1] = (status, closed)
+        if learn and sid is not None:
+            learnt[i - 1] = sid
+    return found, learnt, states

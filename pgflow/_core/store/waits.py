@@ -7,20 +7,20 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from ..status import Status
+from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, Fenced, Receipt, Requeued, Wake
 from .statements import Statements
 
 
 class WaitStatements(Statements):
     """The statements of ``Store`` for sleeps and suspensions (the pool and schema come from it)."""
 
-    async def record_wake(self, workflow_id: str, attempt: int, lease: int, position: int, name: str,
-                          seconds: float) -> tuple[bool, bool, float, datetime]:
+    async def record_wake(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str,
+                          seconds: float) -> Fenced[Wake]:
         """Journal a wake-up ``seconds`` from now, on the server's clock, for the execution holding
-        ``attempt`` under the claim ``lease``. Returns (still owner, cancel requested, seconds left, the
-        wake-up time)."""
+        ``attempt`` under ``claim_token``; the wake-up as journaled (by this call or an earlier one)."""
         row = await self._fetchone(
-            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
+            "WITH " + OWNER_LOCKED + ","
             " written AS (INSERT INTO {s}.steps (workflow_id, position, name, attempts, attempt, wake_at)"
             "  SELECT %(id)s, %(position)s, %(name)s, 1, %(attempt)s,"
             "   {s}.clock_now() + make_interval(secs => %(seconds)s) FROM owner"
@@ -30,30 +30,27 @@ class WaitStatements(Statements):
             " SELECT (SELECT cancel_requested FROM owner), w.wake_at,"
             "  extract(epoch FROM w.wake_at - {s}.clock_now())::float8"
             " FROM (SELECT 1) AS one LEFT JOIN wake w ON true",
-            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
              "seconds": seconds},
         )
         assert row is not None
-        return row[0] is not None, bool(row[0]), float(row[2] or 0.0), row[1] or datetime.now(UTC)
+        return Fenced(row[0] is not None, bool(row[0]), Wake(float(row[2] or 0.0), row[1] or datetime.now(UTC)))
 
-    async def suspend(self, workflow_id: str, lease: int, until: datetime,
-                      topic: str | None = None) -> tuple[str, str] | None:
+    async def suspend(self, workflow_id: str, claim_token: int, until: datetime,
+                      topic: str | None = None) -> Requeued | None:
         """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
         comes first, when the claim fails it): queued again, due then, its lease released; its
         next claim does not count against its attempt budget (``attempt_base`` moves with it).
         A workflow waiting for a message on ``topic`` that is already there is due at once,
-        and a cancellation asked for meanwhile ends it as cancelled instead. Returns (queue, status
-        now), or None when the claim ``lease`` no longer holds the workflow.
+        and a cancellation asked for meanwhile ends it as cancelled instead. Returns its queue and
+        status now, or None when ``claim_token`` no longer holds the workflow.
 
         The row is locked before the messages are looked at, by a statement of its own: a send that
         stores a message locks the row too, so either the send committed first and this look sees its
         message, or the send waits for this commit and then finds the workflow waiting for its topic.
-        (FOR NO KEY UPDATE: the key-share lock of a message's foreign key does not hold it up.)"""
+        (fencing.HOLDS_LOCKED)"""
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(
-                "SELECT 1 FROM {s}.workflows WHERE id = %s AND lease_token = %s AND status = 'running'"
-                " FOR NO KEY UPDATE"
-            ), (workflow_id, lease))
+            cur = await conn.execute(self._sql(HOLDS_LOCKED), (workflow_id, claim_token))
             if await cur.fetchone() is None:
                 return None
             cur = await conn.execute(self._sql(
@@ -68,7 +65,7 @@ class WaitStatements(Statements):
                 " WHERE id = %(id)s RETURNING queue, status"
             ), {"id": workflow_id, "topic": topic, "until": until})
             row = await cur.fetchone()
-        return None if row is None else (str(row[0]), str(row[1]))
+        return None if row is None else Requeued(str(row[0]), Status(row[1]))
 
     async def send(self, workflow_id: str, topic: str, value: bytes,
                    idempotency_key: str | None) -> tuple[bool, str, bool] | None:
@@ -102,18 +99,16 @@ class WaitStatements(Statements):
         row = await cur.fetchone()
         return None if row is None else str(row[0])
 
-    async def receive(self, workflow_id: str, attempt: int, lease: int, position: int, name: str, topic: str,
-                      timeout: float, final: bool) -> tuple[bool, bool, bool, bytes | None, float, datetime]:
+    async def receive(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, topic: str,
+                      timeout: float, final: bool) -> Fenced[Receipt]:
         """For the execution holding ``attempt``: take the oldest unconsumed message of ``topic`` and
         journal it at ``position``, in one statement, so a message is consumed exactly when its
         receipt is recorded. Without one, the entry is journaled as waiting (its deadline ``timeout``
         seconds from the first call), or, when ``final``, as timed out.
 
-        Returns (still owner, cancel requested, a message was taken, its value, seconds to the
-        deadline, the deadline)."""
+        """
         row = await self._fetchone(
-            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
+            "WITH " + OWNER_LOCKED + ","
             " msg AS (SELECT id FROM {s}.messages WHERE workflow_id = %(id)s AND topic = %(topic)s"
             "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
             "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
@@ -133,20 +128,18 @@ class WaitStatements(Statements):
             "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
             " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
             "  at, extract(epoch FROM at - {s}.clock_now())::float8 FROM deadline",
-            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
              "topic": topic, "timeout": timeout, "final": final},
         )
         assert row is not None
-        return row[0] is not None, bool(row[0]), bool(row[1]), row[2], float(row[4] or 0.0), row[3]
+        return Fenced(row[0] is not None, bool(row[0]), Receipt(bool(row[1]), row[2], float(row[4] or 0.0), row[3]))
 
-    async def set_event(self, workflow_id: str, attempt: int, lease: int, position: int, name: str, key: str,
-                        value: bytes) -> tuple[bool, bool]:
+    async def set_event(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str,
+                        key: str, value: bytes) -> Fence:
         """Publish ``value`` under ``key`` for the execution holding ``attempt``, and journal it at
-        ``position`` in the same statement (a position already journaled publishes nothing).
-        Returns (still owner, cancel requested)."""
+        ``position`` in the same statement (a position already journaled publishes nothing)."""
         row = await self._fetchone(
-            "WITH owner AS (SELECT cancel_requested FROM {s}.workflows"
-            "  WHERE id = %(id)s AND lease_token = %(lease)s AND status = 'running' FOR SHARE),"
+            "WITH " + OWNER_LOCKED + ","
             " written AS (INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt)"
             "  SELECT %(id)s, %(position)s, %(name)s, %(value)s, 1, %(attempt)s FROM owner"
             "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
@@ -155,11 +148,11 @@ class WaitStatements(Statements):
             "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = {s}.clock_now()"
             "  RETURNING 1)"
             " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)",
-            {"id": workflow_id, "attempt": attempt, "lease": lease, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
              "key": key, "value": value},
         )
         assert row is not None
-        return row[0] is not None, bool(row[0])
+        return Fence(row[0] is not None, bool(row[0]))
 
     async def get_event(self, workflow_id: str, key: str) -> tuple[bytes | None, str] | None:
         """(the value under ``key`` or None, the workflow's status); None: no such workflow."""

@@ -15,6 +15,7 @@ and a reader waiting at exactly that position takes it from there.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -23,11 +24,12 @@ from typing import Any
 import anyio
 import psycopg
 
-from ... import codec
 from ...errors import UnknownWorkflow
+from .. import codec
 from ..batches import apart
 from ..signals import Outage, PollTicks, Waiters
 from ..signals import keys as signal_keys
+from ..status import ENDED
 from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
@@ -35,7 +37,6 @@ log = logging.getLogger("pgflow.streams")
 READ_BATCH = 1000  # chunks of one stream per read, at most
 STREAMS_PER_READ = 1000  # streams one query reads at most
 READ_BYTES = 1024 * 1024  # bytes of one stream per read, at most (its first chunk whatever its size)
-ENDED = ("succeeded", "failed", "cancelled")
 Chunks = list[tuple[int, bytes | None]]
 
 
@@ -44,14 +45,45 @@ def stream_keys(workflow_id: str, key: str) -> list[str]:
     return [signal_keys.stream(workflow_id, key), signal_keys.ended(workflow_id)]
 
 
+class ReadState(enum.Enum):
+    """Where a reader is. Its life, ``ChunkFetcher`` and ``StreamRead`` making every move::
+
+        NEW --start--> ASKED --query--> FETCHING --chunks--> READY --taken--> HELD
+                         ^                 |                                   |
+                         |                 +--nothing new--> WAITING <--done---+ (unless pinged)
+                         +--ping or tick--------------------------+
+
+    and from FETCHING to ENDED (the stream can grow no more) or FAILED (the error it gets); from any
+    state to CLOSED when the reader stops. A ping that comes while it is FETCHING, READY or HELD sets
+    ``again``: it is asked again once its consumer has taken what it has. Apart from the state, one
+    reader at a time ``runs_fetch``: its task runs the next query for everyone asked."""
+
+    NEW = "new"  # not started: nothing wakes it yet
+    WAITING = "waiting"  # for a ping or a poll tick
+    ASKED = "asked"  # for the next query
+    FETCHING = "fetching"  # in the query under way
+    READY = "ready"  # its chunks are in, not yet taken by its consumer
+    HELD = "held"  # its consumer is busy with the chunks it took (its task is not waiting)
+    ENDED = "ended"  # closed, or its workflow ended and it has read every chunk
+    FAILED = "failed"  # it gets ``error``
+    CLOSED = "closed"  # its reader stopped
+
+
+# The states as module names: a global is read in a fifth of the time of an enum's attribute, and
+# a reader in lock step with its writer moves through several per chunk.
+_NEW, _WAITING, _ASKED, _FETCHING, _READY, _HELD, _ENDED, _FAILED, _CLOSED = ReadState
+_DONE = (_ENDED, _FAILED, _CLOSED)
+_BUSY = (_FETCHING, _READY, _HELD)  # a ping for it now is kept for later
+
+
 class StreamRead:
     """One reader's place in a stream: where it is, and what the last fetch brought it.
 
     Pings and poll ticks call ``wake``, which only marks the stream as asked; the reader's task wakes
     when its answer is in (or when it is the one to run the query)."""
 
-    __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "_open", "asked",
-                 "in_flight", "again", "runs_fetch", "chunks", "held", "ended", "error", "closed", "outage")
+    __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "state",
+                 "again", "runs_fetch", "chunks", "error", "outage")
 
     def __init__(self, fetcher: ChunkFetcher, waiters: Waiters | None, workflow_id: str, key: str,
                  offset: int) -> None:
@@ -63,20 +95,15 @@ class StreamRead:
         self._waiters = waiters
         self._loop = asyncio.get_running_loop()
         self._signal: asyncio.Future[None] | None = None
-        self._open = False
-        self.asked = False  # waiting for the next query
-        self.in_flight = False  # in the query under way
+        self.state = _NEW
         self.again = False  # pinged since its query began: ask again once the answer is taken
         self.runs_fetch = False  # this reader's task is to run the query for everyone asked
-        self.chunks: Chunks | None = None  # fetched, not yet taken by the reader
-        self.held = False  # taken: its consumer is busy with it (this reader's task is not waiting)
-        self.ended = False
-        self.error: BaseException | None = None
-        self.closed = False
+        self.chunks: Chunks | None = None  # READY: fetched, not yet taken by the reader
+        self.error: BaseException | None = None  # FAILED: what the reader gets
         self.outage = Outage()
 
     def wake(self) -> None:
-        if not self.asked:
+        if self.state is not _ASKED:
             self._fetcher.ask(self)
 
     def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
@@ -89,10 +116,11 @@ class StreamRead:
             return
         if position < self.offset:
             return
-        if (position == self.offset and self._signal is not None and not self._signal.done() and not self.asked
-                and not self.in_flight and not self.runs_fetch and self.chunks is None and not self.closed):
+        if (position == self.offset and self.state is _WAITING and not self.runs_fetch
+                and self._signal is not None and not self._signal.done()):
             self.offset = position + 1
             self.chunks = [(position, value)]
+            self.state = _READY
             self._fetcher.handed += 1
             self._signal.set_result(None)
             return
@@ -111,34 +139,32 @@ class StreamRead:
         return self
 
     async def __anext__(self) -> Chunks:
-        if self.held:
-            self.held = False
+        if self.state is _HELD:
             self._fetcher.idle(self)
-        elif not self._open:
+        elif self.state is _NEW:
             self._start()
         while True:
             # Until this reader has chunks, an end or an error (running the query when it is its turn).
             if self.runs_fetch:
                 self.runs_fetch = False
                 await self._fetcher.run()
-            chunks = self.chunks
-            if chunks is not None:
-                self.chunks = None
-                if chunks:
-                    self.held = True  # asked while held, it would have to run the next query for everyone
-                    return chunks
-                continue
-            if self.error is not None:
+            state = self.state
+            if state is _READY:
+                chunks, self.chunks = self.chunks or [], None
+                self.state = _HELD  # asked while held, it would have to run the next query for everyone
+                return chunks
+            if state is _FAILED:
+                assert self.error is not None
                 self.stop()
                 raise self.error
-            if self.ended or self.closed:
+            if state is _ENDED or state is _CLOSED:
                 self.stop()
                 raise StopAsyncIteration
             self._signal = self._loop.create_future()
             await self._signal
 
     def _start(self) -> None:
-        self._open = True
+        self.state = _WAITING
         if self._waiters is not None:
             for k in stream_keys(self.workflow_id, self.key):
                 self._waiters.add(k, self)
@@ -146,9 +172,9 @@ class StreamRead:
 
     def stop(self) -> None:
         """The reader is done with the stream (also when it stops early): nothing wakes it any more."""
-        if self.closed:
+        if self.state is _CLOSED:
             return
-        if self._waiters is not None and self._open:
+        if self._waiters is not None and self.state is not _NEW:
             for k in stream_keys(self.workflow_id, self.key):
                 self._waiters.remove(k, self)
         self._fetcher.drop(self)
@@ -170,12 +196,12 @@ class ChunkFetcher:
 
     def ask(self, read: StreamRead) -> None:
         """Have ``read`` fetched by the next query (or again after the one it is in)."""
-        if read.closed or read.asked or read.ended or read.error is not None:
+        if read.state is _ASKED or read.state in _DONE:
             return
-        if read.in_flight or read.chunks is not None or read.held:
+        if read.state in _BUSY:
             read.again = True
             return
-        read.asked = True
+        read.state = _ASKED
         self._asked.append(read)
         if not self._busy:
             self._busy = True
@@ -185,6 +211,7 @@ class ChunkFetcher:
     def idle(self, read: StreamRead) -> None:
         """``read`` has taken its chunks: fetch again at once if it was pinged meanwhile, else wait
         for the next ping or poll tick."""
+        read.state = _WAITING
         if read.again:
             read.again = False
             self.ask(read)
@@ -193,10 +220,9 @@ class ChunkFetcher:
 
     def drop(self, read: StreamRead) -> None:
         """``read``'s reader has stopped; if it was to run the next query, another asked reader does."""
-        read.closed = True
-        if read.asked:
-            read.asked = False
+        if read.state is _ASKED:
             self._asked.remove(read)
+        read.state = _CLOSED
         if read.runs_fetch:
             read.runs_fetch = False
             if self._asked:
@@ -215,13 +241,13 @@ class ChunkFetcher:
                 while self._asked:
                     batch, self._asked = self._asked[:STREAMS_PER_READ], self._asked[STREAMS_PER_READ:]
                     for read in batch:
-                        read.asked = False
-                        read.in_flight = True
+                        read.state = _FETCHING
                     try:
                         await self._answer(batch)
                     finally:
-                        for read in batch:
-                            read.in_flight = False
+                        for read in batch:  # (unanswered: the query was cut short) a ping asks again
+                            if read.state is _FETCHING:
+                                read.state = _WAITING
         finally:
             self._busy = False
 
@@ -239,7 +265,7 @@ class ChunkFetcher:
             [r.offset for r in batch], READ_BATCH, READ_BYTES)
         self.queries += 1
         for n, read in enumerate(batch):
-            if read.closed:
+            if read.state is _CLOSED:
                 continue
             if learnt:
                 read.sid = learnt.get(n, read.sid)
@@ -248,6 +274,7 @@ class ChunkFetcher:
             if chunks:  # the usual answer, first: the reader is woken with its chunks in hand
                 read.offset = chunks[-1][0] + 1
                 read.chunks = chunks
+                read.state = _READY
                 if len(chunks) >= READ_BATCH or sum(len(v) for _, v in chunks if v) >= READ_BYTES:
                     read.again = True  # more may be waiting (cut by count or by size): no need for a ping
                 signal = read._signal
@@ -256,14 +283,12 @@ class ChunkFetcher:
                 continue
             status, closed = states[n]
             if status is None:
-                read.error = UnknownWorkflow(f"no workflow with id {read.workflow_id!r}")
+                self._fail(read, UnknownWorkflow(f"no workflow with id {read.workflow_id!r}"))
             elif closed or status in ENDED:
-                read.ended = True
+                read.state = _ENDED
+                read.signal()
             else:
-                read.in_flight = False
                 self.idle(read)  # nothing new yet
-                continue
-            read.signal()
 
     def _refused(self, batch: list[StreamRead], exc: Exception) -> None:
         if isinstance(exc, psycopg.Error) and unreachable(exc):
@@ -271,20 +296,24 @@ class ChunkFetcher:
                 self._bear(read, exc)
             return
         [read] = batch
-        read.error = exc
-        read.signal()
+        if read.state is not _CLOSED:
+            self._fail(read, exc)
 
     def _bear(self, read: StreamRead, exc: psycopg.Error) -> None:
-        if read.closed:
+        if read.state is _CLOSED:
             return
         try:
             read.outage.bear(exc)
         except psycopg.Error as fatal:  # noqa: BLE001 - the outage lasted too long: the reader gets it
-            read.error = fatal
-            read.signal()
+            self._fail(read, fatal)
             return
-        read.in_flight = False
         self.idle(read)
+
+    @staticmethod
+    def _fail(read: StreamRead, exc: BaseException) -> None:
+        read.error = exc
+        read.state = _FAILED
+        read.signal()
 
 
 def read_batches(fetcher: ChunkFetcher, waiters: Waiters, workflow_id: str, key: str, offset: int) -> StreamRead:

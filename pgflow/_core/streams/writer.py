@@ -22,8 +22,8 @@ import asyncio
 import logging
 from typing import Protocol
 
-from ... import telemetry
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
+from .. import telemetry
 from ..batches import GroupCommit, apart
 from ..signals import Chunk, News, Signals
 from ..signals import keys as signal_keys
@@ -47,7 +47,7 @@ class Owner(Protocol):
 
     workflow_id: str
     attempt: int
-    lease: int
+    claim_token: int
     interrupt: ExecutionInterrupted | None
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
 
@@ -147,7 +147,7 @@ class StreamWriter(GroupCommit[_Pending]):
         index: dict[Owner, int] = {}
         for p in batch:
             index.setdefault(p.owner, len(index) + 1)
-        owners = [(owner.workflow_id, owner.lease) for owner in index]
+        owners = [(owner.workflow_id, owner.claim_token) for owner in index]
         chunk_owners = [index[p.owner] for p in batch]
         positions = [p.position for p in batch]
         values = [p.value for p in batch]
@@ -178,7 +178,7 @@ class StreamWriter(GroupCommit[_Pending]):
             return
         for p in batch:
             owner = p.owner
-            if (owner.workflow_id, owner.lease) in fenced:
+            if (owner.workflow_id, owner.claim_token) in fenced:
                 owner.interrupt = LeaseLost(f"workflow {owner.workflow_id!r} attempt {owner.attempt} lost its lease")
                 p.resolve(owner.interrupt)
                 continue

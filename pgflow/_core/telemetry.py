@@ -21,6 +21,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .status import Status as WorkflowStatus
+
 tracer = trace.get_tracer("pgflow")
 meter = metrics.get_meter("pgflow")
 _w3c = TraceContextTextMapPropagator()
@@ -127,7 +129,7 @@ def ended(span: Span, status: str, error: dict[str, Any] | None) -> None:
     if not span.is_recording():
         return
     span.set_attribute(STATUS, status)
-    if status == "failed":
+    if status == WorkflowStatus.FAILED:
         detail = f"{error.get('type')}: {error.get('message')}" if error else None
         span.set_status(Status(StatusCode.ERROR, detail))
 

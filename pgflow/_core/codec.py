@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import SerializationError
+from ..errors import SerializationError
 
 _encoder = msgspec.msgpack.Encoder()
 _untyped = untyped = msgspec.msgpack.Decoder()  # ``untyped.decode``: the decoding of a value read as Any

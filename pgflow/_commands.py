@@ -1,0 +1,298 @@
+"""``pgflow workflows ls|show|cancel|resume|fork``, ``tail``, ``queues``, ``workers`` and ``status``:
+the management API on the command line. Plain-text tables for people, ``--json`` for scripts (one JSON
+document on stdout)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from ._core.checks import check_id
+from ._core.connecting import redact, split_password
+from ._core.status import Status
+from .app import STATUSES, App
+from .errors import PgflowError
+from .records import Health
+from .showing import print_details
+from .terminal import json_text, safe, table
+
+# A prune by hand this recent takes workflows whose callers may still be about to read their results
+# and streams: most likely a unit slip (--older-than 7 meaning days), so it asks for --yes.
+PRUNE_CONFIRM_BELOW = 3600.0
+
+
+Handler = Callable[[argparse.Namespace, Callable[[str], App]], int]
+"""What a subcommand's parser carries as its ``handler`` default: the command, given the parsed
+arguments and the CLI's importer of ``module:app``; returns the exit code."""
+
+Command = Callable[[App, argparse.Namespace], int]
+
+
+def on_app(command: Command) -> Handler:
+    """A command run on the App that ``--app`` names, or on ``App()`` from the environment, which is
+    closed when the command is done."""
+
+    def handler(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
+        with load_app(args.app_target) if args.app_target else App() as app:
+            return command(app, args)
+
+    return handler
+
+
+def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The management subcommands; ``with_app`` adds the options that choose the App."""
+
+    def add(parser: argparse.ArgumentParser, command: Command) -> argparse.ArgumentParser:
+        with_app(parser)
+        parser.set_defaults(handler=on_app(command))
+        return parser
+
+    _add_workflows(commands, add)
+    add(commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows and limits"), _queues)
+    add(commands.add_parser("workers", help="live workers, their heartbeat's age and what each runs"), _workers)
+    status = commands.add_parser("status", help="health probe: exits 1 when unhealthy")
+    status.add_argument("--stuck-after", type=float, default=60.0,
+                        help="seconds idle in a transaction that make a session count as stuck (default: %(default)s)")
+    add(status, _status)
+    prune = commands.add_parser("prune", help="delete finished workflows, their steps and streams, now")
+    prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
+                       help="finished longer ago than this: 7d, 12h, 30m, 45s or seconds")
+    prune.add_argument("--yes", action="store_true",
+                       help=f"needed for a duration under {_fmt_duration(PRUNE_CONFIRM_BELOW)}, which takes "
+                            "workflows that have only just finished")
+    add(prune, _prune)
+    psql = commands.add_parser("psql", help="open psql on the App's database, pgflow's schema first in the "
+                                            "search path (or print the DSN; --json: the DSN, schema and "
+                                            "search path as JSON, psql not opened)")
+    psql.add_argument("--print", action="store_true", dest="print_dsn",
+                      help="only print the DSN (its password as ***)")
+    psql.add_argument("--show-password", action="store_true", help="print the DSN's password as it is")
+    add(psql, _psql)
+    keys = commands.add_parser("keys", help="the keyring that seals pgflow's pings")
+    keys_actions = keys.add_subparsers(dest="action", required=True)
+    rotate = keys_actions.add_parser("rotate", help="add a new key, used from --overlap seconds on; the old"
+                                                    " ones are accepted until --overlap seconds after that")
+    rotate.add_argument("--overlap", type=float, default=120.0, help="seconds (default: %(default)s)")
+    add(rotate, _rotate_keys)
+    tail = commands.add_parser("tail", help="follow a workflow's stream live, as tail -f does")
+    tail.add_argument("id", help="the workflow id")
+    tail.add_argument("key", help="the stream key")
+    tail.add_argument("--offset", type=int, default=0, help="the first position (default: %(default)s)")
+    add(tail, _tail)
+
+
+def _add_workflows(commands: Any,
+                   add: Callable[[argparse.ArgumentParser, Command], argparse.ArgumentParser]) -> None:
+    workflows = commands.add_parser("workflows", help="list, inspect, cancel, resume and fork workflows")
+    actions = workflows.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("ls", help="list workflows, newest first")
+    ls.add_argument("--status", choices=STATUSES, help="only workflows in this status")
+    ls.add_argument("--name", help="only workflows of this name")
+    ls.add_argument("--queue", help="only workflows of this queue")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default: %(default)s)")
+    add(ls, _list)
+    show = actions.add_parser("show", help="one workflow: its record, arguments, result, error with traceback,"
+                                           " steps with their timings and every attempt's error, and streams")
+    show.add_argument("id", help="the workflow id")
+    show.add_argument("--full", action="store_true",
+                      help="print values, messages and tracebacks whole (by default they are cut to a screenful)")
+    show.add_argument("--steps", type=_positive, default=1000, metavar="N",
+                      help="show the first N steps of the journal (default: %(default)s)")
+    add(show, _show_workflow)
+    for action, text, command in (("cancel", "cancel a workflow", _cancel),
+                                  ("resume", "run a failed or cancelled workflow again", _resume),
+                                  ("fork", "start a copy that replays the first N steps", _fork)):
+        sub = actions.add_parser(action, help=text)
+        sub.add_argument("id", help="the workflow id")
+        if action == "fork":
+            sub.add_argument("--from-step", type=int, required=True, help="steps copied (replayed, not run)")
+        add(sub, command)
+
+
+def _queues(app: App, args: argparse.Namespace) -> int:
+    _show(args, app.queues_info(), ["name", "queued", "due", "oldest_due_waited_s", "running", "concurrency",
+                                    "rate_limit", "rate_period_s"])
+    return 0
+
+
+def _workers(app: App, args: argparse.Namespace) -> int:
+    workers = app.workers_info()
+    if args.json:
+        _print_json(workers)
+    else:
+        table([{**asdict(w), "state": w.state} for w in workers],
+              ["id", "state", "host", "pid", "queues", "version", "heartbeat_age_s", "lease_s", "running"])
+        if any(w.dead for w in workers):
+            print("(DEAD: its heartbeat is older than its lease; its workflows go to live workers)")
+    return 0
+
+
+def _status(app: App, args: argparse.Namespace) -> int:
+    health = app.health(stuck_after=args.stuck_after)
+    if args.json:
+        _print_json({**asdict(health), "ok": health.ok})
+    else:
+        _print_health(health)
+    return 0 if health.ok else 1
+
+
+def _print_health(health: Health) -> None:
+    print(f"{'healthy' if health.ok else 'UNHEALTHY'}: {health.live_workers} live workers, NOTIFY queue "
+          f"{health.notification_queue_usage:.1%} full")
+    for name, count in health.unserved.items():
+        print(f"  {count} queued workflows named {name!r}: no live worker runs that name")
+    # (Any role chooses its sessions' application names: they are printed escaped.)
+    for session in health.stuck_sessions:
+        print(f"  session {session.pid} idle in a transaction for {session.transaction_age_s:.0f} s"
+              f" ({safe(session.application_name or 'no application name')}): a LISTEN connection in"
+              " a transaction stalls every NOTIFY of the cluster")
+    for holder in health.maintenance:
+        if not holder.worker:
+            print(f"  maintenance lock {safe(holder.describe())}")
+    if health.notification_queue_usage > 0.5:
+        print("  the NOTIFY queue is filling up; the oldest open transactions of the cluster (whichever"
+              " of them ran LISTEN holds it back):")
+        for session in health.queue_holders:
+            print(f"    {safe(session.describe())}")
+
+
+def _psql(app: App, args: argparse.Namespace) -> int:
+    dsn = app.dsn  # for the embedded default, starts or joins the project's server
+    if args.json:  # a script wants where to connect, not an interactive psql
+        _print_json({"dsn": dsn if args.show_password else redact(dsn), "schema": app.schema,
+                     "search_path": f"{app.schema},public"})
+        return 0
+    client = shutil.which("psql")
+    if args.print_dsn or client is None:
+        if client is None and not args.print_dsn:
+            print("pgflow: psql is not installed; the DSN:", file=sys.stderr)
+        print(dsn if args.show_password else redact(dsn))
+        return 0
+    # A command line is readable by every local user (ps, /proc); a process's environment only by its
+    # owner and root. So the password goes to psql as PGPASSWORD, and the rest as a DSN without it.
+    conninfo, password = split_password(dsn)
+    env = dict(os.environ)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    env["PGOPTIONS"] = f"{env.get('PGOPTIONS', '')} -c search_path={app.schema},public".strip()
+    os.execve(client, [client, conninfo], env)
+
+
+def _prune(app: App, args: argparse.Namespace) -> int:
+    if args.older_than < PRUNE_CONFIRM_BELOW and not args.yes:
+        print(f"pgflow: error: this would delete every workflow that finished more than "
+              f"{_fmt_duration(args.older_than)} ago (succeeded, failed or cancelled), with its steps, "
+              "stream chunks, events and messages; pass --yes to do it", file=sys.stderr)
+        return 2
+
+    def progress(deleted: int) -> None:
+        if not args.json:
+            print(f"\rdeleted {deleted} workflows", end="", file=sys.stderr, flush=True)
+
+    deleted = app.prune(args.older_than, progress=progress)
+    if not args.json:
+        print(file=sys.stderr)
+    _done(args, {"deleted": deleted})
+    return 0
+
+
+def _rotate_keys(app: App, args: argparse.Namespace) -> int:
+    _done(args, {"key": app.rotate_signal_key(args.overlap), "sealed_with_in_s": args.overlap})
+    return 0
+
+
+def _tail(app: App, args: argparse.Namespace) -> int:
+    for position, value in app.handle(args.id).stream_items(args.key, args.offset):
+        print(json_text({"position": position, "value": value}) if args.json
+              else f"{position}\t{safe(str(value))}", flush=True)
+    return 0
+
+
+def _list(app: App, args: argparse.Namespace) -> int:
+    records = app.list_workflows(status=args.status, name=args.name, queue=args.queue, limit=args.limit)
+    _show(args, records, ["id", "name", "queue", "status", "attempt", "created_at", "finished_at", "error_type"])
+    return 0
+
+
+def _show_workflow(app: App, args: argparse.Namespace) -> int:
+    details = app.workflow_details(check_id(args.id), steps_limit=args.steps)
+    if args.json:
+        _print_json(details)
+    else:
+        print_details(details, args.full)
+    return 0
+
+
+def _cancel(app: App, args: argparse.Namespace) -> int:
+    app.handle(args.id).cancel()
+    _done(args, {"id": args.id, "cancel": "requested"})
+    return 0
+
+
+def _resume(app: App, args: argparse.Namespace) -> int:
+    app.handle(args.id).resume()
+    _done(args, {"id": args.id, "status": Status.QUEUED.value})
+    return 0
+
+
+def _fork(app: App, args: argparse.Namespace) -> int:
+    forked = app.handle(args.id).fork(from_step=args.from_step)
+    _done(args, {"id": forked.id, "forked_from": args.id, "from_step": args.from_step})
+    return 0
+
+
+def duration(text: str) -> float:
+    """'7d', '12h', '30m', '45s' or plain seconds."""
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 7d, 12h, 30m, 45s or seconds)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a duration is finite and >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, got {value}")
+    return value
+
+
+def _fmt_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def explain(exc: PgflowError | ValueError) -> str:
+    return f"pgflow: error: {safe(str(exc))}"
+
+
+def _done(args: argparse.Namespace, what: dict[str, Any]) -> None:
+    if args.json:
+        _print_json(what)
+    else:
+        print(safe(" ".join(f"{k}={v}" for k, v in what.items())))
+
+
+def _show(args: argparse.Namespace, records: list[Any], columns: list[str]) -> None:
+    if args.json:
+        _print_json(records)
+    else:
+        table([asdict(r) for r in records], columns)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json_text(value) + "\n")

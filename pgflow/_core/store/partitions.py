@@ -1,0 +1,45 @@
+"""The partitions of stream chunks: made ahead of time, dropped once their streams are gone.
+
+The SQL functions are migration 0024's; here is when a process calls them. Making partitions and
+dropping them both change the partitions of ``chunks``; they serialise on an advisory lock in the
+functions, so the maintenance service and an ``app.prune`` may run them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from .statements import Statements
+
+log = logging.getLogger("pgflow.retention")
+
+# A drop takes ACCESS EXCLUSIVE on chunks; while it waits for the lock every chunk write and read
+# queues behind it, so it waits briefly and tries again at the next pass.
+DROP_LOCK_TIMEOUT = "200ms"
+
+
+class PartitionStatements(Statements):
+    async def add_chunk_partitions(self) -> int:
+        """Make the partitions of the current period and those ahead that are missing; how many."""
+        row = await self._fetchone("SELECT {s}.add_chunk_partitions()", ())
+        return int(row[0]) if row else 0
+
+    async def drop_chunk_partitions(self) -> list[str]:
+        """Drop the partitions whose streams have all been pruned and whose period is over; their
+        names. None go when the lock on chunks is not to be had at once (a long statement on chunks):
+        the next pass tries again."""
+        async with self.pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+                    cur = await conn.execute(self._sql("SELECT {s}.drop_chunk_partitions()"))
+                    dropped = [str(name) for (name,) in await cur.fetchall()]
+            except psycopg.errors.LockNotAvailable:
+                log.info("chunk partitions not dropped: the chunks table was busy; trying again later")
+                return []
+        if dropped:
+            log.info("dropped the chunk partitions %s: every stream in them was pruned", ", ".join(dropped))
+        return dropped
+
