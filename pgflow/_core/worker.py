@@ -25,7 +25,6 @@ from types import TracebackType
 import anyio
 import anyio.lowlevel
 import psycopg
-from anyio.abc import TaskGroup
 
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
@@ -37,6 +36,7 @@ from .finisher import Finisher
 from .health import HealthServer, Liveness
 from .maintenance import Maintenance
 from .registry import Registry
+from .runs import Runs
 from .runtime import Runtime, Runtimes
 from .signals import Waiter
 from .signals import keys as signal_keys
@@ -61,6 +61,7 @@ class _Parts:
     slot: Slot  # what every execution borrows from the worker
     maintenance: Maintenance
     unserved: UnservedNames
+    runs: Runs  # the tasks of the workflows it runs
     stack: contextlib.AsyncExitStack  # the worker's task group, and the leaving that follows it
 
 
@@ -178,7 +179,7 @@ class Worker:
         # (the loop's token is for the executions' sync callbacks)
         slot = Slot(runtime, store, self._limiter, writer, finisher, anyio.lowlevel.current_token(),
                     self._cancellers, starts)
-        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, maintenance, unserved,
+        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, maintenance, unserved, Runs(),
                       contextlib.AsyncExitStack())
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -241,7 +242,8 @@ class Worker:
                     tasks.start_soon(on.writer.run)
                     tasks.start_soon(on.finisher.run)
                     tasks.start_soon(on.starts.run)
-                    tasks.start_soon(self._intake, tasks)
+                    tasks.start_soon(on.runs.serve)
+                    tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     if self._liveness is not None:
                         tasks.start_soon(self._pulse, self._liveness)
@@ -249,15 +251,15 @@ class Worker:
             finally:
                 on.runtime.retire(on.writer)
 
-    async def _intake(self, tasks: TaskGroup) -> None:
+    async def _intake(self) -> None:
         """Everything that brings work in (claiming, the maintenance services such as schedules);
-        ``stop`` cancels it first. Claimed workflows run in ``tasks``."""
+        ``stop`` cancels it first. Claimed workflows run in the worker's ``runs``."""
         with self._claiming:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._claim_loop, tasks)
+                group.start_soon(self._claim_loop)
                 group.start_soon(self._on.maintenance.run)
 
-    async def _claim_loop(self, tasks: TaskGroup) -> None:
+    async def _claim_loop(self) -> None:
         on = self._on
         assert on.runtime.config is not None
         poll = on.runtime.config.poll_interval
@@ -282,9 +284,10 @@ class Worker:
                     self._slot_wanted = len(claimed) == free
                     if claimed and self._idle.is_set():
                         self._idle = anyio.Event()  # busy again: a drain waits for this one
-                    for row in claimed:
-                        self.running[row.id] += 1
-                        tasks.start_soon(self._run, row, name=f"pgflow workflow {row.id}")
+                    unrun = [row for row in claimed if not self._start(row)]
+                    if unrun:  # (the worker is stopping)
+                        await give_back_unrun(on.slot, unrun)
+                        return
                     wait = self._next_look(poll, free, len(claimed), due, refill)
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
@@ -321,6 +324,20 @@ class Worker:
         wait = poll if due is None or due <= 0 else min(poll, due)
         return wait if refill is None else min(wait, refill)
 
+    def _start(self, claimed: Claimed) -> bool:
+        self.running[claimed.id] += 1
+        if self._on.runs.start(self._run(claimed), f"pgflow workflow {claimed.id}"):
+            return True
+        self._ran(claimed.id)
+        return False
+
+    def _ran(self, id: str) -> None:
+        self.running[id] -= 1
+        if self.running[id] <= 0:
+            del self.running[id]
+        if not self.running:
+            self._idle.set()
+
     async def _run(self, claimed: Claimed) -> None:
         on = self._on
         freed: tuple[str, ...] = ()
@@ -333,11 +350,7 @@ class Worker:
         except Exception:
             log.exception("workflow %s could not be run; it goes back to the queue", claimed.id)
         finally:
-            self.running[claimed.id] -= 1
-            if self.running[claimed.id] <= 0:
-                del self.running[claimed.id]
-            if not self.running:
-                self._idle.set()
+            self._ran(claimed.id)
             # Look again only when the freed slot can matter: the last claim left work unclaimed for
             # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
