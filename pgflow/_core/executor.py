@@ -49,14 +49,15 @@ class Slot:
     starts: StepStarts | None = None
 
 
-async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, freed: tuple[str, ...] = ()) -> None:
+async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scope: anyio.CancelScope,
+                      freed: tuple[str, ...] = ()) -> None:
     """Run a claimed workflow to its end and record that end, unless the run is interrupted.
 
-    Anything that stops the run from outside (the worker shutting down, a lost connection) gives the
-    workflow back to the queue at once, so another worker resumes it from its journal without waiting
-    for the lease to expire. ``freed`` are pings for workers waiting on a limited queue's free slot.
-    While it runs, ``slot.cancellers[id]`` cancels it where it stands (its worker learnt that somebody
-    cancelled it), and it is recorded as cancelled.
+    Anything that stops the run from outside (the worker shutting down, cancelling ``scope``, or a
+    lost connection) gives the workflow back to the queue at once, so another worker resumes it from
+    its journal without waiting for the lease to expire. ``freed`` are pings for workers waiting on a
+    limited queue's free slot. While it runs, ``slot.cancellers[id]`` cancels it where it stands (its
+    worker learnt that somebody cancelled it), and it is recorded as cancelled.
     """
     try:
         execution = await _open(slot, workflow, claimed)
@@ -68,7 +69,7 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, free
             runs.debug("workflow %s %s started (attempt %d)", workflow.name, claimed.id, claimed.run)
             outcome = refused(claimed)
             if outcome is None:
-                outcome = await _run_cancellable(slot, workflow, claimed, execution)
+                outcome = await _run_cancellable(slot, workflow, claimed, execution, scope)
             if outcome is not None and await retried(slot.runtime, slot.store, workflow, claimed, outcome,
                                                      execution.failure, freed):
                 telemetry.ended(span, "retried", outcome.error)
@@ -79,6 +80,8 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, free
     except Suspended as pause:
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
         await _suspend(slot.runtime, slot.store, workflow, claimed, pause, freed)
+    except _Stopped:
+        await _give_back(slot, claimed)
     except BaseException:
         await _give_back(slot, claimed)
         raise
@@ -98,12 +101,17 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
     )
 
 
+class _Stopped(Exception):
+    """The run's scope was cancelled by its worker stopping, not by a cancellation request."""
+
+
 async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
-                           execution: Execution) -> Outcome | None:
-    """The body's outcome, with a canceller registered for as long as it runs: a cancellation that
-    its worker hears of stops it where it stands, and the outcome is then "cancelled"."""
+                           execution: Execution, scope: anyio.CancelScope) -> Outcome | None:
+    """The body's outcome, run in ``scope`` with a canceller registered for as long as it runs: a
+    cancellation that its worker hears of stops it where it stands, and the outcome is then
+    "cancelled". The worker stopping cancels ``scope`` too (``_Stopped``: the run is given back)."""
     outcome: Outcome | None
-    with anyio.CancelScope() as scope:
+    with scope:
         def canceller() -> None:
             _cancel(execution, scope)
 
@@ -119,7 +127,9 @@ async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
             if cancellers is not None and cancellers.get(claimed.id) is canceller:
                 del cancellers[claimed.id]  # not another execution's of the same id
     if scope.cancelled_caught:
-        return CANCELLED
+        if isinstance(execution.interrupt, CancelRequested):
+            return CANCELLED
+        raise _Stopped
     return outcome
 
 

@@ -3,22 +3,26 @@
 One task per workflow run, as an anyio task group would keep them, but spawned as plain asyncio
 tasks: anyio's ``start_soon`` gives every task a handle, a cancel scope and an event nobody reads
 here, about 22 us more per task than ``create_task`` on this machine (a no-op workflow's whole
-worker CPU is about 120 us). What the group did that matters is kept: each run is hosted in a
-cancel scope of its own, so cancelling it honours the shielded scopes inside (an end being
-recorded, an interrupted run being given back), and ``serve``, a task of the worker's group, owns
-them all: when the worker stops it cancels every run and waits for each to end.
+worker CPU is about 100 us). What the group did that matters is kept: each run is handed a cancel
+scope to run its body in (the one a cancellation request also cancels: one scope a run, not two),
+so stopping it honours the shielded parts (an end being recorded, an interrupted run being given
+back); and ``serve``, a task of the worker's group, owns the runs: when the worker stops it cancels
+every run's scope and waits for each run to end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import anyio
 
 log = logging.getLogger("pgflow.worker")
+
+T = TypeVar("T")
+Run = Callable[[T, anyio.CancelScope], Coroutine[Any, Any, None]]
 
 
 class Runs:
@@ -31,14 +35,13 @@ class Runs:
     def __len__(self) -> int:
         return len(self._scopes)
 
-    def start(self, run: Coroutine[Any, Any, None], name: str) -> bool:
-        """Run ``run`` in a task of its own; False (``run`` closed, not run) once ``serve`` has
-        stopped: the caller gives the workflow back."""
+    def start(self, run: Run[T], what: T, name: str) -> bool:
+        """Run ``run(what, scope)`` in a task of its own, ``scope`` being what a stop cancels; False
+        (nothing run) once ``serve`` has stopped: the caller gives the workflow back."""
         if not self._open:
-            run.close()
             return False
         scope = anyio.CancelScope()
-        task = asyncio.get_running_loop().create_task(_hosted(scope, run), name=name)
+        task = asyncio.get_running_loop().create_task(run(what, scope), name=name)
         self._scopes[task] = scope
         task.add_done_callback(self._ended)
         return True
@@ -51,8 +54,8 @@ class Runs:
             log.error("the task of %s ended with an exception", task.get_name(), exc_info=exc)
 
     async def serve(self) -> None:
-        """Own the runs until cancelled (the worker stopping); then cancel each and wait for all of
-        them to end, shielded: a run being given back finishes doing so."""
+        """Own the runs until cancelled (the worker stopping); then cancel each one's scope and wait
+        for all of them to end, shielded: a run being given back finishes doing so."""
         try:
             await anyio.sleep_forever()
         finally:
@@ -62,8 +65,3 @@ class Runs:
                     for scope in self._scopes.values():
                         scope.cancel()
                     await asyncio.wait(list(self._scopes))
-
-
-async def _hosted(scope: anyio.CancelScope, run: Coroutine[Any, Any, None]) -> None:
-    with scope:
-        await run

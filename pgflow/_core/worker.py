@@ -326,7 +326,7 @@ class Worker:
 
     def _start(self, claimed: Claimed) -> bool:
         self.running[claimed.id] += 1
-        if self._on.runs.start(self._run(claimed), f"pgflow workflow {claimed.id}"):
+        if self._on.runs.start(self._run, claimed, f"pgflow workflow {claimed.id}"):
             return True
         self._ran(claimed.id)
         return False
@@ -338,13 +338,13 @@ class Worker:
         if not self.running:
             self._idle.set()
 
-    async def _run(self, claimed: Claimed) -> None:
+    async def _run(self, claimed: Claimed, scope: anyio.CancelScope) -> None:
         on = self._on
         freed: tuple[str, ...] = ()
         try:
             workflow = self.registry.workflows[claimed.name]
             freed = (signal_keys.queue(workflow.queue),) if workflow.queue in self.registry.queues else ()
-            await run_claimed(on.slot, workflow, claimed, freed)
+            await run_claimed(on.slot, workflow, claimed, scope, freed)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
         except Exception:
