@@ -58,10 +58,10 @@ venv .venv: $(STAMP)
 # A half with no test selected (exit code 5, e.g. PYTEST_ARGS='-k pg18') counts as passed.
 TEST_PG15_LOG := $(VENV)/test-pg15.log
 test: $(STAMP)
-	@PGFLOW_TEST_SERVER=pg15 $(PY) -m pytest -q -m 'not chaos and not install' $(PYTEST_ARGS) > $(TEST_PG15_LOG) 2>&1 & pg15=$$!; \
+	@PGFLOW_TEST_SERVER=pg15 $(PY) -m pytest -q -m 'not chaos and not install' --durations=15 $(PYTEST_ARGS) > $(TEST_PG15_LOG) 2>&1 & pg15=$$!; \
 	trap 'kill -INT $$pg15 2>/dev/null' INT TERM; \
 	echo "PostgreSQL 15 half: pid $$pg15, log in $(TEST_PG15_LOG); the rest:"; \
-	PGFLOW_TEST_SERVER=pg18 $(PY) -m pytest -q -m 'not chaos and not install' $(PYTEST_ARGS); rest=$$?; \
+	PGFLOW_TEST_SERVER=pg18 $(PY) -m pytest -q -m 'not chaos and not install' --durations=15 $(PYTEST_ARGS); rest=$$?; \
 	wait $$pg15; pg15_rc=$$?; \
 	echo; echo "--- the PostgreSQL 15 half ($(TEST_PG15_LOG)):"; cat $(TEST_PG15_LOG); \
 	ok() { [ $$1 -eq 0 ] || [ $$1 -eq 5 ]; }; \

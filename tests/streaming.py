@@ -4,7 +4,7 @@ threads of their own), the rows a stream left in the table, and bounded waits.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -44,15 +44,22 @@ async def read(kind: str, handle: pgflow.WorkflowHandle[Any], key: str, offset: 
 
 
 async def consume(kind: str, handle: pgflow.WorkflowHandle[Any], key: str, into: list[Any],
-                  offset: int = 0) -> None:
-    """Read a stream to its end, appending each chunk to ``into`` as it arrives (progress is visible)."""
+                  offset: int = 0, *, at: int | None = None, then: Callable[[], object] = lambda: None,
+                  then_async: Callable[[], Awaitable[object]] | None = None) -> None:
+    """Read a stream to its end, appending each chunk to ``into`` as it arrives (progress is visible).
+    Once ``into`` holds ``at`` chunks, ``then()`` is called (in the reader's thread for a sync
+    reader), or for an async reader ``then_async()`` awaited when it is given."""
     if kind == "async":
         async for value in handle.stream_async(key, offset):
             into.append(value)
+            if len(into) == at:
+                await then_async() if then_async is not None else then()
     else:
         def run() -> None:
             for value in handle.stream(key, offset):
                 into.append(value)
+                if len(into) == at:
+                    then()
 
         await anyio.to_thread.run_sync(run, limiter=READER_THREADS, abandon_on_cancel=True)
 

@@ -81,6 +81,29 @@ def workflow_of(
     return app.workflow(name=name)(flow)
 
 
+def catching_workflow_of(
+    app: pgflow.App, kind: str, step: pgflow.Step[Any, Any], name: str, catch: type[BaseException],
+    caught: list[BaseException], answer: Callable[[BaseException], str],
+) -> pgflow.Workflow[Any, Any]:
+    """A workflow that calls ``step`` once and, when it raises ``catch``, keeps the exception in
+    ``caught`` and returns ``answer(exc)``; as an ``async def`` or a ``def``."""
+    if kind == "async":
+        async def flow() -> Any:
+            try:
+                return await step()
+            except catch as exc:
+                caught.append(exc)
+                return answer(exc)
+    else:
+        def flow() -> Any:
+            try:
+                return step()
+            except catch as exc:
+                caught.append(exc)
+                return answer(exc)
+    return app.workflow(name=name)(flow)
+
+
 # -- replay of recorded steps -------------------------------------------------------------------------
 
 
@@ -378,22 +401,7 @@ async def test_recorded_exception_replays_as_the_same_type(
         raise MyError("bad input")
 
     step = step_of(app, step_kind, boom, "boom")
-    if wf_kind == "async":
-        @app.workflow(name="recovering")
-        async def flow() -> str:
-            try:
-                return await step()
-            except MyError as exc:
-                caught.append(exc)
-                return f"recovered from {exc}"
-    else:
-        @app.workflow(name="recovering")
-        def flow() -> str:
-            try:
-                return step()  # type: ignore[no-any-return]
-            except MyError as exc:
-                caught.append(exc)
-                return f"recovered from {exc}"
+    flow = catching_workflow_of(app, wf_kind, step, "recovering", MyError, caught, lambda exc: f"recovered from {exc}")
 
     handle = await flow.start_async()
     assert await run_to_end(app, handle) == "recovered from bad input"
@@ -425,22 +433,8 @@ async def test_an_exception_of_a_class_not_found_by_name_replays_as_step_failed(
         raise LocalError("cannot find me")
 
     step = step_of(app, kind, boom, "local_boom")
-    if kind == "async":
-        @app.workflow(name="catch_all")
-        async def flow() -> str:
-            try:
-                return await step()
-            except Exception as exc:  # noqa: BLE001 - whatever the replay raises is recorded
-                caught.append(exc)
-                return "caught"
-    else:
-        @app.workflow(name="catch_all")
-        def flow() -> str:
-            try:
-                return step()  # type: ignore[no-any-return]
-            except Exception as exc:  # noqa: BLE001 - whatever the replay raises is recorded
-                caught.append(exc)
-                return "caught"
+    # (whatever the replay raises is recorded)
+    flow = catching_workflow_of(app, kind, step, "catch_all", Exception, caught, lambda exc: "caught")
 
     handle = await flow.start_async()
     assert await run_to_end(app, handle) == "caught"

@@ -10,6 +10,7 @@ tests/streaming.py.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -27,6 +28,7 @@ from .streaming import (
     READER_THREADS,
     WAIT,
     assert_dense,
+    consume,
     gate_async,
     read,
     read_async,
@@ -405,26 +407,11 @@ async def test_a_failed_workflow_ends_its_stream_after_the_chunks_it_wrote(
     h = await flow.start_async()
     got: list[Any] = []
 
-    async def reader() -> None:
-        # The reader sees all five chunks while the workflow runs; the failure then ends the stream.
-        if kind == "async":
-            async for value in h.stream_async("s"):
-                got.append(value)
-                if len(got) == 5:
-                    fail_now.set()
-        else:
-            def consume() -> None:
-                for value in h.stream("s"):
-                    got.append(value)
-                    if len(got) == 5:
-                        fail_now.set()
-
-            await anyio.to_thread.run_sync(consume, limiter=READER_THREADS, abandon_on_cancel=True)
-
     try:
         with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(reader)
+                # The reader sees all five chunks while the workflow runs; the failure then ends the stream.
+                tg.start_soon(functools.partial(consume, kind, h, "s", got, at=5, then=fail_now.set))
                 async with app.worker(concurrency=2):
                     with pytest.raises(pgflow.WorkflowFailed) as failed:
                         await h.result_async(timeout=WAIT)
@@ -461,25 +448,11 @@ async def test_a_cancelled_workflow_ends_its_stream(app: pgflow.App, dsn: str, s
     h = await flow.start_async()
     got: list[Any] = []
 
-    async def reader() -> None:
-        if kind == "async":
-            async for value in h.stream_async("s"):
-                got.append(value)
-                if len(got) == 20:
-                    await h.cancel_async()
-        else:
-            def consume() -> None:
-                for value in h.stream("s"):
-                    got.append(value)
-                    if len(got) == 20:
-                        h.cancel()
-
-            await anyio.to_thread.run_sync(consume, limiter=READER_THREADS, abandon_on_cancel=True)
-
     try:
         with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(reader)
+                tg.start_soon(functools.partial(consume, kind, h, "s", got, at=20, then=h.cancel,
+                                                then_async=h.cancel_async))
                 async with app.worker(concurrency=2):
                     with pytest.raises(pgflow.WorkflowCancelled):
                         await h.result_async(timeout=WAIT)
