@@ -57,7 +57,9 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
     lost connection) gives the workflow back to the queue at once, so another worker resumes it from
     its journal without waiting for the lease to expire. ``freed`` are pings for workers waiting on a
     limited queue's free slot. While it runs, ``slot.cancellers[id]`` cancels it where it stands (its
-    worker learnt that somebody cancelled it), and it is recorded as cancelled.
+    worker learnt that somebody cancelled it), and it is recorded as cancelled. (``scope`` holds the
+    body only: a stop that comes while a resumed run reads its journal lets the read finish, and the
+    body then stops at its first await.)
     """
     try:
         execution = await _open(slot, workflow, claimed)
