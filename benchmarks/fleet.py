@@ -317,6 +317,17 @@ class Bench:
     def fail(self, record: dict[str, Any], exc: Exception) -> None:
         record.update(ok=False, error=str(exc) if isinstance(exc, RunFailed) else f"{type(exc).__name__}: {exc}")
 
+    def clean_up(self, record: dict[str, Any], workers: list[Worker], bench_app: pgflow.App, schema: str) -> None:
+        """After a run, whatever became of it: its workers stopped (the last started first; their
+        logs kept in the record when it failed), its App closed, its schema dropped."""
+        for w in reversed(workers):
+            w.stop()
+            if not record.get("ok"):
+                record.setdefault("worker_logs", {})[w.name] = w.tail()
+        bench_app.close()
+        self.drop(schema)
+        record["loadavg_after"] = os.getloadavg()[0]
+
     # -- 1. claim throughput -----------------------------------------------------------------------------
 
     def throughput(self, processes: int, repeat: int) -> dict[str, Any]:
@@ -415,13 +426,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - one failed run is reported, the others still run
             self.fail(record, exc)
         finally:
-            if worker is not None:
-                worker.stop()
-                if not record.get("ok"):
-                    record["worker_log"] = worker.tail()
-            bench_app.close()
-            self.drop(schema)
-            record["loadavg_after"] = os.getloadavg()[0]
+            self.clean_up(record, [] if worker is None else [worker], bench_app, schema)
         return record
 
     # -- 2. SIGKILL -> resumption ------------------------------------------------------------------------
@@ -528,13 +533,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             self.fail(record, exc)
         finally:
-            for w in reversed(workers):
-                w.stop()
-                if not record.get("ok"):
-                    record.setdefault("worker_logs", {})[w.name] = w.tail()
-            bench_app.close()
-            self.drop(schema)
-            record["loadavg_after"] = os.getloadavg()[0]
+            self.clean_up(record, workers, bench_app, schema)
         return record
 
     # -- 3. no-op start -> result ------------------------------------------------------------------------
@@ -582,13 +581,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             self.fail(record, exc)
         finally:
-            if worker is not None:
-                worker.stop()
-                if not record.get("ok"):
-                    record["worker_log"] = worker.tail()
-            bench_app.close()
-            self.drop(schema)
-            record["loadavg_after"] = os.getloadavg()[0]
+            self.clean_up(record, [] if worker is None else [worker], bench_app, schema)
         return record
 
 

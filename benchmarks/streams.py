@@ -141,6 +141,22 @@ class Tally:
         self.started = 0
         self.finished = 0
 
+    async def released(self, streams: int, go: asyncio.Event) -> tuple[float, float]:
+        """For writers whose bodies count themselves (pgflow's, DBOS's workflows): once every body
+        has started, say "ready", wait for the orchestrator's go, release the bodies and wait until
+        all have finished. Returns the CPU seconds this process spent from the go, and when it was."""
+        while self.started < streams:  # every workflow claimed and parked on the go event
+            await asyncio.sleep(0.01)
+        emit("ready")
+        await wait_for_go()
+        cpu0, t_go = self_cpu(), time.time()
+        go.set()
+        # Counted in the bodies rather than by a result waiter per workflow, which would load the
+        # writer process (pgflow's result_async polls each one's row at its poll_interval).
+        while self.finished < streams:
+            await asyncio.sleep(0.005)
+        return self_cpu() - cpu0, t_go
+
     def result(self, chunks: int, cpu: float, go: float, **extra: Any) -> dict[str, Any]:
         window = self.last_write - self.first_write
         return {
@@ -452,17 +468,7 @@ async def pgflow_writer(a: argparse.Namespace) -> None:
         handles = [await workflow.with_options(id=stream_id(a.run, i)).start_async(a.chunks)
                    for i in range(a.streams)]
         async with app.worker(concurrency=a.streams):
-            while _tally.started < a.streams:  # every workflow claimed and parked on the go event
-                await asyncio.sleep(0.01)
-            emit("ready")
-            await wait_for_go()
-            cpu0, t_go = self_cpu(), time.time()
-            _go.set()
-            # Counted in the workflow bodies rather than by 256 result_async waiters, whose slow poll
-            # (one query per waiter per poll_interval) would load the writer process.
-            while _tally.finished < a.streams:
-                await asyncio.sleep(0.005)
-            cpu = self_cpu() - cpu0
+            cpu, t_go = await _tally.released(a.streams, _go)
             await asyncio.gather(*(h.result_async(timeout=a.timeout) for h in handles))
             stats = app.stats()
             extra = {"notifier_flushes": stats.notify_flushes, "batches": stats.stream_batches,
@@ -585,15 +591,7 @@ async def dbos_writer(a: argparse.Namespace) -> None:
         for i in range(a.streams):
             with SetWorkflowID(stream_id(a.run, i)):
                 handles.append(await DBOS.start_workflow_async(dbos_tokens, a.chunks))
-        while tally.started < a.streams:
-            await asyncio.sleep(0.01)
-        emit("ready")
-        await wait_for_go()
-        cpu0, t_go = self_cpu(), time.time()
-        go.set()
-        while tally.finished < a.streams:
-            await asyncio.sleep(0.005)
-        cpu = self_cpu() - cpu0
+        cpu, t_go = await tally.released(a.streams, go)
         await asyncio.gather(*(h.get_result() for h in handles))
         emit("result", **tally.result(a.streams * a.chunks, cpu, t_go))
     finally:
