@@ -3,9 +3,10 @@
 ``python -m benchmarks.drain_ab --checkout before=/tmp/old --checkout after=. [--rounds 5]``
 
 On this 2-core machine a benchmark's figures drift by a quarter within an hour, and whichever run comes
-second in a pair of runs may gain from the one before: so the checkouts take turns on one database
-(the order reversed every round), each drain starting from the same state (the backlog queued with
-``start_many``, the table vacuumed, a checkpoint taken), and the medians over the rounds are compared.
+second in a pair of runs may gain from the one before: so the checkouts take turns on one server
+(the order reversed every round), each on a database of its own that its own migrations made, each
+drain starting from the same state (the backlog queued with ``start_many``, the table vacuumed, a
+checkpoint taken), and the medians over the rounds are compared.
 Each drain is a ``pgflow worker`` process of its checkout at its default INFO level, as a user runs
 it; its CPU (``/proc``) is counted from its first finished workflow, so its start-up is left out.
 """
@@ -26,6 +27,7 @@ from benchmarks import harness
 
 APP = "benchmarks.peers.pgflow_peer:app"
 QUEUE_BACKLOG = "import os, benchmarks.peers.pgflow_peer as p; p.noop.start_many([()] * int(os.environ['BENCH_TASKS']))"
+SETUP = "import asyncio, benchmarks.peers.pgflow_peer as p; asyncio.run(p.setup())"
 DONE = "SELECT count(*) FROM pgflow.workflows WHERE status = 'succeeded'"
 
 
@@ -59,6 +61,10 @@ def drain(checkout: Path, dsn: str, concurrency: int, tasks: int, log_path: Path
     return {"cpu_us_per_workflow": (cpu - mark[1]) / counted * 1e6, "per_s": counted / (at - mark[2])}
 
 
+def database(checkout: str) -> str:
+    return "pgflow_bench_drain_ab_" + "".join(c if c.isalnum() else "_" for c in checkout.lower())
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.drain_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", action="append", required=True, metavar="NAME=DIR",
@@ -71,22 +77,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     checkouts = {name: Path(path).resolve() for name, _, path in (c.partition("=") for c in a.checkout)}
     admin = harness.resolve_dsn(a.dsn)
     info = harness.server_info(admin)
-    dsn = harness.recreate_database(admin, "pgflow_bench_drain_ab")
-    first = next(iter(checkouts.values()))
-    subprocess.run([sys.executable, "-c", "import asyncio, benchmarks.peers.pgflow_peer as p; asyncio.run(p.setup())"],
-                   cwd=first, env={**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": str(first)}, check=True)
+    # A database per checkout, migrated by that checkout: one whose migrations change the schema
+    # (an index dropped, say) must not run the other on its schema.
+    dsns = {name: harness.recreate_database(admin, database(name)) for name in checkouts}
+    for name, checkout in checkouts.items():
+        env = {**os.environ, "BENCH_DSN": dsns[name], "PYTHONPATH": str(checkout)}
+        subprocess.run([sys.executable, "-c", SETUP], cwd=checkout, env=env, check=True)
     runs: list[dict[str, Any]] = []
     try:
         for round_ in range(a.rounds):
             order = list(checkouts.items())[:: 1 if round_ % 2 == 0 else -1]
             for concurrency in (int(c) for c in a.concurrency.split(",")):
                 for name, checkout in order:
-                    figures = drain(checkout, dsn, concurrency, a.tasks, Path(f"/tmp/drain-ab-{name}.log"))
+                    figures = drain(checkout, dsns[name], concurrency, a.tasks, Path(f"/tmp/drain-ab-{name}.log"))
                     runs.append({"checkout": name, "concurrency": concurrency, "round": round_, **figures})
                     harness.log(f"round {round_} {name:>10} c{concurrency}: {figures['cpu_us_per_workflow']:6.1f} us"
                                 f" per workflow, {figures['per_s']:7,.0f}/s")
     finally:
-        harness.drop_database(admin, "pgflow_bench_drain_ab")
+        for name in checkouts:
+            harness.drop_database(admin, database(name))
     medians = {f"{name} c{c}": {k: harness.median([r[k] for r in runs if r["checkout"] == name
                                                     and r["concurrency"] == c])
                                 for k in ("cpu_us_per_workflow", "per_s")}

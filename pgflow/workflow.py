@@ -22,11 +22,8 @@ from ._core.checks import (
     check_expires,
     check_kwargs,
     check_many_ids,
-    check_max_attempts,
     check_name,
-    check_positive_seconds,
-    check_priority,
-    check_queue,
+    check_run_options,
     check_seconds,
 )
 from ._core.client import Client
@@ -158,10 +155,7 @@ class Starter(Generic[P, R]):
         of run."""
         if id is not None:
             check_chosen_id(id)
-        if queue is not None:
-            check_queue(queue)
-        if priority is not None:
-            check_priority(priority)
+        check_run_options(queue=queue, priority=priority)
         if delay is not None:
             delay = check_seconds(delay, "delay")
         if eta is not None:
@@ -283,14 +277,7 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
     on the caller's loop or run for a sync caller."""
     check_name(name)
     spec = client.registry.workflows.get(name)
-    if queue is not None:
-        check_queue(queue)
-    if priority is not None:
-        check_priority(priority)
-    if max_attempts is not None:
-        check_max_attempts(max_attempts)
-    if timeout is not None:
-        timeout = check_positive_seconds(timeout, "timeout")
+    timeout = check_run_options(queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout)
     inputs = encode_unchecked(args, check_kwargs(kwargs), f"the arguments of start_by_name({name!r})",
                               client.registry.value_limit)
     workflow_id, parent = new_id(None if id is None else check_chosen_id(id)[0])

@@ -175,6 +175,19 @@ def check_max_attempts(max_attempts: object) -> int:
     return check_int(max_attempts, "max_attempts", 1, INT4[1])
 
 
+def check_run_options(*, queue: object = None, priority: object = None, max_attempts: object = None,
+                      timeout: object = None, timeout_what: str = "timeout") -> float | None:
+    """The options a workflow runs under, each checked when given (None: the default holds); returns
+    the timeout as seconds."""
+    if queue is not None:
+        check_queue(queue)
+    if priority is not None:
+        check_priority(priority)
+    if max_attempts is not None:
+        check_max_attempts(max_attempts)
+    return None if timeout is None else check_positive_seconds(timeout, timeout_what)
+
+
 def check_seconds(seconds: object, what: str) -> float:
     """A wait: from 0 to ten years (a delay, a sleep, a receive's or an event's timeout). NaN compares
     false with everything, so each bound is written to refuse it."""

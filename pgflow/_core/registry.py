@@ -15,11 +15,11 @@ from ..cron import Cron
 from ..errors import ConfigurationError
 from ..retry import RetryPolicy
 from .checks import (
-    check_max_attempts,
     check_name,
     check_positive_seconds,
     check_priority,
     check_queue,
+    check_run_options,
     check_schedulable,
     setting_up,
 )
@@ -122,12 +122,9 @@ class WorkflowSpec:
            retry: RetryPolicy | None = None) -> WorkflowSpec:
         with setting_up():
             check_name(name)
-            check_queue(queue)
+            check_queue(queue)  # both required here: None is no default
             check_priority(priority)
-            if max_attempts is not None:
-                check_max_attempts(max_attempts)
-            if timeout is not None:
-                timeout = check_positive_seconds(timeout, "a workflow's timeout")
+            timeout = check_run_options(max_attempts=max_attempts, timeout=timeout, timeout_what="a workflow's timeout")
             if schedule is not None:
                 check_schedulable(fn, name)
             if retry is not None and not isinstance(retry, RetryPolicy):

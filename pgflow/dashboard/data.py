@@ -22,9 +22,9 @@ import anyio
 from .._core.codec import decode
 from .._core.status import Status
 from .._core.store import Store
-from .._core.store.dashboard import DashboardStatements
+from .._core.store.dashboard import LISTED_FIELDS, DashboardStatements
 from ..app import App
-from ..records import Health
+from ..records import Health, WorkflowRecord
 
 T = TypeVar("T")
 
@@ -126,18 +126,10 @@ class Overview:
 
 
 @dataclass(frozen=True)
-class Listed:
-    id: str
-    name: str
-    queue: str
-    status: str
-    attempt: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error_type: str | None
-    error_message: str | None
-    parent_id: str | None
+class Listed(WorkflowRecord):
+    """A row of the list: the record ``list_workflows`` gives, with the start of the error's message."""
+
+    error_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -365,7 +357,7 @@ class Reader:
                         limit: int, scan: int) -> Page:
         rows, edge = await self._db(lambda d: d.list_page(filters, since, cursor[0], cursor[1], limit, scan),
                                     cost=2 if len(filters) > 1 else 1)
-        listed = [Listed(*r) for r in rows]
+        listed = [Listed(**dict(zip(LISTED_FIELDS, r, strict=True))) for r in rows]
         if len(listed) >= limit:
             return Page(listed, (listed[-1].created_at, listed[-1].id), False)
         return Page(listed, edge, edge is not None)

@@ -15,11 +15,18 @@ from typing import Any, NamedTuple
 from .management import QueueRow
 from .statements import Statements
 
-# The light columns of a workflow in a list: what a row of the table shows.
-LISTED = ("w.id, w.name, w.queue, w.status, w.attempt - w.attempt_base, w.created_at, w.started_at, w.finished_at,"
-          " w.error->>'type', left(w.error->>'message', 300), w.parent_id")
-# The list's filters, in the order of preference for the index a page is read through: a name or a
-# queue narrows more often than a status does.
+# The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``):
+# each field, in order, and the column that gives it.
+LISTED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "w.id"), ("name", "w.name"), ("queue", "w.queue"), ("status", "w.status"),
+    ("attempt", "w.attempt - w.attempt_base"), ("created_at", "w.created_at"), ("started_at", "w.started_at"),
+    ("finished_at", "w.finished_at"), ("error_type", "w.error->>'type'"),
+    ("error_message", "left(w.error->>'message', 300)"), ("parent_id", "w.parent_id"),
+)
+LISTED_FIELDS = tuple(field for field, _ in LISTED_COLUMNS)
+LISTED = ", ".join(column for _, column in LISTED_COLUMNS)
+# The list's filters. A page is read along the index of creation time alone, and its rows are then
+# kept where the filters match (migration 0025 says why no filter has an index of its own).
 FILTERS = ("name", "queue", "status")
 FINISHED = "status IN ('succeeded', 'failed', 'cancelled')"  # the predicate of workflows_finished
 
@@ -29,31 +36,28 @@ def value_column(column: str, limit: str) -> str:
     return f"octet_length({column}), CASE WHEN octet_length({column}) <= {limit} THEN {column} END"
 
 
-def list_statement(schema: str, driving: str | None, others: tuple[str, ...], since: bool) -> str:
+def _positions(since: bool) -> str:
+    """The bound of a page's read of the index of creation time: before the cursor, and after ``since``."""
+    return ("created_at > %(since)s AND " if since else "") + "(created_at, id) < (%(at)s, %(after)s)"
+
+
+def list_statement(schema: str, filters: tuple[str, ...], since: bool) -> str:
     """The statement of one page of the list, newest first from the cursor on: the positions
-    (created_at, id) come from the index of ``driving`` (or of creation time) alone, at most
-    ``%(scan)s`` of them, and each row is then looked up by id and kept where the ``others``
-    filters match. The inner LIMIT bounds the work of a page whose filters match rarely; the outer
-    one stops the read as soon as the page is full. Only that index holds the positions' order, so
-    the plan cannot read another one and filter it (which, for a rare queue, reads the whole table)."""
-    inner = [f"{driving} = %({driving})s"] if driving else []
-    if since:
-        inner.append("created_at > %(since)s")
-    inner.append("(created_at, id) < (%(at)s, %(after)s)")
-    outer = "".join(f" AND w.{name} = %({name})s" for name in others)
-    return (f"SELECT {LISTED} FROM (SELECT created_at, id FROM {schema}.workflows WHERE {' AND '.join(inner)}"
+    (created_at, id) come from the index of creation time alone, at most ``%(scan)s`` of them, and
+    each row is then looked up by id and kept where the ``filters`` match. The inner LIMIT bounds
+    the work of a page whose filters match rarely; the outer one stops the read as soon as the page
+    is full. Only that index holds the positions' order, so the plan cannot read another one and
+    filter it (which, for a rare queue, reads the whole table)."""
+    matching = "".join(f" AND w.{name} = %({name})s" for name in filters)
+    return (f"SELECT {LISTED} FROM (SELECT created_at, id FROM {schema}.workflows WHERE {_positions(since)}"
             " ORDER BY created_at DESC, id DESC LIMIT %(scan)s) page"
-            f" JOIN {schema}.workflows w ON w.id = page.id{outer}"
+            f" JOIN {schema}.workflows w ON w.id = page.id{matching}"
             " ORDER BY page.created_at DESC, page.id DESC LIMIT %(limit)s")
 
 
-def edge_statement(schema: str, driving: str | None, since: bool) -> str:
+def edge_statement(schema: str, since: bool) -> str:
     """Where a page's read of ``%(scan)s`` index entries stopped: the next page goes on from there."""
-    inner = [f"{driving} = %({driving})s"] if driving else []
-    if since:
-        inner.append("created_at > %(since)s")
-    inner.append("(created_at, id) < (%(at)s, %(after)s)")
-    return (f"SELECT created_at, id FROM {schema}.workflows WHERE {' AND '.join(inner)}"
+    return (f"SELECT created_at, id FROM {schema}.workflows WHERE {_positions(since)}"
             " ORDER BY created_at DESC, id DESC OFFSET %(scan)s - 1 LIMIT 1")
 
 
@@ -239,17 +243,15 @@ class DashboardStatements(Statements):
         ``filters`` (name, queue, status) and were created after ``since``; at most ``limit`` of
         them, from at most ``scan`` index entries. Also where a read that found fewer than
         ``limit`` stopped short (None: it reached the end)."""
-        given = [name for name in FILTERS if name in filters]
-        driving = given[0] if given else None
-        others = tuple(given[1:])
+        given = tuple(name for name in FILTERS if name in filters)
         params: dict[str, Any] = {**filters, "since": since, "at": at, "after": after, "limit": limit,
                                   "scan": scan}
         async with self.pool.connection() as conn:
-            cur = await conn.execute(list_statement(self._s, driving, others, since is not None), params)
+            cur = await conn.execute(list_statement(self._s, given, since is not None), params)
             rows = list(await cur.fetchall())
-            if len(rows) >= limit or not others:
+            if len(rows) >= limit or not given:
                 return rows, None
-            cur = await conn.execute(edge_statement(self._s, driving, since is not None), params)
+            cur = await conn.execute(edge_statement(self._s, since is not None), params)
             edge = await cur.fetchone()
             return rows, None if edge is None else (edge[0], str(edge[1]))
 
