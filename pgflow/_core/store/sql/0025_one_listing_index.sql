@@ -6,6 +6,6 @@
 -- creation time, filtering its rows as it goes, at most a bounded number of entries per page (the list
 -- already read two filters given together that way); the dashboard continues from where a page's read
 -- stopped.
-DROP INDEX {schema}.workflows_status_created;
-DROP INDEX {schema}.workflows_name_created;
-DROP INDEX {schema}.workflows_queue_created;
+DROP INDEX IF EXISTS {schema}.workflows_status_created;
+DROP INDEX IF EXISTS {schema}.workflows_name_created;
+DROP INDEX IF EXISTS {schema}.workflows_queue_created;
