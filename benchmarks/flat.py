@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness, streams
+from benchmarks import harness, streams, streams_orchestrator
 from benchmarks.harness import Proc, RunFailed, log
 
 STATES = ["empty", "filled", "backlog"]
@@ -45,7 +45,7 @@ FILLED = int(os.environ.get("BENCH_FLAT_FILLED", "1000000"))
 BACKLOG = int(os.environ.get("BENCH_FLAT_BACKLOG", "100000"))
 # The streams part's size (streams.py's own defaults unless set; the harness's test sets them small).
 STREAMS = int(os.environ.get("BENCH_FLAT_STREAMS", "256"))
-CHUNKS = int(os.environ.get("BENCH_FLAT_CHUNKS", str(streams.DEFAULT_CHUNKS["pgflow"])))
+CHUNKS = int(os.environ.get("BENCH_FLAT_CHUNKS", str(streams_orchestrator.DEFAULT_CHUNKS["pgflow"])))
 DATABASE = os.environ.get("BENCH_DB_PREFIX", "bench_") + "flat"  # tests use a prefix of their own
 
 
@@ -85,13 +85,13 @@ def chunk_copies(conn: Any, schema: str, template: str, prefix: str, n: int) -> 
                  " WHERE t.workflow_id = %s", (f"{prefix}-%", template))
 
 
-class FlatStreams(streams.Orchestrator):
+class FlatStreams(streams_orchestrator.Orchestrator):
     """streams.py's orchestrator, made to run in a schema prepared beforehand and to leave it there."""
 
     fixed_schema = ""
 
     async def spawn(self, role: str, design: str, schema: str, run: str, chunks: int,
-                    profile_name: str | None = None) -> streams.Child:
+                    profile_name: str | None = None) -> streams_orchestrator.Child:
         return await super().spawn(role, design, self.fixed_schema, run, chunks, profile_name)
 
     async def setup(self, design: str, schema: str) -> None:

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,13 +39,8 @@ from typing import Any
 import psycopg
 
 import pgflow
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.fleet import cpu_of, descendants, postgres_cpu  # noqa: E402
+from benchmarks.fleet_workers import descendants
+from benchmarks.harness import RESULTS, ROOT, child_env, log, postgres_cpu, process_cpu
 
 
 def build(target: pgflow.App) -> pgflow.Workflow[[int], int]:
@@ -63,10 +57,6 @@ def build(target: pgflow.App) -> pgflow.Workflow[[int], int]:
 
 app = pgflow.App()  # the worker processes': PGFLOW_DSN, PGFLOW_LISTEN_DSN and PGFLOW_SCHEMA say where
 build(app)
-
-
-def log(*parts: Any) -> None:
-    print(*parts, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -100,8 +90,7 @@ def sessions_peak(dsn: str, stop: threading.Event, found: list[int]) -> None:
 def run(a: argparse.Namespace, dsn: str, postmaster: int | None, mode: str, bouncer: Any) -> dict[str, Any]:
     schema = f"fleetpooled_{uuid.uuid4().hex[:8]}"
     worker_dsn = bouncer.dsn(dsn) if mode == "pgbouncer" else dsn
-    env = {**os.environ, "PGFLOW_DSN": worker_dsn, "PGFLOW_SCHEMA": schema, "PGFLOW_LOG_LEVEL": "WARNING",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env(PGFLOW_DSN=worker_dsn, PGFLOW_SCHEMA=schema, PGFLOW_LOG_LEVEL="WARNING")
     env.pop("PGFLOW_LISTEN_DSN", None)
     if mode == "pgbouncer":
         env["PGFLOW_LISTEN_DSN"] = dsn
@@ -118,7 +107,7 @@ def run(a: argparse.Namespace, dsn: str, postmaster: int | None, mode: str, boun
             before = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
                                   " AND pid <> pg_backend_pid()").fetchone()[0]  # type: ignore[index]
             pg0 = postgres_cpu(postmaster)
-            bouncer0 = cpu_of([bouncer.pid]) if mode == "pgbouncer" else 0.0
+            bouncer0 = process_cpu(bouncer.pid) if mode == "pgbouncer" else 0.0
             sampler.start()
             for _ in range(a.processes):
                 workers.append(subprocess.Popen(
@@ -133,11 +122,11 @@ def run(a: argparse.Namespace, dsn: str, postmaster: int | None, mode: str, boun
                 if any(w.poll() is not None for w in workers):
                     raise RuntimeError(f"{mode}: a worker process exited")
                 time.sleep(0.2)
-                worker_cpu = max(worker_cpu, cpu_of([p for w in workers for p in descendants(w.pid)]))
+                worker_cpu = max(worker_cpu, sum(process_cpu(p) for w in workers for p in descendants(w.pid)))
                 done = conn.execute(f'SELECT count(*) FROM "{schema}".workflows WHERE status = %s',
                                     ("succeeded",)).fetchone()[0]  # type: ignore[index]
             pg1 = postgres_cpu(postmaster)
-            bouncer1 = cpu_of([bouncer.pid]) if mode == "pgbouncer" else 0.0
+            bouncer1 = process_cpu(bouncer.pid) if mode == "pgbouncer" else 0.0
             span = conn.execute("SELECT extract(epoch FROM max(finished_at) - min(started_at))"
                                 f' FROM "{schema}".workflows'
                                 ).fetchone()[0]  # type: ignore[index]
@@ -192,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {mode: {key: statistics.median(r[key] for r in runs if r["mode"] == mode)
                       for key in keys if all(r[key] is not None for r in runs)} for mode in modes}
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
-    out = Path(a.output) if a.output else HERE / "results" / f"fleet-pooled-{stamp}-pg{major}.json"
+    out = Path(a.output) if a.output else RESULTS / f"fleet-pooled-{stamp}-pg{major}.json"
     out.write_text(json.dumps({"settings": vars(a) | {"dsn": None}, "runs": runs, "summary": summary}, indent=1))
     log(f"results in {out}")
     for mode, figures in summary.items():

@@ -8,10 +8,12 @@ import datetime as dt
 import json
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,28 @@ def recreate_database(admin_dsn: str, name: str) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return with_database(admin_dsn, name)
+
+
+@contextlib.contextmanager
+def serving(given: str | None) -> Iterator[tuple[str, str]]:
+    """The server of a benchmark run as its own script: --dsn, else $PGFLOW_DSN, else pgflow's embedded
+    PostgreSQL 18, kept up (its App open) until the benchmark ends. Yields the DSN and which it was."""
+    dsn = given or os.environ.get("PGFLOW_DSN")
+    if dsn:
+        yield dsn, "given dsn"
+        return
+    import pgflow
+
+    with pgflow.App() as embedded:
+        yield embedded.dsn, "embedded"
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    """Drop a run's schema; a failure to (the server gone) is not the run's result, so it is ignored."""
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def drop_database(admin_dsn: str, name: str) -> None:
@@ -255,6 +279,12 @@ class RunFailed(Exception):
     """One run failed (a process died, a deadline passed): reported, and the other runs go on."""
 
 
+def error_text(exc: BaseException) -> str:
+    """A failed run's error: a RunFailed says what happened in its own words; anything else is a bug, so
+    its type is kept."""
+    return str(exc) if isinstance(exc, RunFailed) else f"{type(exc).__name__}: {exc}"
+
+
 def run_json(argv: list[str], env: dict[str, str], timeout: float, log_path: Path) -> dict[str, Any]:
     """Run a client process to its end (killed at the deadline) and return the JSON of its last line."""
     with log_path.open("ab") as err:
@@ -276,13 +306,53 @@ def run_json(argv: list[str], env: dict[str, str], timeout: float, log_path: Pat
     return result
 
 
+def profiler(pid: int, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """py-spy recording ``pid`` into ``out``: raw collapsed stacks (what profile.py reads), 200 Hz, without
+    pausing the process. The py-spy beside this Python is preferred: the [bench] extra installs it there."""
+    beside = Path(sys.executable).parent / "py-spy"
+    pyspy = str(beside) if beside.exists() else (shutil.which("py-spy") or "py-spy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([pyspy, "record", "--pid", str(pid), *extra, "--format", "raw", "--rate", "200",
+                             "--nonblocking", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(proc: subprocess.Popen[bytes] | None) -> None:
+    """Wait for py-spy to write its file, which it does when the profiled process exits; kill it after 30 s."""
+    if proc is None:
+        return
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def target(name: str, value: float | None, ok: Callable[[float], bool], unit: str) -> dict[str, Any]:
+    """One line of a benchmark's targets: PASS or MISS, N/A when the figure was not measured."""
+    return {"target": name, "value": value, "unit": unit,
+            "status": "N/A" if value is None else ("PASS" if ok(value) else "MISS")}
+
+
+def write_report(report: dict[str, Any], output: str | None, name: str) -> Path:
+    """Write the report as JSON at ``output``, else as benchmarks/results/``name``; return where."""
+    RESULTS.mkdir(exist_ok=True)
+    out = Path(output) if output else RESULTS / name
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return out
+
+
+def print_head(title: str, head: str) -> None:
+    """A table's title, then its column heads, underlined."""
+    print(title)
+    print(head)
+    print("-" * len(head))
+
+
 def save(benchmark: str, info: dict[str, Any], report: dict[str, Any], figures: dict[str, dict[str, Any]],
          output: str | None = None) -> Path:
     """Write the report as JSON under benchmarks/results/ (or ``output``) and its plot beside it."""
-    RESULTS.mkdir(exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
-    out = Path(output) if output else RESULTS / f"{benchmark}-{stamp}-{pg_major(info)}.json"
-    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    out = write_report(report, output, f"{benchmark}-{stamp}-{pg_major(info)}.json")
     with contextlib.suppress(ImportError):
         plot(benchmark, figures, out.with_suffix(".png"), f"{benchmark} on PostgreSQL {info.get('server_version')}"
              f", {report.get('date', '')}")
