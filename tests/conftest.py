@@ -7,8 +7,6 @@ directory, and once against the PostgreSQL 15 at 127.0.0.1:5432 when one answers
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 import pgflow
 
 from .processes import procs  # noqa: F401 - the fixture, for every multi-process test
-from .servers import EmbeddedServer, external_pg15_dsn
+from .servers import EmbeddedServer, external_pg15_dsn, started_embedded
 
 _embedded: EmbeddedServer | None = None
 
@@ -64,16 +62,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def embedded_server() -> Iterator[EmbeddedServer]:
-    # Not under pytest's temporary directory: another pytest session on the machine resets that
-    # directory to mode 0700, and the server (run as another user under root) would lose its way in.
-    base = Path(tempfile.mkdtemp(prefix="pgflow-tests-pg18-"))
-    server = EmbeddedServer()
-    try:
-        server.start(base)
+    # Not under pytest's temporary directory, which another session may reset to 0700 (started_embedded).
+    with started_embedded("pgflow-tests-pg18-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", params=["pg18", "pg15"])
@@ -95,6 +86,15 @@ def dsn(server: tuple[str, EmbeddedServer | None]) -> str:
 
 
 @pytest.fixture
+def restartable(server: tuple[str, EmbeddedServer | None]) -> EmbeddedServer:
+    """The server of a test that restarts it (``dsn`` is its address): the embedded one. The test is
+    skipped on PostgreSQL 15, which the tests cannot restart."""
+    if server[1] is None:
+        pytest.skip("only the embedded server can be restarted by the tests")
+    return server[1]
+
+
+@pytest.fixture
 def schema(dsn: str) -> Iterator[str]:
     """A fresh schema name, dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:12]}"
@@ -105,22 +105,16 @@ def schema(dsn: str) -> Iterator[str]:
 
 @pytest.fixture
 def app(dsn: str, schema: str) -> Iterator[pgflow.App]:
-    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
-    try:
+    with pgflow.App(dsn, schema=schema, poll_interval=0.5) as app:  # closed after the test
         yield app
-    finally:
-        app.close()
 
 
 @pytest.fixture
 def second_app(dsn: str, schema: str) -> Iterator[pgflow.App]:
     """Another App on the same schema: its runtime reaches ``app``'s through the server, as another
     process would (its pings are not this App's own)."""
-    app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
-    try:
-        yield app
-    finally:
-        app.close()
+    with pgflow.App(dsn, schema=schema, poll_interval=0.5) as other:
+        yield other
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 import pgflow
 
 TIMEOUT = 30.0  # seconds a test waits for a workflow an in-process worker runs
+KINDS = ["async", "sync"]  # the twins: a workflow or step as an ``async def`` and as a ``def``
 
 
 class Point(msgspec.Struct):

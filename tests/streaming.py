@@ -3,22 +3,26 @@ threads of their own), the rows a stream left in the table, and bounded waits.""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import pytest
 
 import pgflow
 from pgflow._core import codec
 
+from .helpers import KINDS as KINDS  # (for the stream tests, which take everything from here)
 from .helpers import query
 
-KINDS = ["async", "sync"]
 WAIT = 60.0  # seconds: the bound of every wait on something a worker does
 GATE_POLL = 0.01  # seconds between looks at a gate inside a workflow body
 SLOW_POLL = 60.0  # the poll of an App whose readers must be woken by pings, not by the poll
 PING_WAIT = 25.0  # seconds within which only a ping, not such a poll, can deliver
+
+Ending = TypeVar("Ending", bound=BaseException)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -109,3 +113,19 @@ async def read_while_run(app: pgflow.App, kind: str, handle: pgflow.WorkflowHand
             async with app.worker(concurrency=2):
                 assert await handle.result_async(timeout=timeout) == result
     return got
+
+
+async def read_while_it_ends(app: pgflow.App, kind: str, handle: pgflow.WorkflowHandle[Any], key: str,
+                             ending: type[Ending], *, at: int, then: Callable[[], object],
+                             then_async: Callable[[], Awaitable[object]] | None = None) -> tuple[list[Any], Ending]:
+    """A reader attached from the start, while an in-process worker runs the workflow until its result
+    raises ``ending`` (it failed, it was cancelled); once the reader holds ``at`` chunks it calls ``then``
+    (or awaits ``then_async``), as ``consume`` does. Everything the reader read, and that exception."""
+    got: list[Any] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(consume, kind, handle, key, got, at=at, then=then, then_async=then_async))
+            async with app.worker(concurrency=2):
+                with pytest.raises(ending) as ended:
+                    await handle.result_async(timeout=WAIT)
+    return got, ended.value

@@ -13,11 +13,9 @@ import pytest
 
 import pgflow
 
-from .helpers import fail_to_end, query, requeue, run_to_end, step_rows
+from .helpers import KINDS, fail_to_end, query, requeue, run_to_end, step_rows
 
 pytestmark = pytest.mark.anyio
-
-KINDS = ["async", "sync"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

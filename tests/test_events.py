@@ -14,11 +14,10 @@ import pytest
 
 import pgflow
 
-from .helpers import query, requeue, run_to_end
+from .helpers import KINDS, query, requeue, run_to_end
 from .processes import WAIT, Processes, result_of, wait_until
 
 TARGET = "tests.apps.prims:app"
-KINDS = ["async", "sync"]
 
 
 class Progress(msgspec.Struct):

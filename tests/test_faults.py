@@ -78,14 +78,24 @@ async def test_a_failure_whose_message_holds_nul_or_a_lone_surrogate_is_recorded
 # -- E and F. stream keys and ids that cannot be stored -----------------------------------------------------
 
 
-async def test_a_stream_key_with_nul_fails_its_own_workflow_and_no_other(app: pgflow.App) -> None:
+def stream_writer(app: pgflow.App, go: anyio.Event | None = None) -> pgflow.Workflow[Any, int]:
+    """``writer(key, n)``: writes 0..n-1 to the stream ``key`` and closes it (once ``go`` is set, when
+    given); returns n. Started beside a poisoned one, for the innocents a poison must leave alone."""
+
     @app.workflow
     async def writer(key: str, n: int) -> int:
+        if go is not None:
+            await go.wait()
         for i in range(n):
             await pgflow.write_stream_async(key, i)
         await pgflow.close_stream_async(key)
         return n
 
+    return writer
+
+
+async def test_a_stream_key_with_nul_fails_its_own_workflow_and_no_other(app: pgflow.App) -> None:
+    writer = stream_writer(app)
     async with app.worker(concurrency=8):
         poison = await writer.start_async("p\x00", 1)
         innocents = [await writer.start_async("s", 50) for _ in range(4)]
@@ -235,15 +245,8 @@ async def test_a_chunk_the_server_refuses_fails_its_own_workflow_and_no_other_in
                      f" $$BEGIN IF (SELECT key FROM {s}.stream_ids WHERE id = NEW.stream_id) = 'poison' THEN"
                      " RAISE EXCEPTION 'refused by the server'; END IF; RETURN NEW; END$$")
     await query(dsn, f"CREATE TRIGGER refuse BEFORE INSERT ON {s}.chunks FOR EACH ROW EXECUTE FUNCTION {s}.refuse()")
-    go = anyio.Event()
-
-    @app.workflow
-    async def writer(key: str, n: int) -> int:
-        await go.wait()  # every writer's first chunk rides in the same batch
-        for i in range(n):
-            await pgflow.write_stream_async(key, i)
-        await pgflow.close_stream_async(key)
-        return n
+    go = anyio.Event()  # every writer's first chunk rides in the same batch
+    writer = stream_writer(app, go)
 
     async with app.worker(concurrency=16):
         poison = await writer.start_async("poison", 5)

@@ -25,8 +25,8 @@ import pytest
 import pgflow
 
 from .apps import fleet
-from .helpers import query_sync, registered, registered_pids
-from .processes import FLEET, LEASE, WAIT, Processes, failure_of, fleet_worker, lines, result_of, wait_until
+from .helpers import KINDS, query_sync, registered, registered_pids
+from .processes import FLEET, LEASE, WAIT, Proc, Processes, failure_of, fleet_worker, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,7 +198,7 @@ def test_cancelled_queued_workflow_never_starts(
                  (handle.id,)) == [(0, None)]
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_cancelled_running_workflow_stops_at_its_next_step(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
     kind: str,
@@ -228,7 +228,7 @@ def test_cancelled_running_workflow_stops_at_its_next_step(
 # -- 6. timeouts -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_workflow_past_its_timeout_fails_with_workflow_timeout(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
 ) -> None:
@@ -259,8 +259,7 @@ def test_timeout_deadline_is_fixed_at_first_start_and_survives_a_crash(
     a = fleet_worker(procs, "worker-A", worker_env)
     handle = flows.deadline_flow.start(str(effects), str(gate))
     wait_until(lambda: f"held start {a.pid}" in lines(effects), "the step to start in worker A", procs, a)
-    a.signal(signal.SIGKILL)
-    assert a.wait_exit() == -signal.SIGKILL
+    a.kill()
     # A died before the deadline: the workflow is still claimed by it.
     assert workflow_row(dsn, schema, handle.id)[:2] == ("running", 1), procs.logs()
     wait_until(lambda: query_sync(dsn, f'SELECT deadline_at < now() FROM "{schema}".workflows WHERE id = %s',
@@ -291,8 +290,7 @@ def test_workflow_whose_worker_dies_max_attempts_times_is_failed_without_running
         w = fleet_worker(procs, name, worker_env)
         wait_until(lambda w=w: f"held start {w.pid}" in lines(effects), f"the step to start in {name}", procs, w)
         assert workflow_row(dsn, schema, handle.id)[:2] == ("running", attempt)
-        w.signal(signal.SIGKILL)
-        assert w.wait_exit() == -signal.SIGKILL
+        w.kill()
 
     gate.touch()  # the step could finish at once now: only max_attempts can stop C from running it
     fleet_worker(procs, "worker-C", worker_env)
@@ -307,7 +305,7 @@ def test_workflow_whose_worker_dies_max_attempts_times_is_failed_without_running
 # -- 8. child workflows across a crash of the parent's worker ------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_parent_resumed_after_a_crash_finds_its_children_instead_of_starting_new_ones(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
     kind: str,
@@ -376,8 +374,7 @@ def test_killed_workers_row_is_forgotten_by_a_live_workers_heartbeat_once_stale(
     live = fleet_worker(procs, "worker-live", worker_env)
     wait_until(lambda: registered_pids(dsn, schema) == {dead.pid, live.pid}, "both workers to register",
                procs, dead, live)
-    dead.signal(signal.SIGKILL)
-    assert dead.wait_exit() == -signal.SIGKILL
+    dead.kill()
     # Both rows still there: a dead worker's row stays until it is stale.
     assert registered_pids(dsn, schema) == {dead.pid, live.pid}
     query_sync(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = heartbeat_at - interval \'61 seconds\''
@@ -440,6 +437,28 @@ def is_gone(pid: int) -> bool:
     return False
 
 
+def supervised(dsn: str, schema: str, supervisor: Proc, seen: set[int], n: int,
+               exclude: frozenset[int] = frozenset()) -> set[int] | None:
+    """The registered workers the supervisor started, but those in ``exclude``, once there are ``n`` of
+    them (None until then). Each one found is added to ``seen``, for ``stop_supervisor``."""
+    pids = {p for p in registered_pids(dsn, schema) if p not in exclude and parent_of(p) == supervisor.pid}
+    seen.update(pids)
+    return pids if len(pids) == n else None
+
+
+def stop_supervisor(supervisor: Proc, children: set[int]) -> None:
+    """Kill a supervisor and its worker processes (``children``: those the test saw, and any it has now).
+    The children live in sessions of their own, so killing the supervisor would orphan them, and killing
+    them first would have it start new ones: freeze it, kill its children, then it."""
+    if supervisor.alive():
+        supervisor.signal(signal.SIGSTOP)
+        children = children | children_of(supervisor.pid)
+    for pid in children:
+        if serves_fleet(pid):
+            os.kill(pid, signal.SIGKILL)
+    supervisor.stop()
+
+
 def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_them_all(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:
@@ -448,11 +467,6 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
     effects = tmp_path / "effects.txt"
     supervisor = fleet_worker(procs, "supervisor", worker_env, extra=["--processes", "2"])
     children: set[int] = set()  # every child pid seen, killed in the finally if one outlives the test
-
-    def child_pids(n: int, exclude: frozenset[int] = frozenset()) -> set[int] | None:
-        pids = {p for p in registered_pids(dsn, schema) if p not in exclude and parent_of(p) == supervisor.pid}
-        children.update(pids)
-        return pids if len(pids) == n else None
 
     def run_on_both(gate: Path) -> set[int]:
         """Eight workflows held in their step at once: with 4 slots a process, both must run some."""
@@ -463,13 +477,14 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
         return {result_of(h, procs) for h in handles}
 
     try:
-        first = wait_until(lambda: child_pids(2), "2 worker processes to register", procs, supervisor)
+        first = wait_until(lambda: supervised(dsn, schema, supervisor, children, 2), "2 worker processes to register",
+                           procs, supervisor)
         assert supervisor.pid not in first
         assert run_on_both(tmp_path / "gate-1") == first
 
         victim, survivor = sorted(first)
         os.kill(victim, signal.SIGKILL)
-        [replacement] = wait_until(lambda: child_pids(1, exclude=frozenset(first)),
+        [replacement] = wait_until(lambda: supervised(dsn, schema, supervisor, children, 1, exclude=frozenset(first)),
                                    "the supervisor to restart a worker", procs, supervisor)
         assert not is_gone(survivor)
         assert run_on_both(tmp_path / "gate-2") == {survivor, replacement}
@@ -480,15 +495,7 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
         # The two stopped gracefully and unregistered; only the killed one's row is left, until stale.
         assert registered_pids(dsn, schema) == {victim}
     finally:
-        # The children live in sessions of their own, so killing the supervisor would orphan them, and
-        # killing them first would have it start new ones: freeze it, kill its children, then it.
-        if supervisor.alive():
-            supervisor.signal(signal.SIGSTOP)
-            children |= children_of(supervisor.pid)
-        for pid in children:
-            if serves_fleet(pid):
-                os.kill(pid, signal.SIGKILL)
-        supervisor.stop()
+        stop_supervisor(supervisor, children)
 
 
 def test_a_child_killed_by_a_signal_while_the_supervisor_stops_makes_its_exit_code_non_zero(
@@ -503,12 +510,8 @@ def test_a_child_killed_by_a_signal_while_the_supervisor_stops_makes_its_exit_co
     supervisor = fleet_worker(procs, "supervisor", worker_env, grace=60.0, extra=["--processes", "2"])
     children: set[int] = set()
     try:
-        def both() -> set[int] | None:
-            pids = {p for p in registered_pids(dsn, schema) if parent_of(p) == supervisor.pid}
-            children.update(pids)
-            return pids if len(pids) == 2 else None
-
-        wait_until(both, "2 worker processes to register", procs, supervisor)
+        wait_until(lambda: supervised(dsn, schema, supervisor, children, 2), "2 worker processes to register",
+                   procs, supervisor)
         flows.hold.start(str(effects), str(gate))
         [holder] = wait_until(lambda: [int(line.split()[-1]) for line in lines(effects) if "held start" in line],
                               "the held step to start", procs, supervisor)
@@ -524,10 +527,4 @@ def test_a_child_killed_by_a_signal_while_the_supervisor_stops_makes_its_exit_co
         assert all(is_gone(pid) for pid in children)  # the supervisor waited for the other one
     finally:
         gate.touch()
-        if supervisor.alive():
-            supervisor.signal(signal.SIGSTOP)
-            children |= children_of(supervisor.pid)
-        for pid in children:
-            if serves_fleet(pid):
-                os.kill(pid, signal.SIGKILL)
-        supervisor.stop()
+        stop_supervisor(supervisor, children)

@@ -20,12 +20,9 @@ import pytest
 import pgflow
 from pgflow.retry import RetryPolicy
 
-from .helpers import Point, fail_to_end, query, requeue, run_to_end, running, step_rows
+from .helpers import KINDS, TIMEOUT, Point, fail_to_end, query, requeue, run_to_end, running, step_rows
 
 pytestmark = pytest.mark.anyio
-
-KINDS = ["async", "sync"]
-TIMEOUT = 30
 
 
 @dataclass
@@ -203,14 +200,20 @@ async def test_only_unrecorded_steps_run_on_reexecution(app: pgflow.App, dsn: st
 # -- non-determinism ----------------------------------------------------------------------------------
 
 
+async def journal_of_three_steps(app: pgflow.App, kind: str) -> tuple[pgflow.WorkflowHandle[Any], Counter[str]]:
+    """The three-step workflow started with 2 and run to its end once: the journal a re-execution meets.
+    Its handle, and the counts of the step bodies that ran (``build_three_steps``)."""
+    calls: Counter[str] = Counter()
+    handle = await build_three_steps(app, kind, calls, []).start_async(2)
+    await run_to_end(app, handle)
+    return handle, calls
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_renamed_journal_entry_fails_as_nondeterministic(
     app: pgflow.App, dsn: str, schema: str, kind: str,
 ) -> None:
-    calls: Counter[str] = Counter()
-    flow = build_three_steps(app, kind, calls, [])
-    handle = await flow.start_async(2)
-    await run_to_end(app, handle)
+    handle, calls = await journal_of_three_steps(app, kind)
 
     await query(dsn, f"UPDATE {schema}.steps SET name = 'journal.renamed' WHERE workflow_id = %s AND position = 0",
                 handle.id)
@@ -228,10 +231,7 @@ async def test_changed_code_at_a_recorded_position_fails_as_nondeterministic(
     app: pgflow.App, dsn: str, schema: str, kind: str,
 ) -> None:
     """The same workflow name, redeployed with a different first step, meets the old journal."""
-    calls: Counter[str] = Counter()
-    flow = build_three_steps(app, kind, calls, [])
-    handle = await flow.start_async(2)
-    await run_to_end(app, handle)
+    handle, calls = await journal_of_three_steps(app, kind)
     await requeue(dsn, schema, handle.id)
 
     async with pgflow.App(dsn, schema=schema, poll_interval=0.5) as changed:
@@ -388,29 +388,40 @@ async def test_retries_are_not_replayed_again(app: pgflow.App, dsn: str, schema:
 # -- recorded exceptions ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wf_kind", KINDS)
-@pytest.mark.parametrize("step_kind", KINDS)
-async def test_recorded_exception_replays_as_the_same_type(
-    app: pgflow.App, dsn: str, schema: str, wf_kind: str, step_kind: str,
-) -> None:
+async def caught_then_replayed(
+    app: pgflow.App, dsn: str, schema: str, step_kind: str, wf_kind: str, error: Exception,
+    catch: type[BaseException], answer: Callable[[BaseException], str], expected: str,
+) -> tuple[pgflow.WorkflowHandle[Any], list[BaseException]]:
+    """A step that raises ``error``, in a workflow that catches ``catch`` and returns ``answer(exc)``: run
+    to its end, then again from its journal. Both runs must return ``expected``, and the step must have
+    run only the first time. The handle, and what the workflow caught in each run."""
     runs: list[int] = []
     caught: list[BaseException] = []
 
     def boom() -> str:
         runs.append(1)
-        raise MyError("bad input")
+        raise error
 
     step = step_of(app, step_kind, boom, "boom")
-    flow = catching_workflow_of(app, wf_kind, step, "recovering", MyError, caught, lambda exc: f"recovered from {exc}")
-
+    flow = catching_workflow_of(app, wf_kind, step, "catching", catch, caught, answer)
     handle = await flow.start_async()
-    assert await run_to_end(app, handle) == "recovered from bad input"
+    assert await run_to_end(app, handle) == expected
+    await requeue(dsn, schema, handle.id)
+    assert await run_to_end(app, handle) == expected
+    assert runs == [1], "the failed step ran again instead of replaying its exception"
+    return handle, caught
+
+
+@pytest.mark.parametrize("wf_kind", KINDS)
+@pytest.mark.parametrize("step_kind", KINDS)
+async def test_recorded_exception_replays_as_the_same_type(
+    app: pgflow.App, dsn: str, schema: str, wf_kind: str, step_kind: str,
+) -> None:
+    handle, caught = await caught_then_replayed(
+        app, dsn, schema, step_kind, wf_kind, MyError("bad input"), MyError, lambda exc: f"recovered from {exc}",
+        expected="recovered from bad input")
     [row] = await step_rows(dsn, schema, handle.id)
     assert row[1] == "boom" and row[3] is not None and row[3].endswith("MyError")
-
-    await requeue(dsn, schema, handle.id)
-    assert await run_to_end(app, handle) == "recovered from bad input"
-    assert runs == [1], "the failed step ran again instead of replaying its exception"
     assert [type(exc) for exc in caught] == [MyError, MyError]
     assert str(caught[1]) == "bad input"
 
@@ -425,23 +436,10 @@ async def test_an_exception_of_a_class_not_found_by_name_replays_as_step_failed(
     class LocalError(Exception):
         pass
 
-    runs: list[int] = []
-    caught: list[BaseException] = []
+    # (whatever the replay raises is caught)
+    _, caught = await caught_then_replayed(
+        app, dsn, schema, kind, kind, LocalError("cannot find me"), Exception, lambda exc: "caught", expected="caught")
 
-    def boom() -> str:
-        runs.append(1)
-        raise LocalError("cannot find me")
-
-    step = step_of(app, kind, boom, "local_boom")
-    # (whatever the replay raises is recorded)
-    flow = catching_workflow_of(app, kind, step, "catch_all", Exception, caught, lambda exc: "caught")
-
-    handle = await flow.start_async()
-    assert await run_to_end(app, handle) == "caught"
-    await requeue(dsn, schema, handle.id)
-    assert await run_to_end(app, handle) == "caught"
-
-    assert runs == [1]
     assert isinstance(caught[0], LocalError)
     replayed = caught[1]
     assert isinstance(replayed, pgflow.StepFailed)

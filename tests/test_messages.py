@@ -15,11 +15,11 @@ import pytest
 import pgflow
 from pgflow._core import codec
 
-from .helpers import query, query_sync, requeue, run_to_end, wait_for
+from .helpers import KINDS, query, query_sync, requeue, run_to_end, wait_for
 from .processes import Processes, lines, result_of, wait_until
+from .servers import EmbeddedServer
 
 TARGET = "tests.apps.prims:app"
-KINDS = ["async", "sync"]
 
 
 @pytest.mark.slow
@@ -224,10 +224,8 @@ async def test_pruning_a_finished_workflow_deletes_its_messages_and_events(app: 
 
 
 @pytest.mark.anyio
-async def test_a_waiting_receiver_survives_a_server_restart(server: tuple[str, Any], schema: str) -> None:
-    dsn, embedded = server
-    if embedded is None:
-        pytest.skip("only the embedded server can be restarted by the tests")
+async def test_a_waiting_receiver_survives_a_server_restart(dsn: str, schema: str,
+                                                             restartable: EmbeddedServer) -> None:
     async with pgflow.App(dsn, schema=schema, poll_interval=0.5, suspend_after=0.5) as app:
         @app.workflow(name="msg.restart")
         async def patient() -> Any:
@@ -237,6 +235,6 @@ async def test_a_waiting_receiver_survives_a_server_restart(server: tuple[str, A
         async with app.worker(concurrency=1):
             await wait_for(lambda: query(dsn, f'SELECT 1 FROM "{schema}".workflows WHERE waiting_for = \'go\''
                                                " AND status = 'queued'"))
-            await anyio.to_thread.run_sync(embedded.restart)
+            await anyio.to_thread.run_sync(restartable.restart)
             await handle.send_async("go", "after the restart")
             assert await handle.result_async(timeout=60) == "after the restart"

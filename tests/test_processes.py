@@ -23,30 +23,41 @@ import pgflow
 from pgflow._core.store import migrations
 
 from .apps import crashy, failing
-from .helpers import query_sync
+from .helpers import KINDS, query_sync
 from .processes import WAIT, Proc, Processes, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+CRASHY = "tests.apps.crashy:app"
+FAILING = "tests.apps.failing:app"
 
 
 # -- processes ------------------------------------------------------------------------------------------
+
+
+def held_in_step_2(
+    app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str, n: int,
+    **worker: Any,
+) -> tuple[Any, Proc, pgflow.WorkflowHandle[Any], Path, Path]:
+    """Worker A (``worker``: its options) running the crashy workflow of ``kind`` with ``n``, held in its
+    gated step 2: the crashy app (tests/apps/crashy.py), worker A, the handle, the effects file, the gate."""
+    wf = crashy.build(app)
+    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+    a = procs.worker("worker-A", CRASHY, worker_env, **worker)
+    handle = wf.flows[kind].start(str(effects), str(gate), n)
+    wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+    return wf, a, handle, effects, gate
 
 
 # -- 1. a worker killed mid-workflow ---------------------------------------------------------------------
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
     kind: str,
 ) -> None:
-    wf = crashy.build(app)
-    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
-
-    a = procs.worker("worker-A", "tests.apps.crashy:app", worker_env)
-    handle = wf.flows[kind].start(str(effects), str(gate), 4)
-    wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+    wf, a, handle, effects, gate = held_in_step_2(app, worker_env, procs, tmp_path, kind, 4)
     # The attempt's note goes out as the step's body starts, beside it (pgflow/_core/execution.py):
     # the kill comes once it is in, so that the count below is of an attempt the record knew had begun.
     def noted() -> bool:
@@ -54,14 +65,13 @@ def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
                           (handle.id,)))
     wait_until(noted, "step 2's start to be noted", procs, a)
 
-    a.popen.send_signal(signal.SIGKILL)
-    assert a.wait_exit() == -signal.SIGKILL
+    a.kill()
     # The crash left the workflow claimed by the dead worker, with step 1 recorded and step 2 not.
     assert handle.status() == "running"
     assert [s.name for s in handle.steps()] == [wf.first.name]
 
     gate.touch()
-    procs.worker("worker-B", "tests.apps.crashy:app", worker_env)
+    procs.worker("worker-B", CRASHY, worker_env)
     assert result_of(handle, procs) == crashy.expected(4)
     assert handle.status() == "succeeded"
 
@@ -83,12 +93,12 @@ def test_sigkill_mid_step_resumes_in_another_process_from_the_journal(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_workflow_failure_in_a_worker_reaches_the_caller_with_type_message_and_traceback(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, kind: str,
 ) -> None:
     wf = failing.build(app)
-    procs.worker("worker", "tests.apps.failing:app", worker_env)
+    procs.worker("worker", FAILING, worker_env)
     handle = wf.explode[kind].start(42)
 
     with pytest.raises(pgflow.WorkflowFailed) as raised:
@@ -112,14 +122,14 @@ def test_workflow_failure_in_a_worker_reaches_the_caller_with_type_message_and_t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_custom_step_exception_is_recorded_once_and_caught_by_type_also_on_replay(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
 ) -> None:
     wf = failing.build(app)
     effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
 
-    a = procs.worker("worker-A", "tests.apps.failing:app", worker_env)
+    a = procs.worker("worker-A", FAILING, worker_env)
     handle = wf.recover[kind].start(str(effects), str(gate), 7)
     # Reaching the hold step means worker A caught InputRejected by its type and went on.
     wait_until(lambda: "hold start" in lines(effects), "the workflow to catch and move on", procs, a)
@@ -129,10 +139,9 @@ def test_custom_step_exception_is_recorded_once_and_caught_by_type_also_on_repla
 
     # Worker B replays the workflow: the recorded exception is raised again, as an InputRejected the
     # workflow's `except InputRejected` catches, with its arguments, and the step does not run again.
-    a.popen.send_signal(signal.SIGKILL)
-    assert a.wait_exit() == -signal.SIGKILL
+    a.kill()
     gate.touch()
-    procs.worker("worker-B", "tests.apps.failing:app", worker_env)
+    procs.worker("worker-B", FAILING, worker_env)
     assert result_of(handle, procs) == "caught InputRejected ('rejected 7', 7) held"
     assert lines(effects) == ["reject", "hold start", "hold start"]
     assert [(s.name, s.error_type) for s in handle.steps()] == [
@@ -249,16 +258,13 @@ def stop_worker_mid_step(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
     grace: float,
 ) -> tuple[Any, Proc, pgflow.WorkflowHandle[Any], Path, Path]:
-    """Start worker A (a lease longer than any test), run a workflow into its gated step, SIGTERM A."""
-    wf = crashy.build(app)
-    effects, gate = tmp_path / "effects.txt", tmp_path / "gate"
+    """Start worker A (a lease longer than any test), run a workflow into its gated step, SIGTERM A and
+    wait until it has taken the signal (it logs that it drains)."""
     # With a 300 s lease, a workflow A left claimed could not be taken by another worker in this test:
     # B finishing it proves A gave it back.
-    a = procs.start("worker-A", ["-m", "pgflow", "worker", "tests.apps.crashy:app", "--concurrency", "4",
-                                 "--lease", "300", "--grace", str(grace)], worker_env)
-    handle = wf.flows[kind].start(str(effects), str(gate), 5)
-    wait_until(lambda: "s2 start" in lines(effects), "step 2 to start in worker A", procs, a)
+    wf, a, handle, effects, gate = held_in_step_2(app, worker_env, procs, tmp_path, kind, 5, lease=300, grace=grace)
     a.popen.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining" in a.output(), "worker A to start draining", procs, a)
     return wf, a, handle, effects, gate
 
 
@@ -268,7 +274,7 @@ def resume_elsewhere(wf: Any, worker_env: dict[str, str], procs: Processes, hand
     assert handle.status() == "queued", procs.logs()
     assert [s.name for s in handle.steps()] == [wf.first.name]
     gate.touch()
-    procs.worker("worker-B", "tests.apps.crashy:app", worker_env, lease=300)
+    procs.worker("worker-B", CRASHY, worker_env, lease=300)
     assert result_of(handle, procs) == crashy.expected(5)
     # Step 1 is replayed, not re-run; the interrupted step 2 runs again from its start in worker B
     # (unfinished steps are at-least-once).
@@ -289,26 +295,23 @@ def test_sigterm_past_the_grace_period_gives_the_workflow_back_and_exits(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_second_sigterm_cuts_the_drain_short_and_gives_the_workflow_back(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
 ) -> None:
     wf, a, handle, effects, gate = stop_worker_mid_step(app, worker_env, procs, tmp_path, kind, grace=300)
-    wait_until(lambda: "draining" in a.output(), "worker A to start draining", procs, a)
     a.popen.send_signal(signal.SIGTERM)
     assert a.wait_exit(SIGTERM_EXIT) == EXIT_FORCED, procs.logs()
     resume_elsewhere(wf, worker_env, procs, handle, effects, gate, kind)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_sigterm_lets_a_running_workflow_finish_within_the_grace_period(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path, kind: str,
 ) -> None:
     wf, a, handle, effects, gate = stop_worker_mid_step(app, worker_env, procs, tmp_path, kind, grace=300)
-    # Only once the worker has taken the signal (it logs that it drains) may the step go on.
-    wait_until(lambda: "draining" in a.output(), "worker A to start draining", procs, a)
-    gate.touch()
+    gate.touch()  # only now, the worker having taken the signal, may the step go on
     assert a.wait_exit(WAIT) == EXIT_DRAINED, procs.logs()
     assert handle.status() == "succeeded"
     assert handle.result(timeout=WAIT) == crashy.expected(5)

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ import pytest
 
 import pgflow
 
-from .servers import EmbeddedServer
+from .servers import EmbeddedServer, started_embedded
 
 pytestmark = pytest.mark.anyio
 
@@ -35,14 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tiny_queue() -> Iterator[EmbeddedServer]:
-    base = Path(tempfile.mkdtemp(prefix="pgflow-tests-tinyq-"))
-    server = EmbeddedServer("max_notify_queue_pages = 64")
-    try:
-        server.start(base)
+    with started_embedded("pgflow-tests-tinyq-", "max_notify_queue_pages = 64") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def hold_the_queue(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

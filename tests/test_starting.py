@@ -12,11 +12,9 @@ import pytest
 import pgflow
 from pgflow._core.registry import DEFAULT_MAX_ATTEMPTS
 
-from .helpers import Point, query
+from .helpers import TIMEOUT, Point, query
 
 pytestmark = pytest.mark.anyio
-
-TIMEOUT = 30
 
 
 async def row_of(dsn: str, schema: str, workflow_id: str, columns: str) -> tuple[Any, ...]:
@@ -28,6 +26,22 @@ async def row_of(dsn: str, schema: str, workflow_id: str, columns: str) -> tuple
 async def in_thread(fn: Any) -> Any:
     """Run a blocking (sync API) call from an async test."""
     return await anyio.to_thread.run_sync(fn)
+
+
+def labelling(app: pgflow.App, name: str, ran: list[str], kind: str = "async",
+              **options: Any) -> pgflow.Workflow[Any, str]:
+    """A workflow that appends its one argument, a label, to ``ran`` and returns it, as an ``async def``
+    or a ``def``: which ran, and in which order."""
+    if kind == "async":
+        async def label_async(label: str) -> str:
+            ran.append(label)
+            return label
+        return app.workflow(name=name, **options)(label_async)
+
+    def label_sync(label: str) -> str:
+        ran.append(label)
+        return label
+    return app.workflow(name=name, **options)(label_sync)
 
 
 # -- idempotent ids under concurrency ------------------------------------------------------------------
@@ -150,11 +164,7 @@ async def test_an_id_taken_by_another_workflow_conflicts(app: pgflow.App, dsn: s
 
 async def test_a_worker_runs_only_its_queues(app: pgflow.App, dsn: str, schema: str) -> None:
     ran: list[str] = []
-
-    @app.workflow(name="starting.queued", queue="a")
-    def queued(label: str) -> str:
-        ran.append(label)
-        return label
+    queued = labelling(app, "starting.queued", ran, "sync", queue="a")
 
     on_b = await queued.with_options(queue="b").start_async("b")  # enqueued first: claimed first if allowed
     on_a = await in_thread(lambda: queued.start("a"))  # the registered queue
@@ -173,16 +183,8 @@ async def test_a_worker_runs_only_its_queues(app: pgflow.App, dsn: str, schema: 
 
 async def test_higher_priority_runs_first(app: pgflow.App) -> None:
     order: list[str] = []
-
-    @app.workflow(name="starting.ranked")
-    async def ranked(label: str) -> str:
-        order.append(label)
-        return label
-
-    @app.workflow(name="starting.ranked_seven", priority=7)
-    def ranked_seven(label: str) -> str:
-        order.append(label)
-        return label
+    ranked = labelling(app, "starting.ranked", order)
+    ranked_seven = labelling(app, "starting.ranked_seven", order, "sync", priority=7)
 
     # All enqueued before any worker runs, lowest priority first so that due order would be wrong.
     handles = [
@@ -202,11 +204,7 @@ async def test_higher_priority_runs_first(app: pgflow.App) -> None:
 async def test_delayed_workflow_waits_for_its_due_time(app: pgflow.App, dsn: str, schema: str) -> None:
     delay = 2.0
     runs: list[str] = []
-
-    @app.workflow(name="starting.later")
-    async def later(label: str) -> str:
-        runs.append(label)
-        return label
+    later = labelling(app, "starting.later", runs)
 
     async with app.worker(concurrency=4):
         async_handle = await later.with_options(delay=delay).start_async("async")
@@ -348,15 +346,23 @@ def build_pair(app: pgflow.App, ran: Counter[str]) -> tuple[pgflow.Workflow[Any,
     return make_point, broken
 
 
-async def test_handle_from_another_app_reads_status_and_result(app: pgflow.App, dsn: str, schema: str) -> None:
-    ran: Counter[str] = Counter()
+async def one_succeeded_one_failed(app: pgflow.App, ran: Counter[str],
+                                   x: int) -> tuple[pgflow.WorkflowHandle[Point], pgflow.WorkflowHandle[Any]]:
+    """``build_pair``'s two workflows, run to their ends by a worker: ``make_point(x)`` succeeded,
+    ``broken()`` failed."""
     make_point, broken = build_pair(app, ran)
     async with app.worker(concurrency=2):
-        ok = await make_point.start_async(4)
+        ok = await make_point.start_async(x)
         bad = await broken.start_async()
-        assert await ok.result_async(timeout=TIMEOUT) == Point(4, -4)
+        assert await ok.result_async(timeout=TIMEOUT) == Point(x, -x)
         with pytest.raises(pgflow.WorkflowFailed):
             await bad.result_async(timeout=TIMEOUT)
+    return ok, bad
+
+
+async def test_handle_from_another_app_reads_status_and_result(app: pgflow.App, dsn: str, schema: str) -> None:
+    ran: Counter[str] = Counter()
+    ok, bad = await one_succeeded_one_failed(app, ran, 4)
 
     async with pgflow.App(dsn, schema=schema, poll_interval=0.5) as other:
         build_pair(other, Counter())
@@ -428,16 +434,8 @@ async def test_unknown_id_raises_unknown_workflow(app: pgflow.App) -> None:
 
 async def test_cancelled_queued_workflow_never_runs(app: pgflow.App, dsn: str, schema: str) -> None:
     ran: list[str] = []
-
-    @app.workflow(name="starting.cancellable")
-    async def cancellable(label: str) -> str:
-        ran.append(label)
-        return label
-
-    @app.workflow(name="starting.cancellable_sync", priority=1)
-    def cancellable_sync(label: str) -> str:
-        ran.append(label)
-        return label
+    cancellable = labelling(app, "starting.cancellable", ran)
+    cancellable_sync = labelling(app, "starting.cancellable_sync", ran, "sync", priority=1)
 
     by_async = await cancellable.start_async("async")
     by_sync = await in_thread(lambda: cancellable_sync.start("sync"))
@@ -466,14 +464,8 @@ async def test_cancelled_queued_workflow_never_runs(app: pgflow.App, dsn: str, s
 
 
 async def test_cancelling_a_finished_workflow_changes_nothing(app: pgflow.App) -> None:
-    ran: Counter[str] = Counter()
-    make_point, broken = build_pair(app, ran)
-    async with app.worker(concurrency=2):
-        ok = await make_point.start_async(2)
-        bad = await broken.start_async()
-        assert await ok.result_async(timeout=TIMEOUT) == Point(2, -2)
-        with pytest.raises(pgflow.WorkflowFailed):
-            await bad.result_async(timeout=TIMEOUT)
+    ok, bad = await one_succeeded_one_failed(app, Counter(), 2)
+    async with app.worker(concurrency=2):  # a worker that would run again what a cancel put back
         await ok.cancel_async()
         await in_thread(bad.cancel)
         assert await ok.status_async() == "succeeded"

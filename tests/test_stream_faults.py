@@ -10,7 +10,9 @@ test must prove that pings (not the poll) deliver, its reading App polls every 6
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from .apps import streamy
 from .channel import named, opened
 from .helpers import query
 from .processes import WAIT, Proc, Processes, wait_until_async
+from .servers import EmbeddedServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -84,6 +87,15 @@ class Reader:
             self.done = True
 
 
+@contextlib.asynccontextmanager
+async def running(readers: list[Reader]) -> AsyncIterator[None]:
+    """The readers read, each in a task of its own, during the block; its end waits for them all."""
+    async with anyio.create_task_group() as tg:
+        for r in readers:
+            tg.start_soon(r.run)
+        yield
+
+
 async def assert_dense_sequence(dsn: str, schema: str, workflow_id: str, n: int) -> None:
     """The stream holds 0..n-1 at positions 0..n-1, each once, then one close marker."""
     rows = await query(dsn, f'SELECT position, value FROM "{schema}".streams'
@@ -116,9 +128,7 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
         gate = tmp_path / f"gate-{name}"
         h = await wf.fan_out.start_async(keys, str(gate))
         readers = [Reader(reading.handle(h.id), key) for key in keys]
-        async with anyio.create_task_group() as tg:
-            for r in readers:
-                tg.start_soon(r.run)
+        async with running(readers):
             await wait_until_async(lambda: all(r.got or r.done for r in readers), f"{name}: chunk 0 of every key",
                              procs, proc)
             start = len(notes)
@@ -175,8 +185,7 @@ async def test_a_terminated_listener_reconnects_and_the_reader_gets_everything(
         worker = streamy_worker(procs, worker_env, "worker")
         h = await wf.body_seq.start_async(n, str(gate), 0.005)
         reader = Reader(reading.handle(h.id))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reader.run)
+        async with running([reader]):
             await wait_until_async(lambda: len(reader.got) >= 50 or reader.done, "50 chunks", procs, worker)
             await wait_until_async(lambda: reading.stats().listeners_connected == 1, "the listener to connect", procs)
             [(victim,)] = await query(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
@@ -208,9 +217,7 @@ async def test_a_worker_killed_mid_stream_leaves_every_stream_dense_and_exactly_
     kinds = [kind for kind in wf.seq for _ in range(2)]
     handles = [await wf.seq[kind].start_async(n, str(gate), 0.004) for kind in kinds]
     readers = [Reader(h) for h in handles]
-    async with anyio.create_task_group() as tg:
-        for r in readers:
-            tg.start_soon(r.run)
+    async with running(readers):
         await wait_until_async(lambda: all(len(r.got) >= n // 4 for r in readers), "a quarter of every stream",
                          procs, a)
         a.kill()  # SIGKILL: whatever batch was in flight is lost or committed, nothing in between
@@ -236,23 +243,18 @@ async def test_a_worker_killed_mid_stream_leaves_every_stream_dense_and_exactly_
 # -- 11. the server restarted mid-stream --------------------------------------------------------------------
 
 
-async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any],
+async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, embedded: EmbeddedServer,
                              procs: Processes, worker_env: dict[str, str], tmp_path: Path, *,
                              resume: bool) -> list[Reader]:
     """Four workflows (body and step writers, async and sync) in a worker process; readers in this
     process; the server restarted (pg_ctl restart -m fast) while all of them are mid-stream."""
-    embedded = server[1]
-    if embedded is None:
-        pytest.skip("restarts only the embedded PostgreSQL 18")
     wf = streamy.build(app)
     gate, n = tmp_path / "gate", 300
     worker = streamy_worker(procs, worker_env, "worker")
     kinds = ["async", "sync", "async step", "sync step"]
     handles = [await wf.seq[kind].start_async(n, str(gate), 0.005) for kind in kinds]
     readers = [Reader(h, resume=resume) for h in handles]
-    async with anyio.create_task_group() as tg:
-        for r in readers:
-            tg.start_soon(r.run)
+    async with running(readers):
         await wait_until_async(lambda: all(len(r.got) >= 50 or r.done for r in readers), "50 chunks of each",
                          procs, worker)
         await anyio.to_thread.run_sync(embedded.restart)
@@ -270,20 +272,20 @@ async def restart_mid_stream(app: pgflow.App, dsn: str, schema: str, server: tup
 
 
 async def test_a_server_restart_mid_stream_is_survived_by_the_writer_and_a_resuming_reader(
-    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes,
+    app: pgflow.App, dsn: str, schema: str, restartable: EmbeddedServer, procs: Processes,
     worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
-    readers = await restart_mid_stream(app, dsn, schema, server, procs, worker_env, tmp_path, resume=True)
+    readers = await restart_mid_stream(app, dsn, schema, restartable, procs, worker_env, tmp_path, resume=True)
     for r in readers:
         assert r.error is None, f"{r.errors!r}\n{procs.logs()}"
         assert r.got == list(range(300))
 
 
 async def test_a_server_restart_mid_stream_does_not_break_an_attached_reader(
-    app: pgflow.App, dsn: str, schema: str, server: tuple[str, Any], procs: Processes,
+    app: pgflow.App, dsn: str, schema: str, restartable: EmbeddedServer, procs: Processes,
     worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
-    readers = await restart_mid_stream(app, dsn, schema, server, procs, worker_env, tmp_path, resume=False)
+    readers = await restart_mid_stream(app, dsn, schema, restartable, procs, worker_env, tmp_path, resume=False)
     for r in readers:
         assert r.errors == []
         assert r.got == list(range(300))

@@ -10,7 +10,6 @@ tests/streaming.py.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
@@ -28,11 +27,11 @@ from .streaming import (
     READER_THREADS,
     WAIT,
     assert_dense,
-    consume,
     gate_async,
     read,
     read_async,
     read_sync,
+    read_while_it_ends,
     wait_until,
 )
 
@@ -405,21 +404,14 @@ async def test_a_failed_workflow_ends_its_stream_after_the_chunks_it_wrote(
 
     flow = fails_async if kind == "async" else fails_sync
     h = await flow.start_async()
-    got: list[Any] = []
-
     try:
-        with anyio.fail_after(WAIT):
-            async with anyio.create_task_group() as tg:
-                # The reader sees all five chunks while the workflow runs; the failure then ends the stream.
-                tg.start_soon(functools.partial(consume, kind, h, "s", got, at=5, then=fail_now.set))
-                async with app.worker(concurrency=2):
-                    with pytest.raises(pgflow.WorkflowFailed) as failed:
-                        await h.result_async(timeout=WAIT)
+        # The reader sees all five chunks while the workflow runs; the failure then ends the stream.
+        got, failure = await read_while_it_ends(app, kind, h, "s", pgflow.WorkflowFailed, at=5, then=fail_now.set)
     finally:
         fail_now.set()
     assert got == [0, 1, 2, 3, 4]
-    assert failed.value.error_type == "ValueError"
-    assert failed.value.message == "broke after five"
+    assert failure.error_type == "ValueError"
+    assert failure.message == "broke after five"
     assert await h.status_async() == "failed"
     await assert_dense(dsn, schema, h.id, "s", [0, 1, 2, 3, 4], closed=False)
 
@@ -446,16 +438,9 @@ async def test_a_cancelled_workflow_ends_its_stream(app: pgflow.App, dsn: str, s
 
     flow = endless_async if kind == "async" else endless_sync
     h = await flow.start_async()
-    got: list[Any] = []
-
     try:
-        with anyio.fail_after(WAIT):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(functools.partial(consume, kind, h, "s", got, at=20, then=h.cancel,
-                                                then_async=h.cancel_async))
-                async with app.worker(concurrency=2):
-                    with pytest.raises(pgflow.WorkflowCancelled):
-                        await h.result_async(timeout=WAIT)
+        got, _ = await read_while_it_ends(app, kind, h, "s", pgflow.WorkflowCancelled, at=20, then=h.cancel,
+                                          then_async=h.cancel_async)
     finally:
         stop.set()
     assert await h.status_async() == "cancelled"

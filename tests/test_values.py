@@ -19,12 +19,9 @@ import pytest
 
 import pgflow
 
-from .helpers import Point, query, requeue
+from .helpers import KINDS, TIMEOUT, Point, query, requeue
 
 pytestmark = pytest.mark.anyio
-
-KINDS = ["async", "sync"]
-TIMEOUT = 30
 
 
 @dataclass

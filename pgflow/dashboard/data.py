@@ -24,7 +24,7 @@ from .._core.status import Status
 from .._core.store import Store
 from .._core.store.dashboard import LISTED_FIELDS, DashboardStatements
 from ..app import App
-from ..records import Health, WorkflowRecord
+from ..records import Health, QueueInfo, WorkflowRecord
 
 T = TypeVar("T")
 
@@ -70,15 +70,9 @@ class Value:
 
 
 @dataclass(frozen=True)
-class QueueRow:
-    name: str
-    queued: int
-    due: int
-    oldest_due_waited_s: float | None
-    running: int
-    concurrency: int | None
-    rate_limit: int | None
-    rate_period_s: float | None
+class QueueRow(QueueInfo):
+    """A queue as ``queues_overview`` tells it, with its ends over the last hour."""
+
     finished_last_hour: float = 0.0  # an estimate when ``estimated`` in the Throughput
     failed_last_hour: float = 0.0
 
