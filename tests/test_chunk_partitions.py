@@ -209,7 +209,7 @@ async def test_an_upgraded_schema_keeps_its_chunks_in_the_first_partition_until_
     app = pgflow.App(dsn, schema=schema, poll_interval=0.5)
     try:
         tokens = build(app)
-        assert await app.migrate_async() == 24
+        assert await app.migrate_async() == migrations.available()[-1].version  # the latest
         assert await query(dsn, f"SELECT relkind::text FROM pg_class WHERE oid = '{s}.chunks'::regclass") == [("p",)]
         assert await partitions_holding(app, handle.id) == {BEFORE_PARTITIONS}
         assert [v async for v in app.handle(handle.id).stream_async("tokens")] == list(range(6))
@@ -266,7 +266,7 @@ async def test_writers_of_the_version_before_go_on_streaming_through_the_upgrade
 
     await wait_for(all_writing)
     # The migration, while the writers of the version before write without pause.
-    assert await app.migrate_async() == 24
+    assert await app.migrate_async() == migrations.available()[-1].version  # the latest
     assert await query(dsn, f"SELECT relkind::text FROM pg_class WHERE oid = '{s}.chunks'::regclass") == [("p",)]
     after_migration = await chunks()
 
