@@ -121,7 +121,8 @@ class Overview:
 
 @dataclass(frozen=True)
 class Listed(WorkflowRecord):
-    """A row of the list: the record ``list_workflows`` gives, with the start of the error's message."""
+    """A row of the list: the record ``list_workflows`` gives, with the start of the error's message.
+    The list reads ``LISTED_FIELDS`` only; the record's other fields keep their defaults."""
 
     error_message: str | None = None
 
@@ -350,7 +351,7 @@ class Reader:
     async def list_page(self, filters: dict[str, str], since: datetime | None, cursor: tuple[datetime, str],
                         limit: int, scan: int) -> Page:
         rows, edge = await self._db(lambda d: d.list_page(filters, since, cursor[0], cursor[1], limit, scan),
-                                    cost=2 if len(filters) > 1 else 1)
+                                    cost=2 if filters else 1)  # a filtered page may read its edge too
         listed = [Listed(**dict(zip(LISTED_FIELDS, r, strict=True))) for r in rows]
         if len(listed) >= limit:
             return Page(listed, (listed[-1].created_at, listed[-1].id), False)
