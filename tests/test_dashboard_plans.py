@@ -115,6 +115,17 @@ def check(plan: str, *indexes: str) -> None:
         assert index in plan, f"{index} not used:\n{plan}"
 
 
+def reads_only_running(plan: str) -> bool:
+    """Whether the plan finds the running workflows through an index that holds only them or by status.
+
+    Two partial indexes hold exactly the running rows (workflows_leased, workflows_running_by_queue) and
+    the status index leads with status; which one a generic plan picks depends on the sample ANALYZE drew,
+    so any of them is right and a scan of the million finished rows is wrong (check() refuses that).
+    """
+    return ("workflows_leased" in plan or "workflows_running_by_queue" in plan
+            or "Index Cond: (status = 'running'::text)" in plan)
+
+
 def test_every_dashboard_statement_reads_through_an_index_at_a_million_finished_workflows(
         app: pgflow.App, dsn: str, schema: str) -> None:
     app.migrate()
@@ -129,11 +140,11 @@ def test_every_dashboard_statement_reads_through_an_index_at_a_million_finished_
         # status: which one is the planner's choice from a sample that may have missed all 64.
         plan = generic_plan(conn, schema, sql.QUEUES, {"queues": 200, "cap": 10_000})
         check(plan, "workflows_due")
-        assert "workflows_running_by_queue" in plan or "Index Cond: (status = 'running'::text)" in plan, plan
-        # The running workflows, through workflows_leased or the status index (planners differ).
+        assert reads_only_running(plan), plan
+        # The running workflows again, through any of the three indexes that hold them (planners differ).
         plan = generic_plan(conn, schema, sql.WORKERS, {"workers": 500, "running": 20_000})
         check(plan)
-        assert "workflows_leased" in plan or "Index Cond: (status = 'running'::text)" in plan, plan
+        assert reads_only_running(plan), plan
         plan = generic_plan(conn, schema, sql.THROUGHPUT, {"window": 3600.0, "sample": 20_000})
         check(plan, "workflows_finished")
         check(generic_plan(conn, schema, sql.ESTIMATE, {"table": f"{s}.workflows"}))
