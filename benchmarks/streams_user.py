@@ -248,7 +248,15 @@ async def raw_caller(a: argparse.Namespace) -> dict[str, Any]:
 # == the orchestrator =================================================================================
 
 
-def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+def idle() -> tuple[int, int]:
+    """The machine's idle and total CPU ticks so far (/proc/stat): their growth over a run says whether the
+    run was short of CPU or waited on something else."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postmaster: int | None
+            ) -> dict[str, Any]:
     import psycopg
 
     schema = f"user_{design}_{uuid.uuid4().hex[:8]}"
@@ -272,15 +280,18 @@ def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path) -> di
                 if time.monotonic() > deadline:
                     raise harness.RunFailed("the worker did not start")
                 time.sleep(0.05)
-            cpu0 = harness.process_cpu(worker.pid)
+            cpu0, server0, idle0 = harness.process_cpu(worker.pid), harness.postgres_cpu(postmaster), idle()
             out = harness.run_json([py, "-m", "benchmarks.streams_user", "--role", "caller", "--design", design,
                                     "--starts", starts, "--schema", schema, "--dsn", a.dsn, "--streams",
                                     str(a.streams), "--chunks", str(a.chunks)], env, a.timeout,
                                    logdir / f"{design}-caller.log")
-            worker_cpu = harness.process_cpu(worker.pid) - cpu0
+            worker_cpu, server1, idle1 = harness.process_cpu(worker.pid) - cpu0, harness.postgres_cpu(postmaster), idle()
         total = a.streams * a.chunks
         record.update(out, worker_cpu_us_per_chunk=worker_cpu / total * 1e6,
                       caller_cpu_us_per_chunk=out["caller_cpu_s"] / total * 1e6,
+                      server_cpu_us_per_chunk=None if server0 is None or server1 is None
+                      else (server1 - server0) / total * 1e6,
+                      machine_idle=(idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1),
                       ok=out["chunks"] == total and not out["errors"])
     except harness.RunFailed as exc:
         record.update(ok=False, error=str(exc))
@@ -304,7 +315,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if rs:
                 entry[design] = {k: harness.median([r[k] for r in rs]) for k in
                                  ("chunks_per_s", "p50_ms", "p99_ms", "worker_cpu_us_per_chunk",
-                                  "caller_cpu_us_per_chunk", "starts_s")}
+                                  "caller_cpu_us_per_chunk", "server_cpu_us_per_chunk", "machine_idle",
+                                  "starts_s") if rs[0].get(k) is not None}
         pairs = [(p, r) for p in mine if p["design"] == "pgflow" for r in mine
                  if r["design"] == "raw" and r["repeat"] == p["repeat"]]
         if pairs:
@@ -319,16 +331,18 @@ def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="bench-user-"))
     harness.log(f"streams, user shape: logs in {logdir}")
     runs = []
+    postmaster = harness.server_info(a.dsn)["postmaster_pid"]
     for repeat in range(a.repeats):
         for starts in a.starts.split(","):
             order = a.designs.split(",")
             for design in order if repeat % 2 == 0 else order[::-1]:  # alternated: neither always first
-                record = one_run(design, starts, a, logdir) | {"repeat": repeat}
+                record = one_run(design, starts, a, logdir, postmaster) | {"repeat": repeat}
                 runs.append(record)
                 harness.log(f"  [{repeat + 1}/{a.repeats}] {design:6} {starts:4} "
                             + (f"{record['chunks_per_s']:9,.0f} chunks/s  p50 {record['p50_ms']:6.1f} ms  p99"
                                f" {record['p99_ms']:6.1f} ms  worker {record['worker_cpu_us_per_chunk']:5.1f} us/chunk"
-                               f"  caller {record['caller_cpu_us_per_chunk']:5.1f} us/chunk  starts"
+                               f"  caller {record['caller_cpu_us_per_chunk']:5.1f} us/chunk  server"
+                               f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk  idle {record['machine_idle']:4.0%}  starts"
                                f" {record['starts_s']:.2f} s" if record.get("ok") else f"FAILED {record.get('error')}"))
     summary = summarize(runs)
     for starts, entry in summary.items():

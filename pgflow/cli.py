@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from ._commands import add_commands, explain, on_app
+from ._core import log_lines
 from ._supervisor import supervise
 from .app import App
 from .checkreplay import add_command as add_check_replay
@@ -129,8 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:  # argparse checks choices on the command line, not on defaults
         parser.error(f"PGFLOW_LOG_LEVEL is one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_lines.configure(args.log_level)
     try:
         return int(args.handler(args, load_app))
     except (ConfigurationError, EmbeddedUnavailable) as exc:  # neither is helped by a traceback
