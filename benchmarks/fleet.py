@@ -27,9 +27,10 @@ ratios compare runs made side by side:
               looks for expired leases on its slow poll (poll_interval, 1 s): so the takeover takes at
               most lease + 1 s, plus a step.
   latency     one idle worker process; this process starts a no-op workflow and waits for it with
-              handle.result(), sequentially, --latency-runs times after a warm-up: p50/p99, and where
-              the time goes, from each row's created_at/started_at/finished_at (now() of the enqueue,
-              claim and finish statements) against this process's clock (the server is on this machine).
+              handle.result(), sequentially (--latency-gap seconds apart), --latency-runs times after a
+              warm-up: p50/p99, and where the time goes, from each row's created_at/started_at/
+              finished_at (now() of the enqueue, claim and finish statements) against this process's
+              clock (the server is on this machine).
 
 On a small shared machine other processes (a test suite, another benchmark) skew every figure, so each
 run first waits (up to --quiet-wait s) for the machine to be nearly idle, and the CPU used during the
@@ -78,6 +79,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leases", default="10,2", help="worker leases (s) of the failover runs")
     p.add_argument("--latency-runs", type=int, default=300, help="sequential no-op workflows timed")
     p.add_argument("--latency-warmup", type=int, default=20, help=argparse.SUPPRESS)
+    p.add_argument("--latency-gap", type=float, default=0.0, metavar="S",
+                   help="seconds between two latency runs: an application's sporadic starts (default 0, back to back)")
     p.add_argument("--quiet-wait", type=float, default=60.0,
                    help="seconds each run waits for the machine to be idle (<25%% busy) before it starts")
     p.add_argument("--max-other", type=float, default=0.3,
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"workflows": a.workflows, "concurrency": a.concurrency, "pool_size": a.pool_size,
                      "processes": a.process_counts, "leases": a.leases, "poll_interval": DEFAULT_POLL,
                      "step_s": STEP_SLEEP, "latency_runs": a.latency_runs, "latency_warmup": a.latency_warmup,
+                     "latency_gap": a.latency_gap,
                      "scenarios": a.scenarios_run, "max_other": a.max_other, "tries": a.tries},
         "summary": summary, "runs": runs, "discarded": discarded, "targets": fleet_report.targets(summary),
     }

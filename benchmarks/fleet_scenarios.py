@@ -127,6 +127,8 @@ def latency(bench: Bench, repeat: int) -> dict[str, Any]:
             if n >= a.latency_warmup:
                 latencies.append(time.perf_counter() - t0)
                 marks[id] = (w0, time.time())
+            if a.latency_gap:
+                time.sleep(a.latency_gap)  # (a pause between runs, not a wait for anything)
         cpu = bench.cpu(worker).shares(cpu0, time.time() - t_begin)
         run.record.update(ok=True, **harness.latency_summary(latencies), **cpu)
         worker.check("the end of the runs")
