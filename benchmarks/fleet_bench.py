@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import pgflow
 from benchmarks import harness
 from benchmarks.fleet_app import make_app
-from benchmarks.fleet_workers import Worker, machine_cpu, wait_for_quiet
+from benchmarks.fleet_workers import Worker, wait_for_quiet
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Bench:
         return psycopg.connect(self.dsn, autocommit=True)
 
     def cpu(self, *workers: Worker) -> Cpu:
-        busy, _, stolen = machine_cpu()
+        busy, _, stolen = harness.machine_cpu()
         return Cpu(sum(w.cpu() for w in workers), harness.postgres_cpu(self.postmaster), harness.self_cpu(),
                    busy, stolen)
 

@@ -31,23 +31,15 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def machine_cpu() -> tuple[float, float, float]:
-    """Machine-wide CPU seconds so far, summed over cores: (busy, idle, stolen by the hypervisor)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq) / ticks, (idle + iowait) / ticks, steal / ticks
-
-
 def wait_for_quiet(limit: float, threshold: float = 0.25) -> float:
     """Wait (up to ``limit`` seconds) until the machine is nearly idle, so a run does not start while
     something else (another benchmark, a test suite) holds the CPUs; return the busy share (of all
     cores) seen in the last half-second sample."""
     deadline = time.monotonic() + limit
     while True:
-        b0, i0, s0 = machine_cpu()
+        b0, i0, s0 = harness.machine_cpu()
         time.sleep(0.5)
-        b1, i1, s1 = machine_cpu()
+        b1, i1, s1 = harness.machine_cpu()
         share = (b1 - b0 + s1 - s0) / max(1e-9, b1 - b0 + i1 - i0 + s1 - s0)
         if share < threshold or time.monotonic() > deadline:
             return share

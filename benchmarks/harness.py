@@ -196,6 +196,14 @@ def self_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def machine_cpu() -> tuple[float, float, float]:
+    """Machine-wide CPU seconds so far, summed over cores: (busy, idle, stolen by the hypervisor)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / ticks, (idle + iowait) / ticks, steal / ticks
+
+
 def postgres_cpu(postmaster: int | None) -> float | None:
     """CPU seconds used so far by the benchmarked server: its postmaster, every live child process
     (backends, walwriter, ...) and the children it has already reaped. None when it is not local."""

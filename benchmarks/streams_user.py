@@ -248,13 +248,6 @@ async def raw_caller(a: argparse.Namespace) -> dict[str, Any]:
 # == the orchestrator =================================================================================
 
 
-def idle() -> tuple[int, int]:
-    """The machine's idle and total CPU ticks so far (/proc/stat): their growth over a run says whether the
-    run was short of CPU or waited on something else."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return ticks[3] + ticks[4], sum(ticks)
-
-
 def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postmaster: int | None
             ) -> dict[str, Any]:
     import psycopg
@@ -280,18 +273,21 @@ def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postm
                 if time.monotonic() > deadline:
                     raise harness.RunFailed("the worker did not start")
                 time.sleep(0.05)
-            cpu0, server0, idle0 = harness.process_cpu(worker.pid), harness.postgres_cpu(postmaster), idle()
+            cpu0, server0 = harness.process_cpu(worker.pid), harness.postgres_cpu(postmaster)
+            machine0 = harness.machine_cpu()
             out = harness.run_json([py, "-m", "benchmarks.streams_user", "--role", "caller", "--design", design,
                                     "--starts", starts, "--schema", schema, "--dsn", a.dsn, "--streams",
                                     str(a.streams), "--chunks", str(a.chunks)], env, a.timeout,
                                    logdir / f"{design}-caller.log")
-            worker_cpu, server1, idle1 = harness.process_cpu(worker.pid) - cpu0, harness.postgres_cpu(postmaster), idle()
+            worker_cpu, server1 = harness.process_cpu(worker.pid) - cpu0, harness.postgres_cpu(postmaster)
+            machine1 = harness.machine_cpu()
         total = a.streams * a.chunks
         record.update(out, worker_cpu_us_per_chunk=worker_cpu / total * 1e6,
                       caller_cpu_us_per_chunk=out["caller_cpu_s"] / total * 1e6,
                       server_cpu_us_per_chunk=None if server0 is None or server1 is None
                       else (server1 - server0) / total * 1e6,
-                      machine_idle=(idle1[0] - idle0[0]) / max(idle1[1] - idle0[1], 1),
+                      # (machine_cpu: busy, idle, stolen)
+                      machine_idle=(machine1[1] - machine0[1]) / max(sum(machine1) - sum(machine0), 1e-9),
                       ok=out["chunks"] == total and not out["errors"])
     except harness.RunFailed as exc:
         record.update(ok=False, error=str(exc))
@@ -342,7 +338,8 @@ def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
                             + (f"{record['chunks_per_s']:9,.0f} chunks/s  p50 {record['p50_ms']:6.1f} ms  p99"
                                f" {record['p99_ms']:6.1f} ms  worker {record['worker_cpu_us_per_chunk']:5.1f} us/chunk"
                                f"  caller {record['caller_cpu_us_per_chunk']:5.1f} us/chunk  server"
-                               f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk  idle {record['machine_idle']:4.0%}  starts"
+                               f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk"
+                               f"  idle {record['machine_idle']:4.0%}  starts"
                                f" {record['starts_s']:.2f} s" if record.get("ok") else f"FAILED {record.get('error')}"))
     summary = summarize(runs)
     for starts, entry in summary.items():
