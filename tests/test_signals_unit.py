@@ -27,6 +27,8 @@ OTHER = bytes(range(1, 33))
 
 def test_stream_keys_are_one_to_one_and_ended_keys_parse() -> None:
     assert signal_keys.stream("a", "b:c") != signal_keys.stream("a:b", "c")
+    # A stream is named by a digest of one length, however long its workflow id and key.
+    assert len(signal_keys.stream("w" * 300, "k" * 300)) == len(signal_keys.stream("w", "k")) < 20
     assert signal_keys.ended_workflow(signal_keys.ended("w:1")) == "w:1"
     for other in (signal_keys.queue("w"), signal_keys.stream("w", "k"), signal_keys.event("w"),
                   signal_keys.message("w"), signal_keys.WAKE_ALL):
