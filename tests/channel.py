@@ -9,7 +9,10 @@ from typing import Any
 import psycopg
 
 import pgflow
+from pgflow._core.registry import Config
 from pgflow._core.signals import News, payload
+from pgflow._core.signals.sealing import sealed
+from pgflow._core.store.channel import Pings
 
 
 def opened(app: pgflow.App, text: str) -> News | None:
@@ -23,14 +26,21 @@ def named(news: News) -> list[str]:
     return news.plain().keys
 
 
-def seal(app: pgflow.App, news: News) -> list[str]:
-    """The payloads ``app``'s process would send for ``news``."""
-    sealed = [app._runtimes.keyring.seal(text) for text in payload.plaintexts(news)]
-    assert None not in sealed, "the App's keyring is not loaded: open its store first"
-    return sealed  # type: ignore[return-value]
+def seal(app: pgflow.App, news: News) -> Pings:
+    """The payloads ``app``'s process would send for ``news``, each with its channel."""
+    pings = sealed(app._runtimes.keyring, channels(app.schema), news)
+    assert pings is not None, "the App's keyring is not loaded: open its store first"
+    return pings
+
+
+def channels(schema: str) -> tuple[str, str]:
+    """A schema's main channel and its stream channel."""
+    return Config.channel_of(schema), Config.stream_channel_of(schema)
 
 
 async def listen(dsn: str, schema: str) -> psycopg.AsyncConnection[Any]:
+    """A connection listening on both of a schema's channels, as any role may."""
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await conn.execute(f'LISTEN "pgflow_{schema}"')
+    for channel in channels(schema):
+        await conn.execute(f'LISTEN "{channel}"')
     return conn

@@ -14,6 +14,7 @@ from pgflow._core.signals import Chunk, News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.payload import CARRY_CHUNK_AT_MOST
 from pgflow._core.store import Pings
+from .helpers import wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -123,6 +124,13 @@ async def _handed_at_position(app: pgflow.App, dsn: str, schema: str) -> None:
         runtime.signals.waiters.hear(News(chunks=[Chunk(stream, sid, position, value)]))
 
     async with app.worker():
+        # The loop's listener LISTENs on the stream channel once a stream is waited for, and that
+        # wakes every waiter (pings sent before passed it by): it does so here, before the reader
+        # whose every read is counted below begins.
+        listener = runtime.signals.listener
+        assert listener is not None
+        with runtime.signals.waiters.watching([signal_keys.stream("another", "stream")]):
+            await wait_for(lambda: _true(listener.streams))
         await written.wait()  # the reader finds all six in its first look, and no news is left to come
         items = h.stream_items_async("b:tokens")
         got = [await anext(items)]
@@ -155,6 +163,10 @@ async def _handed_at_position(app: pgflow.App, dsn: str, schema: str) -> None:
             await asyncio.wait_for(anext(items), 10)
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, schema: str) -> None:
     """A batch with a chunk whose writer no longer holds its workflow sends none of its payloads with
     its commit (they may carry a chunk that was not written; its writer names the streams plainly
@@ -169,7 +181,7 @@ async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, 
         await listener.execute(f'LISTEN "{channel}"')
         for position, lease in ((0, 8), (0, 7), (1, 8), (1, 7)):
             fenced, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
-                                                 Pings(channel, [f"lease {lease} position {position}"]))
+                                                 Pings([channel], [f"lease {lease} position {position}"]))
             assert fenced == ({("fenced", lease)} if lease == 8 else set())
         # Only the written batches pinged (a notification of the fenced ones would come first).
         notes = listener.notifies(timeout=10)

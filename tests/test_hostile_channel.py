@@ -22,6 +22,7 @@ from psycopg.conninfo import make_conninfo
 import pgflow
 from pgflow._core.signals import End, News
 from pgflow._core.signals import keys as signal_keys
+from tests.channel import channels
 
 pytestmark = pytest.mark.anyio
 
@@ -88,7 +89,6 @@ async def test_a_role_with_connect_alone_can_neither_forge_nor_hear(
     caller = app.workflow(name="hostile.real")(real)
     second_app.workflow(name="hostile.real")(real)
     await second_app.migrate_async()
-    channel = f"pgflow_{schema}"
     heard: list[str] = []
     async with await psycopg.AsyncConnection.connect(intruder, autocommit=True) as spy, \
             await psycopg.AsyncConnection.connect(intruder, autocommit=True) as sender:
@@ -96,7 +96,8 @@ async def test_a_role_with_connect_alone_can_neither_forge_nor_hear(
         for table in ("signal_keys", "workflows", "chunks"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await sender.execute(f'SELECT * FROM "{schema}".{table}')
-        await spy.execute(f'LISTEN "{channel}"')
+        for channel in channels(schema):  # (the main channel and the stream channel)
+            await spy.execute(f'LISTEN "{channel}"')
 
         async def listen() -> None:
             async for note in spy.notifies():
@@ -139,8 +140,9 @@ async def test_a_role_with_connect_alone_can_neither_forge_nor_hear(
             await asyncio.sleep(0.2)  # (the sync reader's thread is back in its wait at position 1)
 
             payloads = forgeries(ok.id, list(heard))
-            for text in payloads:
-                await sender.execute("SELECT pg_notify(%s, %s)", (channel, text))
+            for channel in channels(schema):
+                for text in payloads:
+                    await sender.execute("SELECT pg_notify(%s, %s)", (channel, text))
             replays = len(heard)
             # Every forgery reached the listeners and was dropped there; the replays opened.
             while app.stats().pings_rejected < len(payloads) - replays:

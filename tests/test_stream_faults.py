@@ -25,7 +25,7 @@ from pgflow._core import codec
 from pgflow._core.signals import keys as signal_keys
 
 from .apps import streamy
-from .channel import named, opened
+from .channel import listen, named, opened
 from .helpers import query
 from .processes import WAIT, Proc, Processes, wait_until_async
 from .servers import EmbeddedServer
@@ -112,7 +112,6 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
     app: pgflow.App, dsn: str, schema: str, procs: Processes, worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
     wf = streamy.build(app)
-    channel = f"pgflow_{schema}"
     notes: list[str] = []
 
     async def collect(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -141,8 +140,7 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
         assert await reading.handle(h.id).result_async(timeout=WAIT) == len(keys)
         return h.id, notes[start:]
 
-    listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await listener.execute(f'LISTEN "{channel}"')
+    listener = await listen(dsn, schema)
     reading = pgflow.App(dsn, schema=schema, poll_interval=SLOW_POLL)
     try:
         async with anyio.create_task_group() as tg:

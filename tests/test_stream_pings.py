@@ -24,7 +24,7 @@ from pgflow._core.signals import News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.notifier import Notifier, Refusals
 
-from .channel import named, opened, seal
+from .channel import listen, named, opened, seal
 from .streaming import (
     KINDS,
     PING_WAIT,
@@ -143,12 +143,6 @@ async def test_a_second_app_in_the_same_process_is_woken_by_the_first_apps_pings
             release.set()
 
 
-async def _listen(dsn: str, channel: str) -> psycopg.AsyncConnection[Any]:
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await conn.execute(f'LISTEN "{channel}"')
-    return conn
-
-
 async def _received(app: pgflow.App, conn: psycopg.AsyncConnection[Any], timeout: float) -> list[str]:
     """Keys of every notification that arrives within ``timeout`` seconds, opened with ``app``'s keys."""
     keys: list[str] = []
@@ -172,7 +166,7 @@ async def notifier_on_pool(app: pgflow.App, dsn: str, schema: str,
     async def the_pool() -> AsyncConnectionPool[Any]:
         return pool
 
-    notifier = Notifier(the_pool, f"pgflow_{schema}", interval, lambda news: seal(app, news), Refusals())
+    notifier = Notifier(the_pool, interval, lambda news: seal(app, news), Refusals())
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(notifier.run)
@@ -187,7 +181,7 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
 ) -> None:
     # The pool holds one connection, which the test keeps busy in a real query (no mocks), so the
     # notifier's flush cannot get a connection within its timeout.
-    listener = await _listen(dsn, f"pgflow_{schema}")
+    listener = await listen(dsn, schema)
 
     async def flushed(counts: tuple[int, int]) -> None:
         with anyio.fail_after(WAIT):
@@ -225,7 +219,7 @@ async def test_a_flush_without_a_connection_is_logged_and_dropped_and_the_next_o
 
 async def test_one_overlong_key_does_not_drop_the_other_pings_of_its_flush(app: pgflow.App, dsn: str,
                                                                             schema: str) -> None:
-    listener = await _listen(dsn, f"pgflow_{schema}")
+    listener = await listen(dsn, schema)
     try:
         async with notifier_on_pool(app, dsn, schema, 3600) as (notifier, _):
             notifier.add(News([signal_keys.ended("x" * 8000), "s:ordinary:k"]))

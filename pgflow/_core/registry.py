@@ -65,10 +65,23 @@ class Config:
     def channel(self) -> str:
         return self.channel_of(self.schema)
 
+    @property
+    def stream_channel(self) -> str:
+        return self.stream_channel_of(self.schema)
+
     @staticmethod
     def channel_of(schema: str) -> str:
         """The NOTIFY channel of a schema's App."""
         return f"pgflow_{schema}"
+
+    @staticmethod
+    def stream_channel_of(schema: str) -> str:
+        """The channel of a schema's stream news, apart from the rest: a batch of chunks sends a
+        payload per few dozen chunks, which only the processes reading streams listen for (a
+        fleet's workers would otherwise each receive every other worker's chunks). Spelled to fit
+        PostgreSQL's 63 bytes beside the longest schema name, and never another schema's channel:
+        ``pgflow_`` names a main channel, ``pgflows_`` a stream channel."""
+        return f"pgflows_{schema}"
 
 
 @dataclass(frozen=True)

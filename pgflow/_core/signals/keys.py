@@ -53,6 +53,11 @@ def message(workflow_id: str) -> str:
     return _MESSAGE + workflow_id
 
 
+def is_stream(key: str) -> bool:
+    """Whether a key names a stream (its news goes on the schema's stream channel)."""
+    return key.startswith(_STREAM)
+
+
 def ended_workflow(key: str) -> str | None:
     """The workflow a key says ended, or None for a key of any other kind."""
     return key[len(_ENDED):] if key.startswith(_ENDED) else None

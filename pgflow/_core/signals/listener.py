@@ -4,7 +4,11 @@ Autocommit and never inside a transaction (a listener in an open transaction sta
 queue of the whole cluster). It reconnects with a backoff that starts again from the bottom after every
 good connection, and wakes every waiter on each (re)connect, since pings sent while it was down are gone.
 
-Any role that can connect may send on the channel: a payload is believed only once it opens with the
+It listens on the schema's main channel, and on its stream channel too once something on its loop
+waits for a stream (and from then on, until the connection closes): a worker whose workflows read no
+stream never receives the chunks of the fleet's batches.
+
+Any role that can connect may send on the channels: a payload is believed only once it opens with the
 schema's keyring (``sealing.py``); anything else is dropped and counted in ``rejected``.
 """
 
@@ -33,11 +37,11 @@ MAX_BACKOFF = 5.0
 class Listener:
     """Dispatches the news of other processes to the waiters of one loop."""
 
-    def __init__(self, conninfo: Callable[[], str], channel: str, waiters: Waiters, keyring: Keyring,
-                 idle: float, health_every: float = 30.0, query_timeout: float = 10.0,
+    def __init__(self, conninfo: Callable[[], str], channels: tuple[str, str], waiters: Waiters,
+                 keyring: Keyring, idle: float, health_every: float = 30.0, query_timeout: float = 10.0,
                  wants_keys: Callable[[], None] = lambda: None) -> None:
         self._conninfo = conninfo
-        self._channel = channel
+        self._channel, self._stream_channel = channels
         self._waiters = waiters
         self._keyring = keyring
         self._idle = idle
@@ -50,6 +54,8 @@ class Listener:
         self.queue_usage = 0.0
         self.heard = 0
         self.rejected = 0  # payloads that did not open: foreign, forged, garbage, or a key not loaded
+        self.streams = False  # whether this connection listens on the stream channel
+        self._hearing: anyio.CancelScope | None = None  # the wait for notifications, while it waits
 
     async def run(self) -> None:
         """Listen until nobody has waited for ``idle`` seconds; reconnect while somebody waits."""
@@ -66,10 +72,18 @@ class Listener:
                 if self.connected:  # pings from now on pass this loop by
                     self._waiters.ends.forget()
                 self.connected = False
+                self.streams = False
+                self._hearing = None
                 self.backend_pid = None
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
             self.reconnects += 1
+
+    def want_streams(self) -> None:
+        """Something on this loop waits for a stream: listen on the stream channel too (now, if
+        connected; otherwise on connecting)."""
+        if self.connected and not self.streams and self._hearing is not None:
+            self._hearing.cancel()  # the connection is free for a LISTEN once this wait has stopped
 
     def dispatch(self, text: str) -> None:
         """Hand one notification's news to the waiters, if it opens and is not this process's own
@@ -96,13 +110,18 @@ class Listener:
                 await channel_sql.listen(conn, self._channel)
             self.backend_pid = conn.info.backend_pid
             self.connected = True
+            self.streams = False
+            await self._listen_to_streams(conn, wake=False)
             self._waiters.wake_all()
             idle_since: float | None = None
             checked = anyio.current_time()
             tick = min(self._idle, self._health_every, 5.0)
             while True:
-                async for note in conn.notifies(timeout=tick):
-                    self.dispatch(note.payload)
+                await self._listen_to_streams(conn)  # (a stream waited for since the last look)
+                with anyio.CancelScope() as self._hearing:
+                    async for note in conn.notifies(timeout=tick):
+                        self.dispatch(note.payload)
+                self._hearing = None
                 now = anyio.current_time()
                 if len(self._waiters):
                     idle_since = None
@@ -113,6 +132,17 @@ class Listener:
                 if now - checked >= self._health_every:
                     checked = now
                     await self._check(conn)
+
+    async def _listen_to_streams(self, conn: psycopg.AsyncConnection[Any], wake: bool = True) -> None:
+        """LISTEN on the stream channel when a stream is waited for and this connection does not
+        yet; then wake every waiter, since pings sent before the LISTEN passed this loop by."""
+        if self.streams or not self._waiters.streams:
+            return
+        with answered_within(conn, self._query_timeout):
+            await channel_sql.listen(conn, self._stream_channel)
+        self.streams = True
+        if wake:
+            self._waiters.wake_all()
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Prove the connection is alive, and say so when the notification queue is filling up."""

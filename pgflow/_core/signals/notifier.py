@@ -19,6 +19,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..store import channel as channel_sql
+from ..store.channel import Pings
 from .payload import End, News
 
 log = logging.getLogger("pgflow.signals")
@@ -63,10 +64,9 @@ class Notifier:
     ping after a quiet spell goes out at once, and under load the pings of a whole interval share
     one transaction."""
 
-    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool[Any]]], channel: str,
-                 interval: float, seal: Callable[[News], list[str]], refusals: Refusals) -> None:
+    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool[Any]]], interval: float,
+                 seal: Callable[[News], Pings], refusals: Refusals) -> None:
         self._pool = pool
-        self.channel = channel
         self._interval = interval
         self._seal = seal
         self.refusals = refusals
@@ -140,13 +140,13 @@ class Notifier:
             return
         news = News(sorted(self._keys), list(self._ends.values()))
         self._keys, self._ends = set(), {}
-        payloads = self._seal(news)
-        if not payloads:
+        pings = self._seal(news)
+        if not pings.payloads:
             return
         try:
             pool = await self._pool()
             async with pool.connection(timeout=FLUSH_TIMEOUT) as conn:
-                await channel_sql.notify(conn, self.channel, payloads)
+                await channel_sql.notify(conn, pings)
             self.flushes += 1
             self.refusals.taken()
         except (psycopg.Error, OSError, PoolTimeout) as exc:

@@ -81,6 +81,14 @@ def decode(plaintext: bytes) -> News | None:
         return None
 
 
+def by_channel(news: News) -> tuple[News, News]:
+    """``news`` as what goes on the schema's main channel and what goes on its stream channel (the
+    chunks, and the keys of streams); a "wake all" goes on both."""
+    keys = [key for key in news.keys if not signal_keys.is_stream(key)]
+    streams = [key for key in news.keys if signal_keys.is_stream(key) or key == signal_keys.WAKE_ALL]
+    return News(keys, news.ends), News(streams, [], news.chunks)
+
+
 def carried_end(end: End) -> bool:
     """Whether an end is small enough to ride in a payload."""
     size = len(end.workflow_id) + len(end.name) + (len(end.output) if end.output is not None else 0)

@@ -33,7 +33,9 @@ from typing import NamedTuple
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..store.channel import SignalKey
+from ..store.channel import Pings, SignalKey
+from . import payload
+from .payload import News
 
 VERSION = "1"
 _HEADER = struct.Struct(">H16sQ")  # key id, sender, counter
@@ -142,3 +144,19 @@ class Keyring:
     def _derive(self, key_id: int, sender: bytes) -> bytes:
         secret = self._keys[key_id][0]
         return hashlib.blake2b(sender, key=secret, digest_size=32, person=_PERSON).digest()
+
+
+def sealed(keyring: Keyring, channels: tuple[str, str], news: News) -> Pings | None:
+    """The sealed payloads that tell ``news``, each with its channel: ``channels`` are the schema's
+    main channel and its stream channel, and stream news goes on the second. None while the
+    keyring has no key to seal with."""
+    channel_of: list[str] = []
+    texts: list[str] = []
+    for channel, part in zip(channels, payload.by_channel(news), strict=True):
+        for text in payload.plaintexts(part):
+            sealed_text = keyring.seal(text)
+            if sealed_text is None:
+                return None
+            channel_of.append(channel)
+            texts.append(sealed_text)
+    return Pings(channel_of, texts)

@@ -24,11 +24,10 @@ from psycopg_pool import AsyncConnectionPool
 from ..registry import Config
 from ..store import unreachable
 from ..store.channel import NO_PINGS, Pings, SignalKey
-from . import payload
 from .listener import Listener
 from .notifier import Notifier, Refusals
 from .payload import News
-from .sealing import Keyring
+from .sealing import Keyring, sealed
 from .waiters import Waiters, until
 
 log = logging.getLogger("pgflow.signals")
@@ -45,7 +44,7 @@ class Signals:
 
     def __init__(self, keyring: Keyring, elsewhere: Callable[[News], None], alone: Callable[[], bool]) -> None:
         self.keyring = keyring
-        self.waiters = Waiters(on_wait=self._want_listener)
+        self.waiters = Waiters(on_wait=self._want_listener, on_stream_wait=self._want_streams)
         self.refusals = Refusals()
         self.notifier: Notifier | None = None
         self.listener: Listener | None = None
@@ -65,8 +64,9 @@ class Signals:
         self._config = config
         self._load_keys = load_keys
         self.waiters.ticks.every = config.poll_interval
-        self.notifier = Notifier(pool, config.channel, config.notify_interval, self.seal, self.refusals)
-        self.listener = Listener(conninfo, config.channel, self.waiters, self.keyring, config.listen_idle,
+        self.notifier = Notifier(pool, config.notify_interval, self.seal, self.refusals)
+        self.listener = Listener(conninfo, (config.channel, config.stream_channel), self.waiters, self.keyring,
+                                 config.listen_idle,
                                  query_timeout=config.query_timeout, wants_keys=self._want_keys)
 
     @property
@@ -75,17 +75,18 @@ class Signals:
 
     # -- telling ----------------------------------------------------------------------------------------
 
-    def seal(self, news: News) -> list[str]:
+    def seal(self, news: News) -> Pings:
         """The sealed payloads that tell ``news`` to other processes; none while the keyring is
         empty (this role cannot read it: waits elsewhere fall back to their poll)."""
-        sealed = [self.keyring.seal(text) for text in payload.plaintexts(news)]
-        if None in sealed:
+        assert self._config is not None
+        pings = sealed(self.keyring, (self._config.channel, self._config.stream_channel), news)
+        if pings is None:
             if not self._unsealed_warned:
                 self._unsealed_warned = True
                 log.warning("no signal key is loaded (can this role read the schema's signal_keys table?):"
                             " other processes hear of this one's work only on their poll")
-            return []
-        return sealed  # type: ignore[return-value]
+            return NO_PINGS
+        return pings
 
     def wake_here(self, news: News) -> None:
         """Wake this process's waiters (on every loop), with no round trip."""
@@ -115,11 +116,11 @@ class Signals:
                 or (when_quiet and not notifier.may_carry())):
             return await statement(NO_PINGS), False
         try:
-            payloads = self.seal(news)
-            if not payloads:
+            pings = self.seal(news)
+            if not pings.payloads:
                 return await statement(NO_PINGS), False
             try:
-                return await statement(Pings(notifier.channel, payloads)), True
+                return await statement(pings), True
             except psycopg.Error as exc:
                 if unreachable(exc):
                     raise
@@ -151,6 +152,10 @@ class Signals:
 
     def _want_keys(self) -> None:
         self._keys_wanted.set()
+
+    def _want_streams(self) -> None:
+        if self.listener is not None:
+            self.listener.want_streams()
 
     def _want_listener(self) -> None:
         if not self._listening:

@@ -111,11 +111,15 @@ def _expire(woken: asyncio.Future[None]) -> None:
 
 class Waiters:
     """The waiters of one event loop, by key. ``on_wait`` is called whenever a wait begins, so the
-    loop's listener is open only while somebody waits."""
+    loop's listener is open only while somebody waits; ``on_stream_wait`` whenever somebody begins
+    to wait for a stream nobody here waited for, so it listens on the stream channel too."""
 
-    def __init__(self, on_wait: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_wait: Callable[[], None] = lambda: None,
+                 on_stream_wait: Callable[[], None] = lambda: None) -> None:
         self._by_key: dict[str, set[Wakeable]] = {}
         self._on_wait = on_wait
+        self._on_stream_wait = on_stream_wait
+        self.streams = 0  # the streams waited for
         self.ticks = PollTicks()
         self.ends = EndNews()
 
@@ -129,6 +133,9 @@ class Waiters:
             workflow_id = signal_keys.ended_workflow(key)
             if workflow_id is not None:
                 self.ends.watch(workflow_id)
+            elif signal_keys.is_stream(key):
+                self.streams += 1
+                self._on_stream_wait()
         waiting.add(waiter)
         self._on_wait()
 
@@ -141,6 +148,8 @@ class Waiters:
                 workflow_id = signal_keys.ended_workflow(key)
                 if workflow_id is not None:
                     self.ends.unwatch(workflow_id)
+                elif signal_keys.is_stream(key):
+                    self.streams -= 1
 
     def hear(self, news: News) -> None:
         """Wake the waiters of what ``news`` names; give the ends and chunks it carries to those

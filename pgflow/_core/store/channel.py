@@ -17,25 +17,25 @@ from .statements import Statements, quote_identifier
 
 
 class Pings(NamedTuple):
-    """NOTIFY payloads that a data statement sends with its commit, on ``channel``."""
+    """NOTIFY payloads that a data statement sends with its commit: ``payloads[n]`` on ``channels[n]``."""
 
-    channel: str
+    channels: Sequence[str]
     payloads: Sequence[str]
 
 
-NO_PINGS = Pings("", ())
+NO_PINGS = Pings((), ())
 
 
 def riding(columns: int, condition: str = "") -> str:
     """The branch a data statement (a SELECT of ``columns`` columns) ends with to send
-    ``%(pings)s`` on ``%(pings_channel)s`` with its commit: it returns no row, and is always run.
-    ``condition`` (SQL over the statement's CTEs) keeps the pings back when it is false, for
-    pings that may only go out when every row of the statement was written. A statement refused
-    because its pings could not be queued is sent again without them (``Signals.ride``)."""
+    ``%(pings)s``, each on its channel in ``%(pings_channels)s``, with its commit: it returns no row,
+    and is always run. ``condition`` (SQL over the statement's CTEs) keeps the pings back when it is
+    false, for pings that may only go out when every row of the statement was written. A statement
+    refused because its pings could not be queued is sent again without them (``Signals.ride``)."""
     nulls = ", ".join(["NULL"] * columns)
     where = f" WHERE {condition}" if condition else ""
-    return (f" UNION ALL SELECT {nulls} FROM (SELECT count(pg_notify(%(pings_channel)s, p)) AS n"
-            f" FROM unnest(%(pings)s::text[]) AS p{where}) AS pinged WHERE pinged.n < 0")
+    return (f" UNION ALL SELECT {nulls} FROM (SELECT count(pg_notify(x.c, x.p)) AS n FROM"
+            f" unnest(%(pings_channels)s::text[], %(pings)s::text[]) AS x(c, p){where}) AS pinged WHERE pinged.n < 0")
 
 
 def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> dict[str, Any]:
@@ -43,13 +43,14 @@ def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> dict[str, Any]:
     packed binary array: psycopg would dump a text array element by element, escaping every
     character of every payload (seen: a tenth of a stream writer's CPU)."""
     arrays.ready(conn)
-    return {"pings_channel": pings.channel, "pings": arrays.texts(pings.payloads)}
+    return {"pings_channels": arrays.texts(pings.channels), "pings": arrays.texts(pings.payloads)}
 
 
-async def notify(conn: AsyncConnection[Any], channel: str, payloads: Sequence[str]) -> None:
-    """Send ``payloads`` in one transaction (the notifier's flush)."""
+async def notify(conn: AsyncConnection[Any], pings: Pings) -> None:
+    """Send ``pings`` in one transaction (the notifier's flush)."""
     arrays.ready(conn)
-    await conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (channel, arrays.texts(payloads)))
+    await conn.execute("SELECT pg_notify(x.c, x.p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)",
+                       (arrays.texts(pings.channels), arrays.texts(pings.payloads)))
 
 
 async def listen(conn: AsyncConnection[Any], channel: str) -> None:
