@@ -14,6 +14,7 @@ from pgflow._core.signals import Chunk, News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.payload import CARRY_CHUNK_AT_MOST
 from pgflow._core.store import Pings
+
 from .helpers import wait_for
 
 pytestmark = pytest.mark.anyio
