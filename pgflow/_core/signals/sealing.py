@@ -1,12 +1,13 @@
-"""Sealed payloads: what goes on pgflow's channel is authenticated and encrypted, because PostgreSQL
+"""Sealed payloads: what goes on pgflow's channels is authenticated and encrypted, because PostgreSQL
 lets every role that can connect LISTEN and NOTIFY on it.
 
 The schema's keyring (table ``signal_keys``, readable only by the roles granted it) holds 32-byte
 secrets. A payload is AES-256-GCM under a key that is the sender's own: a keyed BLAKE2b of a random
 16-byte ``sender`` id, drawn once per App in each process, under the secret. Its nonce is a counter
 of that sender, so no (key, nonce) pair is ever used twice, however many payloads a fleet sends
-(random 96-bit nonces under one shared key would wear out after about 2**32 of them). The channel's
-name is the additional data: a payload of one schema does not open on another's channel.
+(random 96-bit nonces under one shared key would wear out after about 2**32 of them). The main channel's
+name is the additional data, for the stream channel too: a payload of one schema does not open on
+another's channels (and one heard on the other channel of its own schema is news heard again).
 
 On the wire: ``1`` (the format's version), then base64 of: the key's id (2 bytes), the sender (16),
 the counter (8), and the ciphertext with its 16-byte tag. Nothing else is readable: not the keys it
