@@ -207,8 +207,12 @@ def machine_cpu() -> tuple[float, float, float]:
 def postgres_cpu(postmaster: int | None) -> float | None:
     """CPU seconds used so far by the benchmarked server: its postmaster, every live child process
     (backends, walwriter, ...) and the children it has already reaped. None when it is not local."""
-    if postmaster is None:
-        return None
+    return None if postmaster is None else family_cpu(postmaster)
+
+
+def family_cpu(pid: int) -> float:
+    """CPU seconds used so far by a process, its live children and the children it has reaped (a
+    server's backends; a supervised worker's processes)."""
     total = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -216,9 +220,9 @@ def postgres_cpu(postmaster: int | None) -> float | None:
         fields = proc_stat(int(entry.name))
         if fields is None:
             continue
-        if int(entry.name) == postmaster:
+        if int(entry.name) == pid:
             total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-        elif int(fields[1]) == postmaster:
+        elif int(fields[1]) == pid:
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 

@@ -4,6 +4,7 @@ runs from the first start to the last chunk read.
 
     python -m benchmarks streams --shape user            # both designs, both ways of starting, 3 repeats
     python -m benchmarks.streams_user --designs pgflow --starts many --repeats 1
+    python -m benchmarks.streams_user --worker-processes 2   # pgflow's worker as `--processes 2`
 
 Designs:
   pgflow  ``pgflow worker benchmarks.streams_user:app --concurrency N`` at its default log level (INFO),
@@ -255,7 +256,8 @@ def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postm
     schema = f"user_{design}_{uuid.uuid4().hex[:8]}"
     env = harness.child_env(PGFLOW_DSN=a.dsn, PGFLOW_SCHEMA=schema, BENCH_DSN=a.dsn)
     py = sys.executable
-    record: dict[str, Any] = {"design": design, "starts": starts, "streams": a.streams, "chunks": a.chunks}
+    record: dict[str, Any] = {"design": design, "starts": starts, "streams": a.streams, "chunks": a.chunks,
+                              "worker_processes": a.worker_processes if design == "pgflow" else 1}
     try:
         if design == "raw":
             with psycopg.connect(a.dsn, autocommit=True) as conn:
@@ -265,7 +267,8 @@ def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postm
             setup = "import asyncio, benchmarks.streams_user as u; asyncio.run(u.app.migrate_async())"
             harness.run_json([py, "-c", setup + "; print('{}')"], env, 60, logdir / "setup.log")
             argv = [py, "-m", "pgflow", "worker", "benchmarks.streams_user:app", "--concurrency",
-                    str(a.streams), "--grace", "0"]
+                    str(-(-a.streams // a.worker_processes)), "--grace", "0",
+                    *(["--processes", str(a.worker_processes)] if a.worker_processes > 1 else [])]
         with harness.Proc(f"{design} worker", argv, env, logdir / f"{design}-worker.log") as worker:
             deadline = time.monotonic() + 30
             while not (("@@ready" in worker.tail(50)) if design == "raw" else ("started:" in worker.tail(50))):
@@ -273,13 +276,13 @@ def one_run(design: str, starts: str, a: argparse.Namespace, logdir: Path, postm
                 if time.monotonic() > deadline:
                     raise harness.RunFailed("the worker did not start")
                 time.sleep(0.05)
-            cpu0, server0 = harness.process_cpu(worker.pid), harness.postgres_cpu(postmaster)
+            cpu0, server0 = harness.family_cpu(worker.pid), harness.postgres_cpu(postmaster)
             machine0 = harness.machine_cpu()
             out = harness.run_json([py, "-m", "benchmarks.streams_user", "--role", "caller", "--design", design,
                                     "--starts", starts, "--schema", schema, "--dsn", a.dsn, "--streams",
                                     str(a.streams), "--chunks", str(a.chunks)], env, a.timeout,
                                    logdir / f"{design}-caller.log")
-            worker_cpu, server1 = harness.process_cpu(worker.pid) - cpu0, harness.postgres_cpu(postmaster)
+            worker_cpu, server1 = harness.family_cpu(worker.pid) - cpu0, harness.postgres_cpu(postmaster)
             machine1 = harness.machine_cpu()
         total = a.streams * a.chunks
         record.update(out, worker_cpu_us_per_chunk=worker_cpu / total * 1e6,
@@ -360,6 +363,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--dsn", default=None)
     p.add_argument("--output", default=None)
+    p.add_argument("--worker-processes", type=int, default=1,
+                   help="pgflow's worker as `pgflow worker --processes N`, the streams shared among them")
     p.add_argument("--role", default=None, help=argparse.SUPPRESS)
     p.add_argument("--design", default=None, help=argparse.SUPPRESS)
     p.add_argument("--schema", default=None, help=argparse.SUPPRESS)

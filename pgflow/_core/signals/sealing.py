@@ -1,5 +1,5 @@
 """Sealed payloads: what goes on pgflow's channels is authenticated and encrypted, because PostgreSQL
-lets every role that can connect LISTEN and NOTIFY on it.
+lets every role that can connect LISTEN and NOTIFY on them.
 
 The schema's keyring (table ``signal_keys``, readable only by the roles granted it) holds 32-byte
 secrets. A payload is AES-256-GCM under a key that is the sender's own: a keyed BLAKE2b of a random
