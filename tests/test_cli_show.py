@@ -67,8 +67,9 @@ async def test_show_tells_why_a_workflow_failed(app: pgflow.App, worker_env: dic
     assert doomed["error"]["message"] == "no for 4 (step attempt 2)" and doomed["attempts"] == 2
     assert [e["error"]["message"] for e in doomed["attempt_errors"]] == ["no for 4 (step attempt 1)"]
     for step in data["steps"]:
-        # Its start is this run's first attempt's: the duration spans the retries and their backoff.
-        assert step["started_at"] <= step["finished_at"] and step["duration_s"] >= 0.01
+        # Its start is this run's first attempt's: the duration spans the retries and their backoff (the
+        # first wait is at least half the policy's backoff).
+        assert step["started_at"] <= step["finished_at"] and step["duration_s"] >= show_app.BACKOFF / 2
         assert step["started_at"] >= data["started_at"]
     assert flaky["finished_at"] <= doomed["started_at"]
 

@@ -102,7 +102,7 @@ def test_an_operator_signs_in_watches_a_stream_reads_a_failure_cancels_and_resum
             shown = page.eval_on_selector_all(".stream li", "items => items.map(i => i.textContent)")
             assert shown == list(writer.stream("out")) == [f"line {i}" for i in range(CHUNKS)]
             assert writer.result(timeout=60) == CHUNKS
-            until(page, "document.getElementById('state').dataset.status === 'succeeded'")
+            until(page, "document.getElementById('state')?.dataset.status === 'succeeded'")
             assert "dash.write" in page.inner_text("#steps")
             page.screenshot(path=str(shots / "workflow.png"), full_page=True)
 
@@ -124,7 +124,7 @@ def test_an_operator_signs_in_watches_a_stream_reads_a_failure_cancels_and_resum
             page.wait_for_selector("#confirm")
             page.screenshot(path=str(shots / "confirm.png"))
             page.click("#confirm")
-            until(page, "document.getElementById('state').dataset.status === 'cancelled'")
+            until(page, "document.getElementById('state')?.dataset.status === 'cancelled'")
             with pytest.raises(pgflow.WorkflowCancelled):
                 running.result(timeout=60)
 
@@ -138,7 +138,7 @@ def test_an_operator_signs_in_watches_a_stream_reads_a_failure_cancels_and_resum
             assert "FileNotFoundError" in page.inner_text("#error")
             page.click("#action-resume")
             page.click("#confirm")
-            until(page, "document.getElementById('state').dataset.status === 'succeeded'")
+            until(page, "document.getElementById('state')?.dataset.status === 'succeeded'")
             assert waiting.result(timeout=60) == "found"
 
             parent = app.start_by_name("dash.parent", 4)

@@ -20,7 +20,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgflow
-from pgflow._core.signals import End, News
+from pgflow._core.signals import Chunk, End, News
 from pgflow._core.signals import keys as signal_keys
 from tests.channel import channels
 
@@ -59,10 +59,14 @@ def forgeries(workflow_id: str, heard: list[str]) -> list[str]:
     ]
     unsealed = msgspec.msgpack.encode(News(
         ["*"], [End(workflow_id, 0, 99, "hostile.real", "succeeded", msgspec.msgpack.encode("forged"), None)]))
+    # News naming the reader's stream as the channel names it, carrying a chunk of it, not sealed.
+    chunk = msgspec.msgpack.encode(News(chunks=[Chunk(signal_keys.stream(workflow_id, "tokens"), 1, 1,
+                                                      msgspec.msgpack.encode("forged"))]))
     header = (1).to_bytes(2, "big") + os.urandom(16) + (7).to_bytes(8, "big")
     return [
         *(json.dumps(p) for p in old),
         "1" + binascii.b2a_base64(unsealed, newline=False).decode(),
+        "1" + binascii.b2a_base64(chunk, newline=False).decode(),
         "1" + binascii.b2a_base64(header + os.urandom(64), newline=False).decode(),
         "1" + binascii.b2a_base64(header + unsealed + os.urandom(16), newline=False).decode(),
         "", "1", "not a payload", "1" + "A" * 7000,
@@ -144,8 +148,9 @@ async def test_a_role_with_connect_alone_can_neither_forge_nor_hear(
                 for text in payloads:
                     await sender.execute("SELECT pg_notify(%s, %s)", (channel, text))
             replays = len(heard)
-            # Every forgery reached the listeners and was dropped there; the replays opened.
-            while app.stats().pings_rejected < len(payloads) - replays:
+            # Every forgery reached the listeners, on both channels, and was dropped there; the replays
+            # opened (the readers' loop listens on both: it waits for a stream).
+            while app.stats().pings_rejected < 2 * (len(payloads) - replays):
                 await asyncio.sleep(0.02)
             assert not reader.done() and not any(r.done() for r in results)
 

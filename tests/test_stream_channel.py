@@ -1,7 +1,8 @@
 """Stream news has a channel of its own, which a loop listens on only while it waits for a stream: a
 worker whose workflows read no stream receives none of the fleet's chunks, and a loop that begins to
 wait for a stream while its listener is already connected (a worker's, which listens for queue
-pings) starts listening on the stream channel at once.
+pings) starts listening on the stream channel at once, and stops once none has been waited for in
+``listen_idle`` seconds.
 
 Each App here is a process of its own as far as the channel goes (its own sender, listener and
 waiters), with a poll of 60 s: what reaches a reader in time came by a ping."""
@@ -16,6 +17,7 @@ import anyio
 import pytest
 
 import pgflow
+from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.listener import Listener
 
 from .helpers import wait_for
@@ -117,3 +119,41 @@ async def test_a_connected_listener_starts_listening_to_streams_when_a_stream_is
     finally:
         for app in (writer, follower):
             await app.close_async()
+
+
+class _Woken:
+    """A waiter that counts how often it was woken."""
+
+    def __init__(self) -> None:
+        self.times = 0
+
+    def wake(self) -> None:
+        self.times += 1
+
+    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
+        self.wake()
+
+
+async def test_a_listener_wakes_stream_waiters_once_it_listens_and_stops_when_none_is_left(
+        dsn: str, schema: str) -> None:
+    """A waiter that began before the LISTEN is woken once it is done (news sent in between passed this
+    loop by); ``listen_idle`` after the last stream wait the listener leaves the stream channel, on
+    the same connection, and comes back (waking again) when a stream is waited for again."""
+    app = other_app(dsn, schema, poll_interval=SLOW_POLL, listen_idle=0.3)
+    try:
+        await app.migrate_async()
+        waiters = app._client.runtime().signals.waiters
+        stream_key = signal_keys.stream("some-workflow", "tokens")
+        with waiters.watching([signal_keys.queue("default")]):  # keeps the listener connected
+            await _until(lambda: _listener(app).connected)
+            listener = _listener(app)
+            for round_ in range(2):
+                woken = _Woken()
+                waiters.add(stream_key, woken)
+                await _until(lambda: listener.streams)
+                assert woken.times >= 1, round_
+                waiters.remove(stream_key, woken)
+                await _until(lambda: not listener.streams)
+            assert listener.connected and listener.reconnects == 0
+    finally:
+        await app.close_async()

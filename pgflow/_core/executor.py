@@ -93,8 +93,10 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
     """The execution of a claimed run, with what earlier runs recorded: its journal and where each of
     its streams ends. A first attempt has nothing recorded yet, so only a run before it is read."""
     first = claimed.attempt == 1
-    loaded_at = slot.runtime.hub.clock.monotonic()
     journal, horizon = ({}, -1) if first else await slot.store.journal(claimed.id)
+    # After the read, not before it: the journal's time left until a wake-up was computed on the server
+    # meanwhile, and a clock started before the read would end a replayed sleep early.
+    loaded_at = slot.runtime.hub.clock.monotonic()
     return Execution(
         runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
         claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,

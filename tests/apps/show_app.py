@@ -9,19 +9,23 @@ import pgflow
 
 app = pgflow.App()
 
+# A retry waits between half of this and all of it (the first one): long enough that the wait, not how
+# late the note of a step's first attempt commits on a loaded machine, decides how long a step took.
+BACKOFF = 0.1
+
 
 class Refused(Exception):
     """Defined in the app: the traceback names it, and a reader without this module sees its path."""
 
 
 def build(app: pgflow.App) -> SimpleNamespace:
-    @app.step(name="show.flaky", max_attempts=3, backoff=0.01)
+    @app.step(name="show.flaky", max_attempts=3, backoff=BACKOFF)
     async def flaky(n: int) -> int:
         if pgflow.step_attempt() < 3:
             raise ConnectionError(f"try {pgflow.step_attempt()} of {n} refused")
         return n * 2
 
-    @app.step(name="show.doomed", max_attempts=2, backoff=0.01)
+    @app.step(name="show.doomed", max_attempts=2, backoff=BACKOFF)
     async def doomed(n: int) -> int:
         raise Refused(f"no for {n} (step attempt {pgflow.step_attempt()})")
 

@@ -4,9 +4,9 @@ Autocommit and never inside a transaction (a listener in an open transaction sta
 queue of the whole cluster). It reconnects with a backoff that starts again from the bottom after every
 good connection, and wakes every waiter on each (re)connect, since pings sent while it was down are gone.
 
-It listens on the schema's main channel, and on its stream channel too once something on its loop
-waits for a stream (and from then on, until the connection closes): a worker whose workflows read no
-stream never receives the chunks of the fleet's batches.
+It listens on the schema's main channel, and on its stream channel too while something on its loop
+waits for a stream (until ``idle`` seconds have passed without one): a worker whose workflows read no
+stream, or have not for a while, does not receive the chunks of the fleet's batches.
 
 Any role that can connect may send on the channels: a payload is believed only once it opens with the
 schema's keyring (``sealing.py``); anything else is dropped and counted in ``rejected``.
@@ -55,6 +55,7 @@ class Listener:
         self.heard = 0
         self.rejected = 0  # payloads that did not open: foreign, forged, garbage, or a key not loaded
         self.streams = False  # whether this connection listens on the stream channel
+        self._streams_unwanted_since: float | None = None  # since when no stream is waited for
         self._hearing: anyio.CancelScope | None = None  # the wait for notifications, while it waits
 
     async def run(self) -> None:
@@ -123,6 +124,7 @@ class Listener:
                         self.dispatch(note.payload)
                 self._hearing = None
                 now = anyio.current_time()
+                await self._unlisten_streams_when_idle(conn, now)
                 if len(self._waiters):
                     idle_since = None
                 elif idle_since is None:
@@ -141,8 +143,22 @@ class Listener:
         with answered_within(conn, self._query_timeout):
             await channel_sql.listen(conn, self._stream_channel)
         self.streams = True
+        self._streams_unwanted_since = None
         if wake:
             self._waiters.wake_all()
+
+    async def _unlisten_streams_when_idle(self, conn: psycopg.AsyncConnection[Any], now: float) -> None:
+        """Stop listening on the stream channel once no stream has been waited for in ``idle`` seconds
+        (nothing is missed: a later stream wait LISTENs again and wakes every waiter)."""
+        if not self.streams or self._waiters.streams:
+            self._streams_unwanted_since = None
+        elif self._streams_unwanted_since is None:
+            self._streams_unwanted_since = now
+        elif now - self._streams_unwanted_since >= self._idle:
+            with answered_within(conn, self._query_timeout):
+                await channel_sql.unlisten(conn, self._stream_channel)
+            self.streams = False
+            self._streams_unwanted_since = None
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Prove the connection is alive, and say so when the notification queue is filling up."""

@@ -57,6 +57,10 @@ async def listen(conn: AsyncConnection[Any], channel: str) -> None:
     await conn.execute(f"LISTEN {quote_identifier(channel)}")
 
 
+async def unlisten(conn: AsyncConnection[Any], channel: str) -> None:
+    await conn.execute(f"UNLISTEN {quote_identifier(channel)}")
+
+
 async def queue_usage(conn: AsyncConnection[Any]) -> float:
     cur = await conn.execute("SELECT pg_notification_queue_usage()")
     row = await cur.fetchone()
