@@ -2,7 +2,10 @@
 
   tasks     plain no-op tasks against the peers (pgqueuer, procrastinate, Celery, DBOS): drain at
             concurrency 16 and 64, enqueue/s from 1 and 16 callers, start-to-result p50/p99 (tasks.py)
-  streams   256 concurrent streams, pgflow against raw, naive LISTEN/NOTIFY and DBOS (streams.py)
+  streams   256 concurrent streams, pgflow against raw, naive LISTEN/NOTIFY and DBOS (streams.py);
+            with --shape user, as an application runs them: the CLI worker as a process of its own, and
+            a caller that starts the workflows (one by one, and with start_many) and reads them
+            (streams_user.py)
   latency   an idle pgflow worker's no-op start-to-result latency, with where the time goes (fleet.py)
   recovery  crash takeover: a worker SIGKILLed mid-workflow, time until another carries on (fleet.py)
   flat      pgflow's drain and streams with 1M finished workflows, or 100K queued, in its tables (flat.py)
@@ -44,6 +47,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--repeats", type=int, default=None, help="repeats, medians reported (default 3; --quick 1)")
     p.add_argument("--systems", default=None, help="comma list of systems (tasks) or designs (streams)")
     p.add_argument("--output", default=None, help="results file (default benchmarks/results/NAME-<time>-pg<N>.json)")
+    p.add_argument("--shape", choices=["parked", "user"], default="parked",
+                   help="streams: the benchmark's own shape (parked behind a go), or the user's")
     tasks.add_arguments(p)
     a, rest = p.parse_known_args(argv)
     if a.repeats is None:
@@ -58,6 +63,18 @@ def delegated(a: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
     dsn = harness.resolve_dsn(a.dsn)
     out = Path(tempfile.mkdtemp(prefix="bench-")) / "report.json"
     argv = ["--dsn", dsn, "--repeats", str(a.repeats), "--output", str(out)]
+    if a.name == "streams" and a.shape == "user":
+        from benchmarks import streams_user
+
+        streams_user.main(argv + (["--designs", a.systems] if a.systems else []) + rest)
+        report = json.loads(out.read_text())
+        figures = {f"{d} {starts}": {k: e[d][k] for k in ("chunks_per_s", "p50_ms", "p99_ms",
+                                                           "worker_cpu_us_per_chunk") if k in e[d]}
+                   for starts, e in report["summary"].items() for d in streams_user.DESIGNS if d in e}
+        report = {"benchmark": "streams-user", "systems": figures, **report}
+        saved = harness.save("streams-user", report.get("server") or {}, report, figures, a.output)
+        harness.log(f"wrote {saved} and {saved.with_suffix('.png').name}")
+        return report
     if a.name == "streams":
         from benchmarks import streams
 
