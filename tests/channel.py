@@ -15,9 +15,10 @@ from pgflow._core.signals.sealing import sealed
 from pgflow._core.store.channel import Pings
 
 
-def opened(app: pgflow.App, text: str) -> News | None:
-    """The news a payload tells, or None when it does not open with ``app``'s keyring."""
-    sealed = app._runtimes.keyring.open(text)
+def opened(app: pgflow.App, note: psycopg.Notify) -> News | None:
+    """The news a notification tells, or None when it does not open with ``app``'s keyring on the
+    channel it came by."""
+    sealed = app._runtimes.keyring.open(note.payload, note.channel)
     return None if sealed is None else payload.decode(sealed.plaintext)
 
 

@@ -26,7 +26,7 @@ INTERVAL = 2.0  # long enough that a ping held back for the interval is plain to
 async def collect(app: pgflow.App, conn: psycopg.AsyncConnection, seen: list[tuple[float, list[str]]],
                   until: float) -> None:
     async for note in conn.notifies(timeout=max(0.0, until - time.monotonic())):
-        news = opened(app, note.payload)
+        news = opened(app, note)
         assert news is not None, "a payload of pgflow's that does not open"
         seen.append((time.monotonic(), named(news)))
 

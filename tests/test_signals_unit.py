@@ -112,6 +112,14 @@ def test_a_payload_does_not_open_when_tampered_with_foreign_or_of_another_channe
     assert ring(SignalKey(1, SECRET, 0, None)).open(tampered) is None
     assert ring(SignalKey(1, OTHER, 0, None)).open(text) is None  # another schema's key
     assert ring(SignalKey(1, SECRET, 0, None), channel="pgflow_y").open(text) is None
+    # Sealed for the schema's stream channel, it opens there and not on the main channel, nor the
+    # other way round: news sent again on the other channel is dropped, not opened by every worker.
+    for_streams = sender.seal(b"chunks", "pgflows_x")
+    receiver = ring(SignalKey(1, SECRET, 0, None))
+    assert for_streams is not None and receiver.open(for_streams) is None
+    assert receiver.open(for_streams, "pgflow_x") is None
+    assert (opened := receiver.open(for_streams, "pgflows_x")) is not None and opened.plaintext == b"chunks"
+    assert receiver.open(text, "pgflows_x") is None and receiver.open(text, "pgflow_x") is not None
     for garbage in ("", "1", "2" + text[1:], "1!!!", "1" + "A" * 40, text[:30]):
         assert ring(SignalKey(1, SECRET, 0, None)).open(garbage) is None
 

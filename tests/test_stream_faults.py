@@ -112,18 +112,18 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
     app: pgflow.App, dsn: str, schema: str, procs: Processes, worker_env: dict[str, str], tmp_path: Path,
 ) -> None:
     wf = streamy.build(app)
-    notes: list[str] = []
+    notes: list[psycopg.Notify] = []
 
     async def collect(conn: psycopg.AsyncConnection[Any]) -> None:
         async for note in conn.notifies():
-            notes.append(note.payload)
+            notes.append(note)
 
-    def heard(text: str) -> Any:
-        news = opened(app, text)
+    def heard(note: psycopg.Notify) -> Any:
+        news = opened(app, note)
         assert news is not None, "a payload of the worker's that does not open with the schema's keys"
         return news
 
-    async def phase(name: str, keys: list[str], reading: pgflow.App, proc: Proc) -> tuple[str, list[str]]:
+    async def phase(name: str, keys: list[str], reading: pgflow.App, proc: Proc) -> tuple[str, list[psycopg.Notify]]:
         gate = tmp_path / f"gate-{name}"
         h = await wf.fan_out.start_async(keys, str(gate))
         readers = [Reader(reading.handle(h.id), key) for key in keys]
@@ -151,14 +151,14 @@ async def test_pings_for_thousands_of_keys_reach_readers_in_another_process(
             # by one, so each batch pings "*".
             short = [f"k{i:04d}" for i in range(4400)]
             _, sent = await phase("short", short, reading, worker)
-            assert any(named(heard(p)) == ["*"] for p in sent), sent[:5]
+            assert any(named(heard(p)) == ["*"] for p in sent), [p.payload for p in sent[:5]]
 
             # 600 keys of 200 bytes (~120 kB of names; a stream is named on the channel by a digest of
             # its name), packed into payloads under the 8000-byte limit.
             long_ = [f"{i:04d}-" + "x" * 195 for i in range(600)]
             wid, sent = await phase("long", long_, reading, worker)
             packed = [named(heard(p)) for p in sent]  # (a stream's only chunk in a batch rides with its key)
-            assert all(len(p.encode()) < 8000 for p in sent)
+            assert all(len(p.payload.encode()) < 8000 for p in sent)
             every = {key for keys in packed for key in keys}
             assert "*" not in every
             ours = {signal_keys.stream(wid, key) for key in long_}

@@ -147,7 +147,7 @@ async def _received(app: pgflow.App, conn: psycopg.AsyncConnection[Any], timeout
     """Keys of every notification that arrives within ``timeout`` seconds, opened with ``app``'s keys."""
     keys: list[str] = []
     async for note in conn.notifies(timeout=timeout):
-        news = opened(app, note.payload)
+        news = opened(app, note)
         assert news is not None
         keys.extend(named(news))
     return keys

@@ -86,13 +86,13 @@ class Listener:
         if self.connected and not self.streams and self._hearing is not None:
             self._hearing.cancel()  # the connection is free for a LISTEN once this wait has stopped
 
-    def dispatch(self, text: str) -> None:
-        """Hand one notification's news to the waiters, if it opens and is not this process's own
-        (those were delivered here directly)."""
+    def dispatch(self, text: str, channel: str) -> None:
+        """Hand one notification's news (heard on ``channel``) to the waiters, if it opens and is not
+        this process's own (those were delivered here directly)."""
         keyring = self._keyring
         if keyring.sender_of(text) == keyring.sender:
             return
-        opened = keyring.open(text)
+        opened = keyring.open(text, channel)
         news = None if opened is None else payload.decode(opened.plaintext)
         if news is None:
             self.rejected += 1
@@ -121,7 +121,7 @@ class Listener:
                 await self._listen_to_streams(conn)  # (a stream waited for since the last look)
                 with anyio.CancelScope() as self._hearing:
                     async for note in conn.notifies(timeout=tick):
-                        self.dispatch(note.payload)
+                        self.dispatch(note.payload, note.channel)
                 self._hearing = None
                 now = anyio.current_time()
                 await self._unlisten_streams_when_idle(conn, now)

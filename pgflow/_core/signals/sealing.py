@@ -5,9 +5,10 @@ The schema's keyring (table ``signal_keys``, readable only by the roles granted 
 secrets. A payload is AES-256-GCM under a key that is the sender's own: a keyed BLAKE2b of a random
 16-byte ``sender`` id, drawn once per App in each process, under the secret. Its nonce is a counter
 of that sender, so no (key, nonce) pair is ever used twice, however many payloads a fleet sends
-(random 96-bit nonces under one shared key would wear out after about 2**32 of them). The main channel's
-name is the additional data, for the stream channel too: a payload of one schema does not open on
-another's channels (and one heard on the other channel of its own schema is news heard again).
+(random 96-bit nonces under one shared key would wear out after about 2**32 of them). The channel's
+name is the additional data: a payload opens only on the channel it was sealed for, so one of another
+schema does not open, nor a stream payload sent again on the main channel (where every worker would
+open it, whether it reads streams or not).
 
 On the wire: ``1`` (the format's version), then base64 of: the key's id (2 bytes), the sender (16),
 the counter (8), and the ciphertext with its 16-byte tag. Nothing else is readable: not the keys it
@@ -56,7 +57,8 @@ class Keyring:
 
     def __init__(self, channel: str) -> None:
         self.sender = secrets.token_bytes(16)
-        self._aad = f"pgflow-signal-v{VERSION}:{channel}".encode()
+        self._channel = channel  # the schema's main channel: what seal and open are for unless told
+        self._aads: dict[str, bytes] = {}
         self._counter = itertools.count()
         self._keys: dict[int, tuple[bytes, float | None]] = {}  # id -> (secret, accepted until, monotonic)
         self._sealing: list[tuple[float, int]] = []  # (sealed with from, monotonic; key id), by id
@@ -89,8 +91,16 @@ class Keyring:
         entry = self._keys.get(key_id)
         return entry is not None and (entry[1] is None or entry[1] > now)
 
-    def seal(self, plaintext: bytes) -> str | None:
-        """A payload of ``plaintext``; None when no key is loaded (the keyring could not be read)."""
+    def _aad(self, channel: str | None) -> bytes:
+        channel = self._channel if channel is None else channel
+        aad = self._aads.get(channel)
+        if aad is None:
+            aad = self._aads[channel] = f"pgflow-signal-v{VERSION}:{channel}".encode()
+        return aad
+
+    def seal(self, plaintext: bytes, channel: str | None = None) -> str | None:
+        """A payload of ``plaintext`` for ``channel`` (by default the main one); None when no key is
+        loaded (the keyring could not be read)."""
         key_id = self._sealing_key()
         if key_id is None:
             return None
@@ -98,7 +108,7 @@ class Keyring:
         if aead is None:
             aead = self._own[key_id] = AESGCM(self._derive(key_id, self.sender))
         header = _HEADER.pack(key_id, self.sender, next(self._counter))
-        sealed = aead.encrypt(b"\0\0\0\0" + header[-8:], plaintext, self._aad)
+        sealed = aead.encrypt(b"\0\0\0\0" + header[-8:], plaintext, self._aad(channel))
         return VERSION + binascii.b2a_base64(header + sealed, newline=False).decode()
 
     def sender_of(self, payload: str) -> bytes | None:
@@ -112,8 +122,9 @@ class Keyring:
             return None
         return head[2:18] if len(head) >= 18 else None
 
-    def open(self, payload: str) -> Opened | None:
-        """The sender and plaintext of a payload, or None when it does not open."""
+    def open(self, payload: str, channel: str | None = None) -> Opened | None:
+        """The sender and plaintext of a payload heard on ``channel`` (by default the main one), or
+        None when it does not open."""
         if not payload.startswith(VERSION):
             return None
         try:
@@ -132,7 +143,7 @@ class Keyring:
         if aead is None:
             aead = AESGCM(self._derive(key_id, sender))
         try:
-            plaintext = aead.decrypt(b"\0\0\0\0" + raw[18:26], raw[_HEADER.size:], self._aad)
+            plaintext = aead.decrypt(b"\0\0\0\0" + raw[18:26], raw[_HEADER.size:], self._aad(channel))
         except InvalidTag:
             return None
         if fresh:  # kept only once it verified: forgeries cannot crowd out real senders
@@ -155,7 +166,7 @@ def sealed(keyring: Keyring, channels: tuple[str, str], news: News) -> Pings | N
     texts: list[str] = []
     for channel, part in zip(channels, payload.by_channel(news), strict=True):
         for text in payload.plaintexts(part):
-            sealed_text = keyring.seal(text)
+            sealed_text = keyring.seal(text, channel)
             if sealed_text is None:
                 return None
             channel_of.append(channel)
