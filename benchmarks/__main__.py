@@ -63,19 +63,16 @@ def delegated(a: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
     dsn = harness.resolve_dsn(a.dsn)
     out = Path(tempfile.mkdtemp(prefix="bench-")) / "report.json"
     argv = ["--dsn", dsn, "--repeats", str(a.repeats), "--output", str(out)]
+    name = a.name
     if a.name == "streams" and a.shape == "user":
         from benchmarks import streams_user
 
+        name = "streams-user"
         streams_user.main(argv + (["--designs", a.systems] if a.systems else []) + rest)
         report = json.loads(out.read_text())
-        figures = {f"{d} {starts}": {k: e[d][k] for k in ("chunks_per_s", "p50_ms", "p99_ms",
-                                                           "worker_cpu_us_per_chunk") if k in e[d]}
-                   for starts, e in report["summary"].items() for d in streams_user.DESIGNS if d in e}
-        report = {"benchmark": "streams-user", "systems": figures, **report}
-        saved = harness.save("streams-user", report.get("server") or {}, report, figures, a.output)
-        harness.log(f"wrote {saved} and {saved.with_suffix('.png').name}")
-        return report
-    if a.name == "streams":
+        figures = {system: {k: f[k] for k in ("chunks_per_s", "p50_ms", "p99_ms", "worker_cpu_us_per_chunk") if k in f}
+                   for system, f in streams_user.figures(report["summary"]).items()}
+    elif a.name == "streams":
         from benchmarks import streams
 
         if a.systems:
@@ -102,9 +99,9 @@ def delegated(a: argparse.Namespace, rest: list[str]) -> dict[str, Any]:
         else:
             figures = {f"pgflow lease {lease}s": {k: v for k, v in f.items() if k.endswith("_s") and v is not None}
                        for lease, f in summary["failover"].items()}
-    report = {"benchmark": a.name, "systems": figures, **report}
+    report = {"benchmark": name, "systems": figures, **report}
     info = report.get("server") or {}
-    saved = harness.save(a.name, info, report, figures, a.output)
+    saved = harness.save(name, info, report, figures, a.output)
     harness.log(f"wrote {saved} and {saved.with_suffix('.png').name}")
     return report
 

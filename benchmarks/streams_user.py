@@ -326,6 +326,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def figures(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The medians of each design and way of starting ("pgflow many", ...), as the plot shows them."""
+    return {f"{d} {s}": e[d] for s, e in summary.items() for d in DESIGNS if d in e}
+
+
 def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="bench-user-"))
     harness.log(f"streams, user shape: logs in {logdir}")
@@ -382,8 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out), flush=True)
         return 0
     report = orchestrate(a)
-    figures = {f"{d} {s}": e[d] for s, e in report["summary"].items() for d in DESIGNS if d in e}
-    saved = harness.save("streams-user", report["server"], report, figures, a.output)
+    saved = harness.save("streams-user", report["server"], report, figures(report["summary"]), a.output)
     harness.log(f"wrote {saved}")
     return 0 if all(r.get("ok") for r in report["runs"]) else 1
 
