@@ -13,6 +13,21 @@ from .statements import Statements
 
 _ERRORS = msgspec.json.Encoder()
 
+# Every end of a batch, recorded while its claim still holds the workflow (see ``finish_many``).
+FINISH = (
+    "WITH ends AS (SELECT * FROM unnest(%(ids)s::text[], %(leases)s::int8[], %(statuses)s::text[],"
+    "   %(outputs)s::bytea[], %(errors)s::text[]) AS e(id, lease, status, output, error)),"
+    # (locked in id order; each end carried along, so that the update joins each row to its
+    # own end: joined to ``ends`` again, a generic plan scanned every end for every row)
+    " " + held("owned", "(SELECT * FROM ends ORDER BY id)", "a.*", lock=" FOR UPDATE") + ","
+    " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
+    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
+    "   FROM owned e WHERE w.id = e.id AND w.lease_token = e.lease"
+    "   RETURNING w.id, w.lease_token)"
+    " SELECT id, lease_token FROM done"
+    + riding(2, "(SELECT count(*) FROM done) = %(n)s")
+)
+
 
 class EndStatements(Statements):
     """The end statements of ``Store`` (which provides the pool and the schema)."""
@@ -33,20 +48,9 @@ class EndStatements(Statements):
         """
         async with self.pool.connection() as conn:
             arrays.ready(conn)
-            cur = await conn.execute(self._sql(
-                "WITH ends AS (SELECT * FROM unnest(%(ids)s::text[], %(leases)s::int8[], %(statuses)s::text[],"
-                "   %(outputs)s::bytea[], %(errors)s::text[]) AS e(id, lease, status, output, error)),"
-                # (locked in id order)
-                " " + held("owned", "(SELECT id, lease FROM ends ORDER BY id)", "w.id", lock=" FOR UPDATE") + ","
-                " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
-                "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
-                "   FROM ends e WHERE w.id = e.id AND w.lease_token = e.lease AND w.id IN (SELECT id FROM owned)"
-                "   RETURNING w.id, w.lease_token)"
-                " SELECT id, lease_token FROM done"
-                + riding(2, "(SELECT count(*) FROM done) = %(n)s")
-            ), {"ids": arrays.texts(workflow_ids), "leases": arrays.int8s(claim_tokens),
-                "statuses": arrays.texts(statuses),
-                "outputs": arrays.byteas(outputs),
+            cur = await conn.execute(self._sql(FINISH), {
+                "ids": arrays.texts(workflow_ids), "leases": arrays.int8s(claim_tokens),
+                "statuses": arrays.texts(statuses), "outputs": arrays.byteas(outputs),
                 "errors": arrays.texts([None if e is None else _ERRORS.encode(e).decode() for e in errors]),
                 "n": len(workflow_ids), **ping_parameters(conn, pings)})
             return {(str(id), int(token)) for id, token in await cur.fetchall()}
