@@ -182,7 +182,10 @@ class ClaimStatements(Statements):
         workflow of these queues falls due (None when none waits), in the same round trip.
 
         Each queue is read by its own scan of the queued index, in priority and due order, and the
-        scans are merged: a worker serving many queues reads no more rows than one serving one."""
+        scans are merged: a worker serving many queues reads no more rows than one serving one.
+        A queue named twice is read once: its second scan would find the rows the first just
+        locked (a transaction's own locks do not make it skip them) and hand them out twice."""
+        queues = list(dict.fromkeys(queues))
         served, floors = frozenset(names), self._floors
         full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
             or any((queue, served) not in floors for queue in queues)
