@@ -137,6 +137,7 @@ async def test_a_worker_given_a_queue_twice_runs_each_workflow_once(app: pgflow.
 
     await app.migrate_async()
     handles = await counted.start_many_async([(i,) for i in range(40)])
-    async with app.worker(concurrency=16, queues=["twice", "twice"]):
+    async with app.worker(concurrency=16, queues=["twice", "twice"]) as worker:
+        assert worker.queues == ["twice"]
         assert [await h.result_async(timeout=30) for h in handles] == list(range(40))
     assert runs == {i: 1 for i in range(40)}, runs

@@ -91,7 +91,8 @@ class Worker:
         self.registry = registry
         self.runtimes = runtimes
         self.concurrency = concurrency
-        self.queues = [check_queue(queue) for queue in queues] if queues else ["default"]
+        # (a queue named twice is served once)
+        self.queues = list(dict.fromkeys(check_queue(queue) for queue in queues)) if queues else ["default"]
         self.lease_seconds = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
         self.grace = grace
