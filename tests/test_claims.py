@@ -19,12 +19,19 @@ from pgflow._core.store.ends import FINISH
 pytestmark = pytest.mark.anyio
 
 
+def positional(statement: str, schema: str, names: list[str]) -> str:
+    """One of pgflow's statements for ``schema``, its named parameters made ``$1``, ``$2``... in the
+    order of ``names`` (as PREPARE takes them)."""
+    sql = statement.replace("{s}", quote_identifier(schema))
+    for n, name in enumerate(names, 1):
+        sql = sql.replace(f"%({name})s", f"${n}")
+    return sql
+
+
 def plan(dsn: str, schema: str, queues: list[str]) -> str:
     """The claim's plan as pgflow's connections run it: prepared, and planned once for any values
     (a generic plan: the planner cannot see the limit or the queues)."""
-    sql = CLAIM.replace("{s}", quote_identifier(schema))
-    for n, name in enumerate(["queues", "floors", "full", "names", "limit", "owner", "lease", "token", "commit"], 1):
-        sql = sql.replace(f"%({name})s", f"${n}")
+    sql = positional(CLAIM, schema, ["queues", "floors", "full", "names", "limit", "owner", "lease", "token", "commit"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET jit = off")
         conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -99,10 +106,7 @@ async def test_a_batch_of_ends_joins_each_workflow_to_its_own_end_once(
     made a batch of 64 twice as slow)."""
     await app.migrate_async()
     n = 32
-    sql = FINISH.replace("{s}", quote_identifier(schema))
-    for position, name in enumerate(["ids", "leases", "statuses", "outputs", "errors", "n", "pings_channels",
-                                     "pings"], 1):
-        sql = sql.replace(f"%({name})s", f"${position}")
+    sql = positional(FINISH, schema, ["ids", "leases", "statuses", "outputs", "errors", "n", "pings_channels", "pings"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         # (among 30,000 others, so that the planner's choices are those of a table in use)
         conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, due_at, status, lease_token)'

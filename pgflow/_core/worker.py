@@ -91,7 +91,7 @@ class Worker:
         self.registry = registry
         self.runtimes = runtimes
         self.concurrency = concurrency
-        # (a queue named twice is served once)
+        # A queue named twice is served once (the claim reads each of its queues once, see Store._claim).
         self.queues = list(dict.fromkeys(check_queue(queue) for queue in queues)) if queues else ["default"]
         self.lease_seconds = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3

@@ -183,9 +183,8 @@ class ClaimStatements(Statements):
 
         Each queue is read by its own scan of the queued index, in priority and due order, and the
         scans are merged: a worker serving many queues reads no more rows than one serving one.
-        A queue named twice is read once: its second scan would find the rows the first just
-        locked (a transaction's own locks do not make it skip them) and hand them out twice."""
-        queues = list(dict.fromkeys(queues))
+        ``queues`` are distinct (the worker's are): a queue's second scan would find the rows its
+        first just locked (a transaction's own locks do not make it skip them) and hand them out twice."""
         served, floors = frozenset(names), self._floors
         full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
             or any((queue, served) not in floors for queue in queues)
