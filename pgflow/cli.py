@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from ._commands import add_commands, explain, on_app
-from ._core import log_lines
+from ._core import log_lines, loops
 from ._supervisor import supervise
 from .app import App
 from .checkreplay import add_command as add_check_replay
@@ -185,11 +185,17 @@ def _add_worker(commands: Any) -> None:
                              " off unless given")
     worker.add_argument("--health-host", default="0.0.0.0",
                         help="the address the probe binds (a kubelet probes the pod's IP)")
+    worker.add_argument("--loop", choices=loops.CHOICES, default=os.environ.get("PGFLOW_LOOP", "auto"),
+                        help="the event loop: uvloop (compiled: a quarter less CPU per workflow), asyncio's, or"
+                             " auto, uvloop when it is installed (default: %(default)s, from $PGFLOW_LOOP when set)")
     worker.set_defaults(handler=_worker)
 
 
 def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
     """``pgflow worker``: one worker in this process, or ``--processes`` of them under a supervisor."""
+    if args.loop not in loops.CHOICES:  # (argparse checks choices on the command line, not on defaults)
+        raise ConfigurationError(f"PGFLOW_LOOP is one of {', '.join(loops.CHOICES)}, got {args.loop!r}")
+    options = loops.backend_options(args.loop)
     app = load_app(args.app)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     if args.processes < 1 or args.concurrency < 1:
@@ -202,11 +208,11 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
         raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
     if args.processes > 1:
         return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
-                          ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace)],
-                         args.processes)
+                          ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace),
+                          "--loop", args.loop], args.processes)
     try:
         code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace,
-                              args.health_port, args.health_host)
+                              args.health_port, args.health_host, backend_options=options)
     finally:
         app.close()
     _exit_despite_abandoned_threads(code)

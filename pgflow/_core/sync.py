@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import anyio.from_thread
 
+from . import loops
 from .execution import current_execution
 
 T = TypeVar("T")
@@ -40,7 +41,7 @@ class LoopThread:
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = loops.new_event_loop(loops.from_environment())
                 thread = threading.Thread(target=self._run, args=(loop,), name=self._name, daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread

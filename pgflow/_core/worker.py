@@ -28,6 +28,7 @@ import psycopg
 
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
+from . import loops
 from .checks import check_queue
 from .chores import UnservedNames, chores
 from .connecting import linked, where
@@ -154,9 +155,9 @@ class Worker:
             stack.push_async_callback(self._left)  # last: once the group below is done
             await (await stack.enter_async_context(anyio.create_task_group())).start(self._main)
             self._parts = parts = dataclasses.replace(parts, stack=stack.pop_all())
-        log.info("worker %s started: server %s, schema %s, queues %s, concurrency %d", self.id,
+        log.info("worker %s started: server %s, schema %s, queues %s, concurrency %d, loop %s", self.id,
                  where((await self.runtimes.config_async()).dsn), store.schema, ",".join(self.queues),
-                 self.concurrency)
+                 self.concurrency, loops.running())
         if self.health is not None:
             self.health.start()
             log.info("worker %s answers its liveness probe on http://%s:%d/healthz", self.id, self.health.host,

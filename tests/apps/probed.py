@@ -1,7 +1,8 @@
-"""The worker of the liveness probe tests (tests/test_worker_health.py)."""
+"""The worker of the liveness probe tests (tests/test_worker_health.py) and of the loop tests (tests/test_loops.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pgflow
@@ -17,3 +18,9 @@ async def block(seconds: float) -> None:
 @app.workflow(name="probed.noop")
 async def noop() -> int:
     return 1
+
+
+@app.workflow(name="probed.loop")
+async def loop_kind() -> str:
+    """The kind of event loop the worker runs its workflows on (tests/test_loops.py)."""
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
