@@ -119,7 +119,12 @@ async def test_the_partitions_service_makes_the_days_ahead_and_drops_those_whose
                 timedelta(days=30), old.id)
     store = await store_of(app)
 
-    await move_schema_clock(app, 3 * DAY)
+    # To noon (UTC) three days on, whatever the hour the test runs at: every day that passed then ended
+    # long enough ago to be dropped (a partition is kept for an hour after its day ends).
+    s = f'"{app.schema}"'
+    [(into_day,)] = await query(app.dsn, f"SELECT extract(epoch FROM {s}.clock_now() AT TIME ZONE 'UTC'"
+                                         f" - date_trunc('day', {s}.clock_now() AT TIME ZONE 'UTC'))::float8")
+    await move_schema_clock(app, 3 * DAY + DAY / 2 - into_day)
     await tend_chunk_partitions(store)
     third_day = await partition_of_now(app)
     # Three days on: the days ahead of the clock are made; the days that passed with no stream begun
