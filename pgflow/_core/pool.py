@@ -59,6 +59,8 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
 
     def __init__(self, config: Config) -> None:
         self.query_timeout = config.query_timeout
+        # Whether statements may be prepared on its connections (not through a transaction-mode pooler).
+        self.prepares = not config.pooled
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         self._sweep: asyncio.Task[None] | None = None
         super().__init__(

@@ -21,7 +21,8 @@ from psycopg.pq import Format
 _HEAD = struct.Struct(">iiIii")  # dimensions, has nulls, element type, length, lower bound
 _LEN = struct.Struct(">i").pack
 _NULL = _LEN(-1)
-_INT4, _INT8, _BYTEA, _TEXT = 23, 20, 17, 25
+_INT4, _INT8, _BYTEA, _TEXT, _TIMESTAMPTZ = 23, 20, 17, 25, 1184
+_I8 = struct.Struct(">q").pack
 
 
 class Int4Array(bytes):
@@ -94,6 +95,11 @@ def byteas(values: Sequence[bytes | None]) -> ByteaArray:
 
 def texts(values: Sequence[str | None]) -> TextArray:
     return TextArray(_pieces(_TEXT, [None if value is None else value.encode() for value in values]))
+
+
+def timestamptzs(microseconds: Sequence[int | None]) -> bytes:
+    """A timestamptz[] of microseconds since 2000-01-01 UTC (PostgreSQL's own form; None: NULL)."""
+    return _pieces(_TIMESTAMPTZ, [None if value is None else _I8(value) for value in microseconds])
 
 
 def _pieces(oid: int, values: Sequence[bytes | None]) -> bytes:

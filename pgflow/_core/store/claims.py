@@ -13,6 +13,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from ..pool import Pool
+from . import wire
 from .statements import Statements
 
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
@@ -73,6 +74,9 @@ CLAIM = (
     "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
 )
 
+
+CLAIMING = wire.Statement(CLAIM, queues=wire.TEXTS, floors=wire.TIMESTAMPTZS, full=wire.BOOL, names=wire.TEXTS,
+                          limit=wire.INT4, owner=wire.TEXT, lease=wire.FLOAT8, token=wire.INT8, commit=wire.TEXT)
 
 FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
 FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
@@ -193,11 +197,10 @@ class ClaimStatements(Statements):
             cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
                                                          "margin": FLOOR_MARGIN})
             floors.update({(str(queue), served): floor for queue, floor in await cur.fetchall()})
-        cur = await conn.execute(self._sql(CLAIM
-        ), {"queues": list(queues), "floors": [None if full else floors[queue, served] for queue in queues],
-            "full": full, "names": list(names), "limit": limit, "owner": owner,
-            "lease": lease_seconds, "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
-        rows = await cur.fetchall()
+        rows = await wire.fetch(conn, CLAIMING, self._s, {
+            "queues": queues, "floors": [None if full else floors[queue, served] for queue in queues],
+            "full": full, "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
+            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
         due = rows[-1][-1]
         claimed = [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
                            seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,

@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from . import arrays
-from .channel import Pings, ping_parameters, riding
+from . import wire
+from .channel import Pings, riding
 from .fencing import held
 from .statements import Statements
 
@@ -29,6 +29,10 @@ FINISH = (
 )
 
 
+FINISHING = wire.Statement(FINISH, ids=wire.TEXTS, leases=wire.INT8S, statuses=wire.TEXTS, outputs=wire.BYTEAS,
+                           errors=wire.TEXTS, n=wire.INT4, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+
+
 class EndStatements(Statements):
     """The end statements of ``Store`` (which provides the pool and the schema)."""
 
@@ -47,10 +51,9 @@ class EndStatements(Statements):
         reads as a lost lease, and nothing is recorded twice.
         """
         async with self.pool.connection() as conn:
-            arrays.ready(conn)
-            cur = await conn.execute(self._sql(FINISH), {
-                "ids": arrays.texts(workflow_ids), "leases": arrays.int8s(claim_tokens),
-                "statuses": arrays.texts(statuses), "outputs": arrays.byteas(outputs),
-                "errors": arrays.texts([None if e is None else _ERRORS.encode(e).decode() for e in errors]),
-                "n": len(workflow_ids), **ping_parameters(conn, pings)})
-            return {(str(id), int(token)) for id, token in await cur.fetchall()}
+            rows = await wire.fetch(conn, FINISHING, self._s, {
+                "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
+                "errors": [None if e is None else _ERRORS.encode(e).decode() for e in errors],
+                "n": len(workflow_ids), "pings_channels": pings.channels, "pings": pings.payloads},
+                prepare=self.pool.prepares)
+        return {(str(id), int(token)) for id, token in rows}

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from . import wire
+from .channel import riding
+
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
 
@@ -60,3 +63,22 @@ class Started(NamedTuple):
     created: bool
     name: str
     born: int
+
+
+# One start: the row inserted unless the id exists, and what the id holds either way.
+START = (
+    "WITH new AS ("
+    " INSERT INTO {s}.workflows"
+    "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+    "   expires_at)"
+    " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
+    f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
+    f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
+    " SELECT true, name, born FROM new"
+    f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
+    "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
+)
+STARTING = wire.Statement(
+    START, id=wire.TEXT, name=wire.TEXT, queue=wire.TEXT, priority=wire.INT4, inputs=wire.BYTEA, eta=wire.TIMESTAMPTZ,
+    delay=wire.FLOAT8, max_attempts=wire.INT4, timeout=wire.FLOAT8, parent=wire.TEXT, traceparent=wire.TEXT,
+    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS)

@@ -21,7 +21,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import PoolClosed
 
-from . import migrations
+from . import migrations, wire
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
 from .clock import ClockStatements
@@ -31,7 +31,7 @@ from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, StepStart, held
 from .management import ManagementStatements
 from .partitions import PartitionStatements
 from .reruns import RerunStatements
-from .starts import BORN, DUE, EXPIRES, NewWorkflows, Started
+from .starts import BORN, DUE, EXPIRES, STARTING, NewWorkflows, Started
 from .streams import StreamStatements
 from .waits import WaitStatements
 
@@ -122,19 +122,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def enqueue(self, id: str, inputs: bytes, new: NewWorkflows, pings: Pings) -> Started:
         """Insert a queued workflow unless the id exists. ``pings`` go out with the commit."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH new AS ("
-                " INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
-                "   expires_at)"
-                " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
-                f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
-                f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
-                " SELECT true, name, born FROM new"
-                f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
-                "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
-            ), {"id": id, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
-            row = await cur.fetchone()
+            rows = await wire.fetch(conn, STARTING, self._s, {
+                "id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
+                "pings": pings.payloads}, prepare=self.pool.prepares)
+        row = rows[0] if rows else None
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
             # waited on its unique index entry, so it is committed now.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import arrays
-from .channel import Pings, ping_parameters, riding
+from . import arrays, wire
+from .channel import Pings, riding
 from .fencing import held
 from .statements import Statements
 
@@ -20,6 +20,28 @@ from .statements import Statements
 # claim can take the workflow over between this check and the commit, and then checked, on the row as
 # it is once locked (fencing.held).
 _FENCE = " " + held("fence", "asked", "a.i, w.id, w.cancel_requested", lock=" FOR SHARE") + ","
+
+
+def _write(again: bool) -> wire.Statement:
+    """A batch of chunks from many executions, fenced, with its pings (``write_chunks``)."""
+    return wire.Statement(
+        "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%(ids)b::text[], %(leases)b::int8[])"
+        "   WITH ORDINALITY AS a(id, lease, i) ORDER BY id),"
+        + _FENCE +
+        " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
+        "   SELECT b.s, b.p, b.v FROM unnest(%(owners)b::int8[], %(streams)b::int8[], %(positions)b::int[],"
+        "    %(values)b::bytea[]) AS b(o, s, p, v)"
+        "   JOIN fence f ON f.i = b.o"
+        f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
+        " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
+        " FROM asked a LEFT JOIN fence f ON f.i = a.i"
+        " WHERE f.id IS NULL OR f.cancel_requested"
+        + riding(4, "(SELECT count(*) FROM fence) = %(n)s"),
+        ids=wire.TEXTS, leases=wire.INT8S, owners=wire.INT8S, streams=wire.INT8S, positions=wire.INT4S,
+        values=wire.BYTEAS, n=wire.INT4, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+
+
+WRITING, WRITING_AGAIN = _write(again=False), _write(again=True)
 
 
 class StreamStatements(Statements):
@@ -75,27 +97,10 @@ class StreamStatements(Statements):
         skips chunks already there, at the price of a speculative insertion per row.
         """
         async with self.pool.connection() as conn:
-            arrays.ready(conn)
-            cur = await conn.execute(self._sql(
-                # Binary arrays, packed here (arrays.py): the cheapest form for the server to take
-                # rows apart, and for this process to make.
-                "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%(ids)b::text[], %(leases)b::int8[])"
-                "   WITH ORDINALITY AS a(id, lease, i) ORDER BY id),"
-                + _FENCE +
-                " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
-                "   SELECT b.s, b.p, b.v FROM unnest(%(owners)b::int8[], %(streams)b::int8[], %(positions)b::int[],"
-                "    %(values)b::bytea[]) AS b(o, s, p, v)"
-                "   JOIN fence f ON f.i = b.o"
-                f"  {'ON CONFLICT DO NOTHING' if again else ''} RETURNING 1)"
-                " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
-                " FROM asked a LEFT JOIN fence f ON f.i = a.i"
-                " WHERE f.id IS NULL OR f.cancel_requested"
-                + riding(4, "(SELECT count(*) FROM fence) = %(n)s")
-            ), {"ids": arrays.texts([w for w, _ in owners]), "leases": arrays.int8s([token for _, token in owners]),
-                "owners": arrays.int8s(chunk_owners), "streams": arrays.int8s(stream_ids),
-                "positions": arrays.int4s(positions), "values": arrays.byteas(values), "n": len(owners),
-                **ping_parameters(conn, pings)})
-            rows = await cur.fetchall()
+            rows = await wire.fetch(conn, WRITING_AGAIN if again else WRITING, self._s, {
+                "ids": [w for w, _ in owners], "leases": [token for _, token in owners], "owners": chunk_owners,
+                "streams": stream_ids, "positions": positions, "values": values, "n": len(owners),
+                "pings_channels": pings.channels, "pings": pings.payloads}, prepare=self.pool.prepares)
         fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
         cancelled = {str(r[0]) for r in rows if r[3]}
         return fenced, cancelled

@@ -1,0 +1,181 @@
+"""The statements pgflow runs for every workflow and every batch of chunks (a start, a claim, a batch
+of ends, a batch of chunks), sent through libpq directly rather than through psycopg's cursor.
+
+psycopg's async ``execute`` is general: a cursor per call, every parameter adapted by a dumper looked
+up for its Python type (a list element by element), the query re-read for its placeholders, and the
+connection's socket registered with the event loop and taken off again for each wait. For a statement
+pgflow runs thousands of times a second with the same parameter types, that was most of the client's
+CPU per statement (benchmarks/README.md). Here a statement declares its parameters' types once
+(``Param``: a type OID and a function that packs a value in PostgreSQL's binary format), is prepared
+once per connection with them, and is then sent with the values packed and read back in binary;
+psycopg's own compiled loaders turn the result into rows, so every column type psycopg knows is read
+as psycopg reads it.
+
+The connection is still psycopg's, checked out of the pool as any other: the pool checks it, severs a
+dead link and throws a broken one away. A statement interrupted mid-way (a cancelled task, a lost
+link) leaves the connection with a statement in flight, which the pool closes on its return rather
+than hand it out. Through a transaction-mode pooler nothing is prepared (a prepared statement lives
+on one server session, and the pooler may send the next transaction to another): each call sends
+the statement with its types, unnamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import struct
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import AsyncConnection, pq
+from psycopg.adapt import Transformer
+
+from . import arrays
+
+
+class Param(NamedTuple):
+    """A parameter's type: its OID, and how a value of it is packed (None stays NULL)."""
+
+    oid: int
+    pack: Callable[[Any], bytes]
+
+
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # PostgreSQL's, for timestamps
+_I4, _I8, _F8 = struct.Struct(">i").pack, struct.Struct(">q").pack, struct.Struct(">d").pack
+
+
+def _microseconds(at: datetime) -> int:
+    delta = at - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+TEXT = Param(25, str.encode)
+BYTEA = Param(17, bytes)
+BOOL = Param(16, lambda value: b"\x01" if value else b"\x00")
+INT4 = Param(23, _I4)
+INT8 = Param(20, _I8)
+FLOAT8 = Param(701, lambda value: _F8(float(value)))
+TIMESTAMPTZ = Param(1184, lambda at: _I8(_microseconds(at)))
+TEXTS = Param(1009, lambda values: bytes(values) if isinstance(values, arrays.TextArray) else arrays.texts(values))
+INT4S = Param(1007, lambda values: bytes(values) if isinstance(values, arrays.Int4Array) else arrays.int4s(values))
+INT8S = Param(1016, lambda values: bytes(values) if isinstance(values, arrays.Int8Array) else arrays.int8s(values))
+BYTEAS = Param(1001, lambda values: bytes(values) if isinstance(values, arrays.ByteaArray) else arrays.byteas(values))
+TIMESTAMPTZS = Param(1185, lambda values: arrays.timestamptzs(
+    [None if at is None else _microseconds(at) for at in values]))
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
+_names = itertools.count(1)
+
+
+class Statement:
+    """One statement: its SQL, with ``{s}`` for the schema and ``%(name)s`` placeholders, and the
+    type of each parameter it names."""
+
+    def __init__(self, template: str, **params: Param) -> None:
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name is None:
+                return "%"
+            if name not in params:
+                raise TypeError(f"the statement names %({name})s, whose type is not given")
+            if name not in order:
+                order.append(name)
+            return f"${order.index(name) + 1}"
+
+        self._template = _PLACEHOLDER.sub(number, template)
+        if unused := set(params) - set(order):
+            raise TypeError(f"parameters given that the statement does not name: {sorted(unused)}")
+        self._names = order
+        self._types = [params[name].oid for name in order]
+        self._packs = [params[name].pack for name in order]
+        self._formats = [1] * len(order)
+        self._by_schema: dict[str, tuple[bytes, bytes]] = {}  # quoted schema -> (SQL, prepared name)
+
+    def for_schema(self, schema: str) -> tuple[bytes, bytes]:
+        """The SQL for the (quoted) ``schema``, and the name it is prepared under."""
+        found = self._by_schema.get(schema)
+        if found is None:
+            found = self._by_schema[schema] = (self._template.replace("{s}", schema).encode(),
+                                               f"_pgflow_{next(_names)}".encode())
+        return found
+
+    def values(self, given: Mapping[str, Any]) -> list[bytes | None]:
+        return [None if (value := given[name]) is None else pack(value)
+                for name, pack in zip(self._names, self._packs, strict=True)]
+
+
+# The statements prepared on each connection, by prepared name.
+_prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], set[bytes]] = weakref.WeakKeyDictionary()
+
+
+async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, given: Mapping[str, Any],
+                *, prepare: bool = True) -> list[tuple[Any, ...]]:
+    """Run ``statement`` on ``conn`` (checked out, idle) with the ``given`` values; its rows."""
+    sql, name = statement.for_schema(schema)
+    values = statement.values(given)
+    pgconn = conn.pgconn
+    if not prepare:
+        pgconn.send_query_params(sql, values, statement._types, statement._formats, 1)
+        return _rows(conn, await _results(pgconn))
+    done = _prepared.get(conn)
+    if done is None:
+        done = _prepared[conn] = set()
+    if name not in done:
+        pgconn.send_prepare(name, sql, statement._types)
+        _rows(conn, await _results(pgconn))  # (raises what the server said, if it refused)
+        done.add(name)
+    pgconn.send_query_prepared(name, values, statement._formats, 1)
+    return _rows(conn, await _results(pgconn))
+
+
+async def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """Every result of the statement just sent, read as they come in; the connection is idle after."""
+    loop = asyncio.get_running_loop()
+    fd = pgconn.socket
+    while pgconn.flush():  # a statement bigger than the socket's buffer goes out as it drains
+        await _ready(loop, fd, loop.add_writer, loop.remove_writer)
+    results: list[pq.abc.PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            await _ready(loop, fd, loop.add_reader, loop.remove_reader)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, add: Callable[..., None],
+                 remove: Callable[[int], object]) -> None:
+    ready = loop.create_future()
+    add(fd, _set, ready)
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+def _set(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+
+
+def _rows(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for result in results:
+        if result.status not in _OK:
+            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+        if result.ntuples:
+            loader = Transformer.from_context(conn)
+            loader.set_pgresult(result, format=pq.Format.BINARY)
+            rows += loader.load_rows(0, result.ntuples, tuple)
+    return rows

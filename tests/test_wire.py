@@ -1,0 +1,112 @@
+"""The hot statements' path through libpq (``_core/store/wire.py``), on a real server: every parameter
+type it packs comes back as sent, a statement is prepared once per connection, the server's errors
+are psycopg's, and a statement cut off halfway (a cancelled task, a killed backend) costs the
+connection, never the next statement on it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import psycopg
+import pytest
+
+from pgflow._core.pool import Pool
+from pgflow._core.registry import Config
+from pgflow._core.store import unreachable, wire
+
+from .helpers import query
+
+pytestmark = pytest.mark.anyio
+
+ECHO = wire.Statement(
+    "SELECT %(text)s, %(bytea)s, %(bool)s, %(int4)s, %(int8)s, %(float8)s, %(at)s, %(texts)s, %(int4s)s,"
+    " %(int8s)s, %(byteas)s, %(ats)s, %(text)s || '%%(not a placeholder)s'",
+    text=wire.TEXT, bytea=wire.BYTEA, bool=wire.BOOL, int4=wire.INT4, int8=wire.INT8, float8=wire.FLOAT8,
+    at=wire.TIMESTAMPTZ, texts=wire.TEXTS, int4s=wire.INT4S, int8s=wire.INT8S, byteas=wire.BYTEAS,
+    ats=wire.TIMESTAMPTZS)
+SLEEP = wire.Statement("SELECT 1 FROM pg_sleep(%(seconds)s)", seconds=wire.FLOAT8)
+DIVIDE = wire.Statement("SELECT x FROM (VALUES (1), (1)) v(x) GROUP BY x HAVING 1 / (%(zero)s) > 0", zero=wire.INT4)
+
+
+@pytest.fixture
+async def pool(dsn: str, schema: str) -> AsyncIterator[Pool]:
+    pool = Pool(Config(dsn=dsn, schema=schema, pool_size=2))
+    await pool.open(wait=True)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("prepare", [True, False], ids=["prepared", "unnamed"])
+async def test_every_parameter_type_comes_back_as_it_was_sent(pool: Pool, prepare: bool) -> None:
+    at = datetime(2026, 12, 5, 23, 59, 58, 123456, tzinfo=UTC)
+    sent = {"text": "ünïcode ✓", "bytea": b"\x00\xff\x00", "bool": True, "int4": -2**31, "int8": 2**63 - 1,
+            "float8": 0.1, "at": at, "texts": ["a", None, "", "ß"], "int4s": [1, -1, 2**31 - 1], "int8s": [],
+            "byteas": [b"", None, b"\x00"], "ats": [at, None, at - timedelta(days=9000)]}
+    async with pool.connection() as conn:
+        [row] = await wire.fetch(conn, ECHO, "x", sent, prepare=prepare)
+        assert row == (*sent.values(), "ünïcode ✓%(not a placeholder)s")
+        [nulls] = await wire.fetch(conn, ECHO, "x", dict.fromkeys(sent), prepare=prepare)
+        assert nulls == (None,) * 12 + (None,)
+
+
+async def test_a_statement_is_prepared_once_per_connection(pool: Pool) -> None:
+    async with pool.connection() as conn:
+        for n in range(3):
+            assert await wire.fetch(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pgflow\\_%'")
+        assert await cur.fetchone() == (1,)
+
+
+def test_a_statement_says_which_parameter_has_no_type_or_is_not_named() -> None:
+    with pytest.raises(TypeError, match=r"%\(b\)s, whose type is not given"):
+        wire.Statement("SELECT %(a)s, %(b)s", a=wire.TEXT)
+    with pytest.raises(TypeError, match=r"does not name: \['c'\]"):
+        wire.Statement("SELECT %(a)s", a=wire.TEXT, c=wire.TEXT)
+
+
+async def test_the_servers_error_is_psycopgs_and_the_connection_goes_on(pool: Pool) -> None:
+    async with pool.connection() as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await wire.fetch(conn, DIVIDE, "x", {"zero": 0})
+        assert await wire.fetch(conn, DIVIDE, "x", {"zero": 1}) == [(1,)]  # idle again, and usable
+
+
+async def test_a_statement_bigger_than_the_sockets_buffer_goes_out_whole(pool: Pool, dsn: str) -> None:
+    big = bytes(range(256)) * 32768  # 8 MiB
+    async with pool.connection() as conn:
+        [(back,)] = await wire.fetch(conn, wire.Statement("SELECT md5(%(b)s)", b=wire.BYTEA), "x", {"b": big})
+    [(expected,)] = await query(dsn, "SELECT md5(%s)", big)
+    assert back == expected
+
+
+async def test_a_cancelled_statement_costs_its_connection_not_the_next_statement(pool: Pool) -> None:
+    with anyio.move_on_after(0.3) as cut:
+        async with pool.connection() as conn:
+            cut_off = conn.info.backend_pid
+            await wire.fetch(conn, SLEEP, "x", {"seconds": 30})
+    assert cut.cancelled_caught
+    async with pool.connection() as conn:  # the pool closed the one left mid-statement
+        assert conn.info.backend_pid != cut_off
+        assert await wire.fetch(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+
+
+async def test_a_killed_backend_is_an_outage_that_trying_again_mends(pool: Pool, dsn: str) -> None:
+    async with pool.connection() as conn:
+        victim = conn.info.backend_pid
+        async with anyio.create_task_group() as group:
+            async def kill() -> None:
+                while not await query(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'PgSleep'",
+                                      victim):
+                    await anyio.sleep(0.01)
+                await query(dsn, "SELECT pg_terminate_backend(%s)", victim)
+
+            group.start_soon(kill)
+            with pytest.raises(psycopg.OperationalError) as lost:
+                await wire.fetch(conn, SLEEP, "x", {"seconds": 30})
+    assert unreachable(lost.value)
+    async with pool.connection() as conn:
+        assert await wire.fetch(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
