@@ -55,7 +55,7 @@ async def test_every_parameter_type_comes_back_as_it_was_sent(pool: Pool, prepar
 
 async def test_a_statement_is_prepared_once_per_connection(pool: Pool) -> None:
     async with pool.connection() as conn:
-        for n in range(3):
+        for _ in range(3):
             assert await wire.fetch(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
         cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pgflow\\_%'")
         assert await cur.fetchone() == (1,)
