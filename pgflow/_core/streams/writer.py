@@ -3,7 +3,13 @@
 Writing a chunk is an INSERT, but not one per chunk: the chunks of every execution in a worker are
 gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
 and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
-goes out at once. A batch's news rides on its commit (one NOTIFY naming its streams, and carrying the
+goes out at once. Writers that keep in step with their commits (each awaits its chunk before it writes
+the next, as a token stream does) would all land in one batch per round trip, the server idle while the
+worker runs their next chunks and the worker idle while the server writes: so a long enough queue, with
+no batch in flight, goes out as two halves, and from then on each half's writers write while the other
+half's statement runs (benchmarks/README.md: a sixth more chunks a second in the user's shape).
+
+A batch's news rides on its commit (one NOTIFY naming its streams, and carrying the
 chunk of every stream that has just one in the batch, when it is small): the batch is already the
 coalescing, and a second transaction per batch would double the round trips of the hot path. A batch
 with a fenced-out chunk sends nothing with its commit (a chunk that was not written must not reach a
@@ -31,6 +37,7 @@ from ..signals.payload import CARRY_CHUNK_AT_MOST
 from ..store import Pings, Store, retrying, unreachable
 
 CARRY_PER_BATCH = 32_000  # bytes of chunks carried by one batch's news; the rest of a wide batch is named
+COHORT_AT_LEAST = 32  # chunks: a queue of twice this, with nothing in flight, goes as two batches
 
 log = logging.getLogger("pgflow.streams")
 
@@ -117,6 +124,10 @@ class StreamWriter(GroupCommit[_Pending]):
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
         limit = self._max_batch
+        if not self._in_flight and len(self._queue) >= 2 * COHORT_AT_LEAST:
+            # Nothing in flight: half now and half right after, so that the writers of one half
+            # write their next chunks while the other half's statement runs (see the module's doc).
+            limit = min(limit, (len(self._queue) + 1) // 2)
         busy = self._busy
         for p in self._queue:
             if p.owner.interrupt is not None:

@@ -1,0 +1,53 @@
+"""How the stream writer cuts its queue into batches (``_core/streams/writer.py``), without a server:
+writers in step (each awaiting its chunk's commit) are cut into two cohorts, so one cohort's next
+chunks are written while the other's statement runs; a stream never has chunks in two batches at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pgflow._core.streams.writer import COHORT_AT_LEAST, Stream, StreamWriter, _Pending
+
+pytestmark = pytest.mark.anyio
+
+
+class _Owner:
+    def __init__(self, n: int) -> None:
+        self.workflow_id = f"w{n}"
+        self.attempt = 1
+        self.claim_token = n
+        self.interrupt = None
+        self.named_streams: dict[str, Stream] = {}
+
+
+def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:
+    loop = asyncio.get_running_loop()
+    for stream, owner in zip(streams, owners, strict=True):
+        writer._queue.append(_Pending(owner, "k", 0, b"v", stream, loop.create_future()))
+
+
+async def test_writers_in_step_go_as_two_cohorts_and_a_stream_waits_for_its_own() -> None:
+    writer = StreamWriter(None, None)  # type: ignore[arg-type] # (the queue alone: nothing here is sent)
+    writers = 4 * COHORT_AT_LEAST
+    owners = [_Owner(n) for n in range(writers)]
+    streams = [Stream(f"s{n}") for n in range(writers)]
+    _queued(writer, streams, owners)
+    first = writer._take_batch()
+    writer._in_flight = 1
+    second = writer._take_batch()
+    assert (len(first), len(second), len(writer._queue)) == (writers // 2, writers // 2, 0)
+    # A second chunk of a stream in flight waits for its batch; a batch in flight means no halving.
+    _queued(writer, streams[:3] + [Stream("new")], owners[:4])
+    writer._in_flight = 1
+    assert [p.stream.ping for p in writer._take_batch()] == ["new"]
+    writer._sent(first)
+    assert len(writer._take_batch()) == 3
+
+
+async def test_a_short_queue_goes_whole() -> None:
+    writer = StreamWriter(None, None)  # type: ignore[arg-type]
+    few = 2 * COHORT_AT_LEAST - 1
+    _queued(writer, [Stream(f"s{n}") for n in range(few)], [_Owner(n) for n in range(few)])
+    assert len(writer._take_batch()) == few
