@@ -247,13 +247,19 @@ class WorkflowHandle(Generic[R]):
         """Every chunk of stream ``key`` from ``offset`` on, in order, until the stream is closed or
         the workflow ends in any way. ``offset`` resumes a reader, as a reconnecting browser would;
         ``type`` decodes chunks into a Struct or dataclass instead of builtins."""
-        decoded = self._decoded(key, offset, type)  # (not through stream_items_async: a frame less per chunk)
+        # The batches themselves, not ``_decoded``'s: a reader in step with its writer takes a batch per
+        # chunk, and an async generator less to step through is a sixth of its CPU per chunk.
+        check_reader(key, offset)
+        batches = self._client.runtime().read_stream(self.id, key, offset)
+        decode = decoder(type)
         try:
-            async for items in decoded:
-                for _, value in items:
-                    yield value
+            async for chunks in batches:
+                for _, value in chunks:
+                    if value is None:  # the close marker
+                        return
+                    yield decode(value)
         finally:
-            await decoded.aclose()
+            await batches.aclose()
 
     def stream(self, key: str, offset: int = 0, *, type: Any = Any) -> Iterator[Any]:
         """Blocking twin of ``stream_async``: a generator, one trip to the loop per batch."""
