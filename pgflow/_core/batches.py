@@ -8,6 +8,8 @@ batches grow by themselves.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -18,6 +20,7 @@ import anyio.abc
 from .store import unreachable
 
 T = TypeVar("T")
+log = logging.getLogger("pgflow")
 
 
 class GroupCommit(ABC, Generic[T]):
@@ -51,24 +54,33 @@ class GroupCommit(ABC, Generic[T]):
             self._put(item)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Send batches until cancelled; a batch in flight is finished first (shielded), since one
-        cut off halfway would answer nobody."""
+        """Send batches until cancelled; a batch in flight is finished first, since one cut off
+        halfway would answer nobody.
+
+        Each batch is sent in a plain task of its own, which ``run`` owns: nothing cancels it, and
+        ``run`` does not return before it is done. (anyio's ``start_soon`` costs a cancel scope and
+        an event per task; there is a batch of ends per claim cycle, and one of chunks per round.)"""
+        loop = asyncio.get_running_loop()
+        sending: set[asyncio.Task[None]] = set()
         try:
-            async with anyio.create_task_group() as flushes:
-                task_status.started()
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    while self._queue and self._in_flight < self._max_in_flight:
-                        batch = self._take_batch()
-                        if not batch:
-                            break
-                        self._in_flight += 1
-                        flushes.start_soon(self._send, batch)
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._queue and self._in_flight < self._max_in_flight:
+                    batch = self._take_batch()
+                    if not batch:
+                        break
+                    self._in_flight += 1
+                    task = loop.create_task(self._send(batch))
+                    sending.add(task)
+                    task.add_done_callback(sending.discard)
         finally:
-            if self.drains:
-                self._stopped = True
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                if sending:
+                    await asyncio.wait(sending)
+                if self.drains:
+                    self._stopped = True
                     while self._queue:
                         await self._flush(self._take_batch())
 
@@ -79,8 +91,9 @@ class GroupCommit(ABC, Generic[T]):
 
     async def _send(self, batch: list[T]) -> None:
         try:
-            with anyio.CancelScope(shield=True):
-                await self._flush(batch)
+            await self._flush(batch)
+        except Exception:  # noqa: BLE001 - a flush answers its items itself; this is a bug, and logged
+            log.exception("sending a batch of %d failed", len(batch))
         finally:
             self._sent(batch)
             self._in_flight -= 1
