@@ -21,7 +21,7 @@ import os
 import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -78,18 +78,12 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
         if isinstance(getattr(self, "_pool", None), collections.deque):  # psycopg_pool's own, still empty
             self._pool = _NewestFirst(self._pool)  # (tests/test_pool_reuse.py fails if this stops taking)
 
-    @contextlib.asynccontextmanager
-    async def connection(self, timeout: float | None = None, *,
-                         within: float | None = None) -> AsyncIterator[AsyncConnection[Any]]:
+    def connection(self, timeout: float | None = None, *,  # type: ignore[override]
+                   within: float | None = None) -> Checkout:
         """A connection whose use must be over within ``within`` seconds (``query_timeout`` by
         default; ``math.inf`` for work that may rightly take long, such as a migration), or its link
         is taken for dead and closed."""
-        async with super().connection(timeout) as conn:
-            try:
-                with answered_within(conn, self.query_timeout if within is None else within):
-                    yield conn
-            finally:
-                self._returned[conn] = time.monotonic()  # its last use, for _check_if_idle
+        return Checkout(self, timeout, self.query_timeout if within is None else within)
 
     @staticmethod
     async def check_connection(conn: AsyncConnection[Any]) -> None:
@@ -123,6 +117,39 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
             self._sweep.cancel()
             await asyncio.wait([self._sweep])
         await super().close(timeout)
+
+
+class Checkout:
+    """``async with pool.connection() as conn``: a connection taken from the pool and given back.
+
+    psycopg_pool's own ``connection()`` also enters the connection's context, which commits or rolls
+    back through the connection's lock: nothing to do on an autocommit connection, whose statements
+    each commit themselves (an explicit ``conn.transaction()`` ends its own), and a connection left
+    in a transaction is rolled back by the pool as it comes back. Each checkout of the hot path (a
+    start, a claim, a batch) was two context managers and a lock deeper than it needed to be."""
+
+    __slots__ = ("_pool", "_timeout", "_within", "_conn", "_timer")
+
+    def __init__(self, pool: Pool, timeout: float | None, within: float) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._within = within
+        self._conn: AsyncConnection[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> AsyncConnection[Any]:
+        conn = self._conn = await self._pool.getconn(self._timeout)
+        if self._within != math.inf:
+            self._timer = asyncio.get_running_loop().call_later(self._within, _sever, conn, self._within)
+        return conn
+
+    async def __aexit__(self, *exc: object) -> None:
+        conn, self._conn = self._conn, None
+        assert conn is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._pool._returned[conn] = time.monotonic()  # its last use, for _check_if_idle
+        await self._pool.putconn(conn)
 
 
 def _consume(task: asyncio.Task[None]) -> None:
