@@ -181,7 +181,7 @@ async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
         await listener.execute(f'LISTEN "{channel}"')
         for position, lease in ((0, 8), (0, 7), (1, 8), (1, 7)):
-            fenced, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
+            fenced, _, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
                                                  Pings([channel], [f"lease {lease} position {position}"]))
             assert fenced == ({("fenced", lease)} if lease == 8 else set())
         # Only the written batches pinged (a notification of the fenced ones would come first).

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from . import codec, telemetry
 from .attempt_errors import keep_attempt_error
+from .cancels import CancelWatch
 from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
@@ -106,6 +107,10 @@ class Execution:
     marks: dict[int, str] = field(default_factory=dict)
     marks_lock: anyio.Lock | None = None
     failure: BaseException | None = None  # what the body raised, for the workflow's retry policy
+    # The worker fence (worker id, epoch) the claim was made under, while it holds: it fences this
+    # run's chunk batches (migration 0026); None: the workflow's row does.
+    fence: tuple[str, int] | None = None
+    cancels: CancelWatch | None = None  # told of the workflow once its chunks are fenced by its worker
 
     @property
     def suspend_after(self) -> float:
@@ -340,6 +345,8 @@ class Execution:
         writer = self.writer
         if writer is None:
             raise RuntimeError("streams are written by workflows run by a worker")
+        if self.fence is not None and self.cancels is not None:
+            self.cancels.watch(self.workflow_id)  # its chunks do not read its row (see cancels.py)
         return writer.put(self, key, end, value)
 
     async def write_chunk(self, key: str, value: bytes | None) -> None:

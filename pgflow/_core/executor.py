@@ -17,6 +17,7 @@ import anyio.lowlevel
 
 from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
 from . import telemetry
+from .cancels import CancelWatch
 from .clock import OWNER
 from .execution import Execution, current_execution
 from .finisher import Finisher
@@ -47,6 +48,7 @@ class Slot:
     token: anyio.lowlevel.EventLoopToken
     cancellers: dict[str, Callable[[], None]] | None = None
     starts: StepStarts | None = None
+    cancels: CancelWatch | None = None  # hears of cancellations for runs fenced by their worker
 
 
 async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scope: anyio.CancelScope,
@@ -101,7 +103,8 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
         runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
         claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,
         starts=slot.starts, stream_ends={} if first else await slot.store.stream_ends(claimed.id),
-        run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit,
+        run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit, fence=claimed.fence,
+        cancels=slot.cancels,
     )
 
 

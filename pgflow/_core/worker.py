@@ -29,6 +29,7 @@ import psycopg
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from . import loops
+from .cancels import CancelWatch
 from .checks import check_queue
 from .chores import UnservedNames, chores
 from .connecting import linked, where
@@ -60,6 +61,7 @@ class _Parts:
     finisher: Finisher
     starts: StepStarts
     slot: Slot  # what every execution borrows from the worker
+    cancels: CancelWatch  # cancellations of runs whose writes do not read their rows
     maintenance: Maintenance
     unserved: UnservedNames
     runs: Runs  # the tasks of the workflows it runs
@@ -179,10 +181,11 @@ class Worker:
                                          self.heartbeat, unserved),
                                   interval=self.lease_seconds, query_timeout=config.query_timeout)
         # (the loop's token is for the executions' sync callbacks)
+        cancels = CancelWatch(store, runtime.signals.waiters, self._cancellers)
         slot = Slot(runtime, store, self._limiter, writer, finisher, anyio.lowlevel.current_token(),
-                    self._cancellers, starts)
-        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, maintenance, unserved, Runs(),
-                      contextlib.AsyncExitStack())
+                    self._cancellers, starts, cancels)
+        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, cancels, maintenance, unserved,
+                      Runs(), contextlib.AsyncExitStack())
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -245,6 +248,7 @@ class Worker:
                     tasks.start_soon(on.finisher.run)
                     tasks.start_soon(on.starts.run)
                     tasks.start_soon(on.runs.serve)
+                    tasks.start_soon(on.cancels.run)
                     tasks.start_soon(self._intake)
                     tasks.start_soon(self._heartbeat_loop)
                     if self._liveness is not None:
@@ -352,6 +356,7 @@ class Worker:
         except Exception:
             log.exception("workflow %s could not be run; it goes back to the queue", claimed.id)
         finally:
+            on.cancels.forget(claimed.id)
             self._ran(claimed.id)
             # Look again only when the freed slot can matter: the last claim left work unclaimed for
             # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim

@@ -65,11 +65,13 @@ CLAIM = (
     # What this claim set rather than kept (for ``unclaim``).
     "   (w.started_at = {s}.clock_now()) IS TRUE AS set_start,"
     "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline)"
+    # (with each claimed row, the claimer's fence epoch: see migration 0026)
     " SELECT c.id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent,"
     "  extract(epoch FROM {s}.clock_now() - ch.ready_at)::float8 AS waited, born, expired, retries, set_start,"
-    "  set_deadline, NULL::float8 FROM claimed c JOIN chosen ch ON ch.id = c.id"
+    "  set_deadline, (SELECT epoch FROM {s}.worker_fences WHERE worker = %(owner)s), NULL::float8"
+    "  FROM claimed c JOIN chosen ch ON ch.id = c.id"
     " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-    "  extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
+    "  NULL, extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
     "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
     "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
 )
@@ -116,6 +118,8 @@ class Claimed:
     retries: int = 0  # runs of the body that failed and were retried under its workflow's retry policy
     set_start: bool = False  # this claim set the row's started_at (its first start), and
     set_deadline: bool = False  # its deadline_at (the first start's, or a rerun's): ``unclaim`` clears them
+    # The claimer's fence (worker id, epoch) when it had one: chunk batches are fenced by it, not by the row.
+    fence: tuple[str, int] | None = None
 
 
 class ClaimStatements(Statements):
@@ -205,9 +209,10 @@ class ClaimStatements(Statements):
         claimed = [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
                            seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
                            waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
-                           retries=retries, set_start=set_start, set_deadline=set_deadline)
+                           retries=retries, set_start=set_start, set_deadline=set_deadline,
+                           fence=None if epoch is None else (owner, epoch))
                    for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
-                   retries, set_start, set_deadline, _ in rows[:-1]]
+                   retries, set_start, set_deadline, epoch, _ in rows[:-1]]
         return claimed, None if due is None else max(0.0, float(due))
 
     async def unclaim(self, claimed: Sequence[Claimed]) -> list[str]:

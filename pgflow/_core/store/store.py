@@ -104,6 +104,11 @@ class Held(NamedTuple):
     cancel_requested: bool
 
 
+# A worker's fence (migration 0026), made when it has none, with an epoch no earlier fence of its had.
+NEW_FENCE = ("INSERT INTO {s}.worker_fences (worker, epoch) VALUES (%(id)s, (random() * 4e18)::int8)"
+             " ON CONFLICT (worker) DO NOTHING")
+
+
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
             ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
@@ -202,19 +207,31 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             return None
         return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
 
+    async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
+        """Those of ``ids`` still running whose cancellation was asked for."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT id FROM {s}.workflows WHERE id = ANY(%s) AND cancel_requested AND status = 'running'"),
+                (list(ids),))
+            return [str(row[0]) for row in await cur.fetchall()]
+
     # -- the worker registry ---------------------------------------------------------------------------
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
                               version: str, names: Sequence[str], lease_seconds: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-            ), (id, host, pid, list(queues), version, list(names), lease_seconds))
+                "WITH fence AS (" + NEW_FENCE + ")"
+                " INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+                " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
+            ), {"id": id, "host": host, "pid": pid, "queues": list(queues), "version": version, "names": list(names),
+                "lease": lease_seconds})
 
     async def unregister_worker(self, id: str) -> None:
         async with self.pool.connection() as conn:
-            await conn.execute(self._sql("DELETE FROM {s}.workers WHERE id = %s"), (id,))
+            await conn.execute(self._sql(
+                "WITH gone AS (DELETE FROM {s}.worker_fences WHERE worker = %(id)s)"
+                " DELETE FROM {s}.workers WHERE id = %(id)s"), {"id": id})
 
     async def heartbeat(self, owner: str, lease_seconds: float, host: str, pid: int, queues: Sequence[str],
                         version: str, names: Sequence[str], running: Sequence[str],
@@ -232,6 +249,8 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
                 "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
+                # (a fence lost with a crash or a failover is made anew, with another epoch)
+                " fence AS (" + NEW_FENCE.replace("%(id)s", "%(owner)s") + "),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
                 # (``running`` comes sorted: the rows are locked in id order)
                 " " + held("renewed", "(SELECT unnest(%(running)s::text[]) AS id)", "w.id", lock=" FOR UPDATE",
@@ -247,9 +266,13 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         """Forget the workers whose heartbeat has been silent for ``silent_for`` seconds."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+                "WITH forgotten AS (DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+                "  RETURNING id),"
+                " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten))"
+                " SELECT count(*) FROM forgotten"
             ), (silent_for,))
-            return int(cur.rowcount)
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
 
     async def release(self, id: str, claim_token: int) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting."""

@@ -7,7 +7,7 @@ position): a bigint key instead of two text columns in every index entry of the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import arrays, wire
 from .channel import Pings, riding
@@ -42,6 +42,35 @@ def _write(again: bool) -> wire.Statement:
 
 
 WRITING, WRITING_AGAIN = _write(again=False), _write(again=True)
+
+
+def _write_fenced_by_worker(again: bool) -> wire.Statement:
+    """A batch of chunks from executions that were all claimed under one worker fence (migration
+    0026): one row locked, whatever the number of workflows; the answer is whether it held."""
+    return wire.Statement(
+        "WITH fence AS MATERIALIZED (SELECT epoch FROM {s}.worker_fences"
+        "   WHERE worker = %(worker)s AND epoch = %(epoch)s FOR SHARE),"
+        " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
+        "   SELECT b.s, b.p, b.v FROM unnest(%(streams)b::int8[], %(positions)b::int[], %(values)b::bytea[])"
+        "    AS b(s, p, v) WHERE EXISTS (SELECT FROM fence)"
+        f"  {'ON CONFLICT DO NOTHING' if again else ''})"
+        " SELECT EXISTS (SELECT FROM fence)"
+        + riding(1, "EXISTS (SELECT FROM fence)"),
+        worker=wire.TEXT, epoch=wire.INT8, streams=wire.INT8S, positions=wire.INT4S, values=wire.BYTEAS,
+        pings_channels=wire.TEXTS, pings=wire.TEXTS)
+
+
+BY_WORKER, BY_WORKER_AGAIN = _write_fenced_by_worker(again=False), _write_fenced_by_worker(again=True)
+
+
+class Written(NamedTuple):
+    """What a batch of chunks came to: the (workflow id, claim token) of the executions fenced out,
+    the ids whose cancellation was requested, and whether the worker fence it was sent under held
+    (False: it was written under the workflows' rows instead, which decided alone)."""
+
+    fenced: set[tuple[str, int]]
+    cancelled: set[str]
+    fence_held: bool
 
 
 class StreamStatements(Statements):
@@ -81,7 +110,8 @@ class StreamStatements(Statements):
     async def write_chunks(
         self, owners: list[tuple[str, int]], chunk_owners: list[int], stream_ids: list[int],
         positions: list[int], values: list[bytes | None], pings: Pings, again: bool = False,
-    ) -> tuple[set[tuple[str, int]], set[str]]:
+        fence: tuple[str, int] | None = None,
+    ) -> Written:
         """Insert a batch of chunks from many executions in one autocommit statement (no transaction
         left open around it, so a writer paused mid-batch holds no lock), and send the batch's
         ``pings`` with its commit: one NOTIFY per batch, no second transaction; but none when a
@@ -89,21 +119,28 @@ class StreamStatements(Statements):
         told of). ``owners`` are the (workflow id, claim token) of the executions writing, in id order;
         ``chunk_owners[n]`` is the index in ``owners`` (from 1) of the n-th chunk's.
 
-        Each chunk is written only if its execution still holds its workflow (fencing by the claim's
-        token, in ``owners``). Returns the (workflow id, claim token) pairs that were fenced out
-        and the ids whose cancellation was requested.
+        Each chunk is written only if its execution still holds its workflow. With ``fence`` (every
+        execution of the batch was claimed under that worker fence) one row says so for all of them;
+        otherwise, or when that fence no longer holds, each workflow's row does (fencing by the
+        claim's token, in ``owners``), and the answer also names the cancellations requested.
         A position is only ever written by the execution holding the lease, so a first attempt is a
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
         """
         async with self.pool.connection() as conn:
+            if fence is not None:
+                [(held,)] = await wire.fetch(conn, BY_WORKER_AGAIN if again else BY_WORKER, self._s, {
+                    "worker": fence[0], "epoch": fence[1], "streams": stream_ids, "positions": positions,
+                    "values": values, "pings_channels": pings.channels, "pings": pings.payloads},
+                    prepare=self.pool.prepares)
+                if held:
+                    return Written(set(), set(), True)
             rows = await wire.fetch(conn, WRITING_AGAIN if again else WRITING, self._s, {
                 "ids": [w for w, _ in owners], "leases": [token for _, token in owners], "owners": chunk_owners,
                 "streams": stream_ids, "positions": positions, "values": values, "n": len(owners),
                 "pings_channels": pings.channels, "pings": pings.payloads}, prepare=self.pool.prepares)
-        fenced = {(str(r[0]), int(r[1])) for r in rows if r[2]}
-        cancelled = {str(r[0]) for r in rows if r[3]}
-        return fenced, cancelled
+        return Written({(str(r[0]), int(r[1])) for r in rows if r[2]}, {str(r[0]) for r in rows if r[3]},
+                       fence is None)
 
     async def read_streams(
         self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],

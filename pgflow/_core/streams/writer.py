@@ -35,6 +35,7 @@ from ..signals import Chunk, News, Signals
 from ..signals import keys as signal_keys
 from ..signals.payload import CARRY_CHUNK_AT_MOST
 from ..store import Pings, Store, retrying, unreachable
+from ..store.streams import Written
 
 CARRY_PER_BATCH = 32_000  # bytes of chunks carried by one batch's news; the rest of a wide batch is named
 COHORT_AT_LEAST = 32  # chunks: a queue of twice this, with nothing in flight, goes as two batches
@@ -57,6 +58,7 @@ class Owner(Protocol):
     claim_token: int
     interrupt: ExecutionInterrupted | None
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
+    fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
 
 
 class Stream:
@@ -165,19 +167,28 @@ class StreamWriter(GroupCommit[_Pending]):
         unnamed = [p for p in batch if p.stream.id is None]
         tries = 0
 
-        async def write(pings: Pings) -> tuple[set[tuple[str, int]], set[str]]:
+        # One worker fence for the whole batch when every execution in it was claimed under the same
+        # one (the usual case); otherwise each workflow's row is the fence.
+        fences = {owner.fence for owner in index}
+        fence = fences.pop() if len(fences) == 1 else None
+
+        async def write(pings: Pings) -> Written:
             nonlocal tries
             tries += 1
             stream_ids = [p.stream.id for p in batch]
             assert None not in stream_ids
             return await self._store.write_chunks(
-                owners, chunk_owners, stream_ids, positions, values, pings, again=tries > 1)  # type: ignore[arg-type]
+                owners, chunk_owners, stream_ids, positions, values, pings, again=tries > 1,  # type: ignore[arg-type]
+                fence=fence)
 
         if unnamed:  # the first chunks of their streams: the streams are named first
             await retrying(lambda: self._name(unnamed), f"naming {len(unnamed)} streams")
         news = self._news(batch)
-        (fenced, cancelled), rode = await retrying(lambda: self._signals.ride(news, write),
-                                                   f"a batch of {len(batch)} chunks")
+        (fenced, cancelled, fence_held), rode = await retrying(lambda: self._signals.ride(news, write),
+                                                               f"a batch of {len(batch)} chunks")
+        if not fence_held:  # taken over, or lost with a crash: their rows fence them from now on
+            for owner in index:
+                owner.fence = None
         self.batches += 1
         self.chunks += len(batch)
         telemetry.chunks_written.add(len(batch))

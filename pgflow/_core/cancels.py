@@ -1,0 +1,70 @@
+"""Cancellations a worker hears of, for the workflows whose writes no longer read their rows.
+
+A write fenced by its workflow's row also says whether somebody asked for the workflow to be
+cancelled, so a running workflow stops at its next write. A batch of chunks fenced by its worker
+(migration 0026) reads no workflow row, and a workflow that only streams would then learn of its
+cancellation from the worker's heartbeat alone, a third of a lease later. So a workflow that writes
+under its worker's fence is watched: ``cancel_async`` sends its ``ended`` ping, which wakes this
+service, and one query for every watched workflow says which to stop. The heartbeat stays the
+backstop for a ping that was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import psycopg
+
+from .signals import Waiters
+from .signals import keys as signal_keys
+from .store import Store
+
+log = logging.getLogger("pgflow.worker")
+
+
+class CancelWatch:
+    """Watches the ``ended`` pings of the workflows given to ``watch``; ``run`` stops those whose
+    cancellation was asked for, through their worker's ``cancellers``."""
+
+    def __init__(self, store: Store, waiters: Waiters, cancellers: dict[str, Callable[[], None]]) -> None:
+        self._store = store
+        self._waiters = waiters
+        self._cancellers = cancellers
+        self._watched: set[str] = set()
+        self._pinged = anyio.Event()
+
+    def watch(self, workflow_id: str) -> None:
+        if workflow_id not in self._watched:
+            self._watched.add(workflow_id)
+            self._waiters.add(signal_keys.ended(workflow_id), self)
+
+    def forget(self, workflow_id: str) -> None:
+        if workflow_id in self._watched:
+            self._watched.discard(workflow_id)
+            self._waiters.remove(signal_keys.ended(workflow_id), self)
+
+    def wake(self) -> None:  # (a ping of a watched workflow, or every waiter's wake on a reconnect)
+        self._pinged.set()
+
+    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
+        self.wake()
+
+    async def run(self) -> None:
+        while True:
+            await self._pinged.wait()
+            self._pinged = anyio.Event()
+            watched = sorted(self._watched)
+            if not watched:
+                continue
+            try:
+                cancelled = await self._store.cancels_requested(watched)
+            except (psycopg.Error, OSError) as exc:  # the heartbeat still tells, a third of a lease later
+                log.warning("could not look for cancellations: %s", exc)
+                continue
+            for workflow_id in cancelled:
+                cancel = self._cancellers.get(workflow_id)
+                if cancel is not None:
+                    log.info("workflow %s was cancelled; stopping it", workflow_id)
+                    cancel()

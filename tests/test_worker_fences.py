@@ -1,0 +1,120 @@
+"""Chunk batches fenced by their worker's fence (migration 0026) rather than by each workflow's row:
+the fence holds while nothing was taken from the worker; a takeover of any of its running workflows, by
+this version's claim or the one before's, moves its epoch on in the claiming transaction, and a batch
+under the old epoch is then decided by the rows, which refuse the one taken; a fence lost as an
+unlogged table is lost in a crash or a failover leaves the rows to decide, and comes back."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import anyio
+import pytest
+
+import pgflow
+from pgflow._core.store import NO_PINGS, Store
+from pgflow._core.store.streams import Written
+
+from .helpers import query
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 10.0
+
+
+async def _store(app: pgflow.App) -> Store:
+    return await app._client.runtime().store()
+
+
+async def _register(store: Store, worker: str) -> None:
+    await store.register_worker(worker, socket.gethostname(), os.getpid(), ["default"], "test", [], LEASE)
+
+
+async def _chunks(dsn: str, schema: str, sid: int) -> list[tuple[int, bytes]]:
+    return [(p, bytes(v)) for p, v in await query(
+        dsn, f'SELECT position, value FROM "{schema}".chunks WHERE stream_id = %s ORDER BY position', sid)]
+
+
+async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
+        app: pgflow.App, second_app: pgflow.App, dsn: str, schema: str) -> None:
+    workflow = app.workflow(name="fenced.w2")(_nothing)
+    started = await workflow.start_async()
+    a, b = await _store(app), await _store(second_app)
+    await _register(a, "A")
+    await _register(b, "B")
+    [claimed], _ = await a.claim("A", ["default"], ["fenced.w2"], 1, LEASE)
+    assert claimed.id == started.id and claimed.fence is not None and claimed.fence[0] == "A"
+    sid = (await a.stream_ids([started.id], ["s"]))[(started.id, "s")]
+    owner = [(started.id, claimed.claim_token)]
+    assert await a.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
+        Written(set(), set(), True)
+
+    # A's lease runs out and B takes the workflow over: A's batches under its old epoch are refused.
+    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\' WHERE id = %s',
+                started.id)
+    [taken], _ = await b.claim("B", ["default"], ["fenced.w2"], 1, LEASE)
+    assert taken.id == started.id
+    late = await a.write_chunks(owner, [1], [sid], [1], [b"late"], NO_PINGS, fence=claimed.fence)
+    assert late == Written({owner[0]}, set(), False)
+    assert await _chunks(dsn, schema, sid) == [(0, b"a")]
+
+
+async def test_a_claim_by_the_version_before_moves_the_fence_on_too(app: pgflow.App, dsn: str, schema: str) -> None:
+    workflow = app.workflow(name="fenced.w3")(_nothing)
+    started = await workflow.start_async()
+    store = await _store(app)
+    await _register(store, "A")
+    [claimed], _ = await store.claim("A", ["default"], ["fenced.w3"], 1, LEASE)
+    assert claimed.fence is not None
+    # The older version's claim of an expired lease: the attempt goes up, its owner is its own.
+    await query(dsn, f"UPDATE \"{schema}\".workflows SET attempt = attempt + 1, lease_owner = 'old' WHERE id = %s",
+                started.id)
+    [(epoch,)] = await query(dsn, f"SELECT epoch FROM \"{schema}\".worker_fences WHERE worker = 'A'")
+    assert epoch == claimed.fence[1] + 1
+
+
+async def test_a_fence_lost_as_in_a_crash_leaves_the_rows_to_decide_and_comes_back(
+        app: pgflow.App, dsn: str, schema: str) -> None:
+    workflow = app.workflow(name="fenced.w4")(_nothing)
+    started = await workflow.start_async()
+    store = await _store(app)
+    await _register(store, "A")
+    [claimed], _ = await store.claim("A", ["default"], ["fenced.w4"], 1, LEASE)
+    assert claimed.fence is not None
+    sid = (await store.stream_ids([started.id], ["s"]))[(started.id, "s")]
+    owner = [(started.id, claimed.claim_token)]
+    # What a crash or a failover does to an unlogged table: it is empty.
+    await query(dsn, f'TRUNCATE "{schema}".worker_fences')
+    assert await store.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
+        Written(set(), set(), False)  # the row still holds: written
+    assert await _chunks(dsn, schema, sid) == [(0, b"a")]
+    await store.heartbeat("A", LEASE, socket.gethostname(), os.getpid(), ["default"], "test", ["fenced.w4"],
+                          [started.id], within=LEASE)
+    [(epoch,)] = await query(dsn, f"SELECT epoch FROM \"{schema}\".worker_fences WHERE worker = 'A'")
+    assert epoch != claimed.fence[1]  # a new epoch: the executions of before stay on their rows
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_a_workflow_that_only_streams_stops_soon_after_its_cancel(app: pgflow.App) -> None:
+    """Its chunks read no row, so the cancel's ping is what stops it: with a lease of a minute, the
+    heartbeat would tell its worker only 20 s later."""
+    @app.workflow(name="fenced.endless")
+    async def endless() -> None:
+        n = 0
+        while True:
+            await pgflow.write_stream_async("s", n)
+            n += 1
+            await anyio.sleep(0.005)
+
+    async with app.worker(concurrency=2, lease=60.0):
+        handle = await endless.start_async()
+        async for n in handle.stream_async("s"):
+            if n == 10:
+                break
+        await handle.cancel_async()
+        with pytest.raises(pgflow.WorkflowCancelled):
+            await handle.result_async(timeout=10)
