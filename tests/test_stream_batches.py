@@ -1,6 +1,7 @@
 """How the stream writer cuts its queue into batches (``_core/streams/writer.py``), without a server:
 writers in step (each awaiting its chunk's commit) are cut into two cohorts, so one cohort's next
-chunks are written while the other's statement runs; a stream never has chunks in two batches at once."""
+chunks are written while the other's statement runs; a stream never has chunks in two batches at once;
+a run that is over sends nothing more and learns when its batches in flight are done."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 
 import pytest
 
-from pgflow._core.streams.writer import COHORT_AT_LEAST, Stream, StreamWriter, _Pending
+from pgflow._core.streams.writer import COHORT_AT_LEAST, RunOver, Stream, StreamWriter, _Pending
 
 pytestmark = pytest.mark.anyio
 
@@ -20,6 +21,9 @@ class _Owner:
         self.claim_token = n
         self.interrupt = None
         self.named_streams: dict[str, Stream] = {}
+        self.fence = None
+        self.chunks_in_flight = 0
+        self.settled = None
 
 
 def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:
@@ -51,3 +55,20 @@ async def test_a_short_queue_goes_whole() -> None:
     few = 2 * COHORT_AT_LEAST - 1
     _queued(writer, [Stream(f"s{n}") for n in range(few)], [_Owner(n) for n in range(few)])
     assert len(writer._take_batch()) == few
+
+
+async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_flight() -> None:
+    writer = StreamWriter(None, None)  # type: ignore[arg-type]
+    owner, other = _Owner(1), _Owner(2)
+    _queued(writer, [Stream("a"), Stream("b")], [owner, other])
+    batch = writer._take_batch()
+    assert writer.settle(_Owner(3)) is None  # nothing in flight: nothing to wait for
+    settled = writer.settle(owner)
+    assert settled is not None and not settled.done()
+    assert isinstance(owner.interrupt, RunOver)
+    _queued(writer, [Stream("late")], [owner])
+    [late] = writer._queue
+    assert writer._take_batch() == []  # a chunk put after the settle is not sent, and fails
+    assert isinstance(late.done.exception(), RunOver)
+    writer._sent(batch)
+    assert settled.done() and owner.chunks_in_flight == 0

@@ -10,13 +10,15 @@ import os
 import socket
 
 import anyio
+import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.execution import Execution, current_execution
 from pgflow._core.store import NO_PINGS, Store
 from pgflow._core.store.streams import Written
 
-from .helpers import query
+from .helpers import query, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -116,5 +118,67 @@ async def test_a_workflow_that_only_streams_stops_soon_after_its_cancel(app: pgf
             if n == 10:
                 break
         await handle.cancel_async()
+        with pytest.raises(pgflow.WorkflowCancelled):
+            await handle.result_async(timeout=10)
+
+
+async def test_a_run_ends_only_after_its_batch_in_flight(app: pgflow.App, dsn: str, schema: str) -> None:
+    """A batch fenced by its worker does not read the workflow's row, so a run that ended (or gave its
+    workflow back) while one was in flight would see it land afterwards: behind the end its readers
+    saw, or in the stream of the workflow's next owner. The run's end waits for it."""
+    runs: list[Execution] = []
+
+    @app.workflow(name="fenced.held")
+    async def held() -> None:
+        execution = current_execution.get()
+        assert execution is not None
+        runs.append(execution)
+        await pgflow.write_stream_async("s", "one")  # its batch waits for the test's lock on the fence
+        await pgflow.write_stream_async("s", "never")
+
+    async with app.worker(concurrency=2, lease=60.0) as worker, \
+            await psycopg.AsyncConnection.connect(dsn) as locker:
+        try:
+            locker_pid = locker.info.backend_pid
+            await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE', (worker.id,))
+            handle = await held.start_async()
+            await wait_for(lambda: query(dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                         locker_pid))
+            await handle.cancel_async()
+
+            async def settling_or_ended() -> bool:
+                [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
+                return status != "running" or runs[0].settled is not None
+
+            await wait_for(settling_or_ended)
+            [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
+            assert status == "running"  # its end waits for the chunk in flight
+        finally:
+            await locker.rollback()
+        with pytest.raises(pgflow.WorkflowCancelled):
+            await handle.result_async(timeout=30)
+        assert [v async for v in handle.stream_async("s")] == ["one"]
+
+
+async def test_a_cancel_asked_for_before_the_first_chunk_stops_the_stream(app: pgflow.App) -> None:
+    """The cancel's ping went out before the workflow was watched (its first chunk under its worker's
+    fence), so nobody heard it: the first chunk looks for it, not the heartbeat a third of a lease on."""
+    running, go = anyio.Event(), anyio.Event()
+
+    @app.workflow(name="fenced.late")
+    async def late() -> None:
+        running.set()
+        await go.wait()
+        n = 0
+        while True:
+            await pgflow.write_stream_async("s", n)
+            n += 1
+            await anyio.sleep(0.005)
+
+    async with app.worker(concurrency=2, lease=60.0):
+        handle = await late.start_async()
+        await running.wait()
+        await handle.cancel_async()
+        go.set()
         with pytest.raises(pgflow.WorkflowCancelled):
             await handle.result_async(timeout=10)

@@ -36,9 +36,12 @@ class CancelWatch:
         self._pinged = anyio.Event()
 
     def watch(self, workflow_id: str) -> None:
+        """From the workflow's first chunk under its worker's fence: a cancel asked for before then
+        sent its ping to nobody, so it is looked for once now (with the others of this turn)."""
         if workflow_id not in self._watched:
             self._watched.add(workflow_id)
             self._waiters.add(signal_keys.ended(workflow_id), self)
+            self._pinged.set()
 
     def forget(self, workflow_id: str) -> None:
         if workflow_id in self._watched:

@@ -111,6 +111,8 @@ class Execution:
     # run's chunk batches (migration 0026); None: the workflow's row does.
     fence: tuple[str, int] | None = None
     cancels: CancelWatch | None = None  # told of the workflow once its chunks are fenced by its worker
+    chunks_in_flight: int = 0  # the writer's count of this run's chunks in batches being written
+    settled: asyncio.Future[None] | None = None  # the writer's, once the run's end waits for them
 
     @property
     def suspend_after(self) -> float:
@@ -325,11 +327,11 @@ class Execution:
         workflow body, the n-th write to a key lands at the same position on every run, so a workflow
         replayed after a crash skips the writes that were already committed instead of repeating them.
         (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)"""
-        if self.interrupt is not None:
-            raise self.interrupt
         run = inside_step.get()
         if run is not None and run.abandoned:
             raise StepTimeout(f"stream {key!r}: the step attempt writing it ran past its timeout and was abandoned")
+        if self.interrupt is not None:
+            raise self.interrupt
         closed = self.closed_streams
         if closed and key in closed:
             raise ValueError(f"stream {key!r} of workflow {self.workflow_id!r} is closed")

@@ -63,6 +63,7 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
     body only: a stop that comes while a resumed run reads its journal lets the read finish, and the
     body then stops at its first await.)
     """
+    execution: Execution | None = None
     try:
         execution = await _open(slot, workflow, claimed)
         with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
@@ -74,6 +75,8 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
             outcome = refused(claimed)
             if outcome is None:
                 outcome = await _run_cancellable(slot, workflow, claimed, execution, scope)
+            if outcome is not None:
+                await _settle(slot, execution)
             if outcome is not None and await retried(slot.runtime, slot.store, workflow, claimed, outcome,
                                                      execution.failure, freed):
                 telemetry.ended(span, "retried", outcome.error)
@@ -82,13 +85,28 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
                 telemetry.ended(span, outcome.status.value, outcome.error)
                 await _finish(slot.finisher, execution, claimed, workflow, outcome, began, freed)
     except Suspended as pause:
+        assert execution is not None
         execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
+        await _settle(slot, execution)
         await _suspend(slot.runtime, slot.store, workflow, claimed, pause, freed)
     except _Stopped:
+        assert execution is not None
+        await _settle(slot, execution)
         await _give_back(slot, claimed)
     except BaseException:
+        if execution is not None:
+            await _settle(slot, execution)
         await _give_back(slot, claimed)
         raise
+
+
+async def _settle(slot: Slot, execution: Execution) -> None:
+    """Before the workflow changes hands: the run writes no chunk more, and those it has in flight
+    are committed (or refused) first, shielded (see ``StreamWriter.settle``)."""
+    settled = slot.writer.settle(execution)
+    if settled is not None:
+        with anyio.CancelScope(shield=True):
+            await settled
 
 
 async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Execution:

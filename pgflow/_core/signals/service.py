@@ -25,7 +25,7 @@ from ..registry import Config
 from ..store import unreachable
 from ..store.channel import NO_PINGS, Pings, SignalKey
 from .listener import Listener
-from .notifier import Notifier, Refusals
+from .notifier import QUEUE_FULL, Notifier, Refusals
 from .payload import News
 from .sealing import Keyring, sealed
 from .waiters import Waiters, until
@@ -109,8 +109,9 @@ class Signals:
         """Run ``statement`` with the payloads of ``news`` riding on its commit; the result, and
         whether they went out with it. With ``when_quiet`` only when no other statement of this
         process carries pings right now (see ``Notifier.may_carry``); never while the server refuses
-        notifications. A statement refused with its pings is sent again without them: if that one
-        commits, the pings were the cause (the error is the statement's own when it fails again)."""
+        notifications. A statement refused with its pings is sent again without them (the error is
+        the statement's own when it fails again); a full notification queue, the one refusal that
+        NOTIFY itself makes, begins an episode in which no statement carries pings."""
         notifier = self.notifier
         if (not news or not self._telling_others or notifier is None or self.refusals.refusing
                 or (when_quiet and not notifier.may_carry())):
@@ -125,8 +126,9 @@ class Signals:
                 if unreachable(exc):
                     raise
                 result = await statement(NO_PINGS)
-                self.refused_statements += 1
-                self.refusals.refused(exc)
+                if exc.sqlstate == QUEUE_FULL:  # (not, say, a retried write that its first try had made)
+                    self.refused_statements += 1
+                    self.refusals.refused(exc)
                 return result, False
         finally:
             if when_quiet:

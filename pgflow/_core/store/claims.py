@@ -30,18 +30,24 @@ from .statements import Statements
 # A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
 CLAIM = (
-    "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at"
+    "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, NULL::text AS owner"
     "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
     "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
     "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
     "    AND due_at >= coalesce(q.floor, '-infinity')"
     "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at FROM {s}.workflows"
+    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
     "   WHERE %(full)s AND status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
     "   AND name = ANY(%(names)s)"
     "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " chosen AS (SELECT id, ready_at FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+    " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
     "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+    # The fences of the workers whose workflows are taken over, locked in one order (the trigger of
+    # migration 0026 moves them on in the order of the rows: two claims taking over the workflows of
+    # the same two workers could each wait for the other).
+    " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
+    "   WHERE worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
+    "   ORDER BY worker FOR NO KEY UPDATE),"
     # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
     # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
     # new with every claim; the attempt number is handed out again). A limited queue's claim does
@@ -56,6 +62,7 @@ CLAIM = (
     # queue; each one's ready time is joined to it after the update, not in it (joined in it, a generic
     # plan probes the key with the whole array once per chosen row: half of a claim of 64's time).
     "  WHERE w.id = ANY(ARRAY(SELECT id FROM chosen)) AND EXISTS (SELECT FROM lazy)"
+    "  AND (SELECT count(*) FROM fenced) >= 0"
     "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
     "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
     "   w.queue, w.traceparent,"

@@ -211,7 +211,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         """Those of ``ids`` still running whose cancellation was asked for."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT id FROM {s}.workflows WHERE id = ANY(%s) AND cancel_requested AND status = 'running'"),
+                # (by the primary key alone: see fencing.held)
+                "SELECT w.id FROM unnest(%s::text[]) AS a(id) CROSS JOIN LATERAL (SELECT id, cancel_requested,"
+                " status FROM {s}.workflows WHERE id = a.id LIMIT 1) w WHERE w.cancel_requested"
+                " AND w.status = 'running'"),
                 (list(ids),))
             return [str(row[0]) for row in await cur.fetchall()]
 
@@ -268,7 +271,10 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             cur = await conn.execute(self._sql(
                 "WITH forgotten AS (DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
                 "  RETURNING id),"
-                " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten))"
+                # (their fences locked in the order claims lock them: see claims.CLAIM)
+                " doomed AS (SELECT worker FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten)"
+                "  ORDER BY worker FOR UPDATE),"
+                " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT worker FROM doomed))"
                 " SELECT count(*) FROM forgotten"
             ), (silent_for,))
             row = await cur.fetchone()

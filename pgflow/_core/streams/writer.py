@@ -50,6 +50,10 @@ class ChunkRefused(ExecutionInterrupted):
     """The server refused a chunk for what it holds; its workflow fails with this reason."""
 
 
+class RunOver(ExecutionInterrupted):
+    """The run has ended or given its workflow back: nothing it writes from now on may land."""
+
+
 class Owner(Protocol):
     """The execution a chunk is written for: its fencing token, and where to say it must stop."""
 
@@ -59,6 +63,8 @@ class Owner(Protocol):
     interrupt: ExecutionInterrupted | None
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
     fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
+    chunks_in_flight: int  # of its chunks, those in a batch being written
+    settled: asyncio.Future[None] | None  # done once none is (see ``StreamWriter.settle``)
 
 
 class Stream:
@@ -140,10 +146,31 @@ class StreamWriter(GroupCommit[_Pending]):
                 batch.append(p)
         self._queue = waiting
         busy.update([p.stream for p in batch])
+        for p in batch:
+            p.owner.chunks_in_flight += 1
         return batch
 
     def _sent(self, batch: list[_Pending]) -> None:
         self._busy.difference_update([p.stream for p in batch])
+        for p in batch:
+            owner = p.owner
+            owner.chunks_in_flight -= 1
+            if not owner.chunks_in_flight and owner.settled is not None and not owner.settled.done():
+                owner.settled.set_result(None)
+
+    def settle(self, owner: Owner) -> asyncio.Future[None] | None:
+        """Stop an execution's chunks before its workflow changes hands (its end, a retry, a wait,
+        a release): none queued goes out from now on, and the future, when there is one, is done once
+        the batches holding some of them are. A batch fenced by its worker does not look at the
+        workflow's row, so one that committed after the row moved on could land in a stream its next
+        owner writes, or after the end its readers saw."""
+        if owner.interrupt is None:
+            owner.interrupt = RunOver(f"the run of workflow {owner.workflow_id!r} is over")
+        if not owner.chunks_in_flight:
+            return None
+        if owner.settled is None:
+            owner.settled = self._loop.create_future()
+        return owner.settled
 
     async def _flush(self, batch: list[_Pending]) -> None:
         """Write a batch. A batch refused by the server for its content (not an outage) is split
