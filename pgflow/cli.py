@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -210,6 +211,11 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
         return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
                           ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace),
                           "--loop", args.loop], args.processes)
+    # What importing the app made lives as long as the process: frozen out of the collector's sight, a
+    # full collection scans only what the worker makes afterwards (4 ms rather than 21 ms in the
+    # streams benchmark, where every chunk written meanwhile waited behind it: benchmarks/README.md).
+    gc.collect()
+    gc.freeze()
     try:
         code: int = anyio.run(_serve, app, args.concurrency, queues, args.lease, args.grace,
                               args.health_port, args.health_host, backend_options=options)

@@ -1,8 +1,9 @@
-"""The worker of the liveness probe tests (tests/test_worker_health.py) and of the loop tests (tests/test_loops.py)."""
+"""The worker of the liveness probe tests (tests/test_worker_health.py) and of the loop and process tests (tests/test_loops.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pgflow
@@ -24,3 +25,9 @@ async def noop() -> int:
 async def loop_kind() -> str:
     """The kind of event loop the worker runs its workflows on (tests/test_loops.py)."""
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+@app.workflow(name="probed.frozen")
+async def frozen() -> int:
+    """How many objects the worker's process froze out of the collector's sight (tests/test_loops.py)."""
+    return gc.get_freeze_count()
