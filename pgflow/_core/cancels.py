@@ -33,6 +33,8 @@ class CancelWatch:
         self._waiters = waiters
         self._cancellers = cancellers
         self._watched: set[str] = set()
+        self._unchecked: set[str] = set()  # watched since the last look, which no ping has told of
+        self._heard = False  # a ping (or a reconnect) since the last look: every watched one is looked at
         self._pinged = anyio.Event()
 
     def watch(self, workflow_id: str) -> None:
@@ -40,6 +42,7 @@ class CancelWatch:
         sent its ping to nobody, so it is looked for once now (with the others of this turn)."""
         if workflow_id not in self._watched:
             self._watched.add(workflow_id)
+            self._unchecked.add(workflow_id)
             self._waiters.add(signal_keys.ended(workflow_id), self)
             self._pinged.set()
 
@@ -49,6 +52,7 @@ class CancelWatch:
             self._waiters.remove(signal_keys.ended(workflow_id), self)
 
     def wake(self) -> None:  # (a ping of a watched workflow, or every waiter's wake on a reconnect)
+        self._heard = True
         self._pinged.set()
 
     def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
@@ -58,11 +62,12 @@ class CancelWatch:
         while True:
             await self._pinged.wait()
             self._pinged = anyio.Event()
-            watched = sorted(self._watched)
-            if not watched:
+            looked_at = sorted(self._watched if self._heard else self._unchecked & self._watched)
+            self._heard, self._unchecked = False, set()
+            if not looked_at:
                 continue
             try:
-                cancelled = await self._store.cancels_requested(watched)
+                cancelled = await self._store.cancels_requested(looked_at)
             except (psycopg.Error, OSError) as exc:  # the heartbeat still tells, a third of a lease later
                 log.warning("could not look for cancellations: %s", exc)
                 continue
