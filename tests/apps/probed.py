@@ -1,4 +1,5 @@
-"""The worker of the liveness probe tests (tests/test_worker_health.py) and of the loop and process tests (tests/test_loops.py)."""
+"""The worker of the liveness probe tests (tests/test_worker_health.py) and of the loop and process
+tests (tests/test_loops.py)."""
 
 from __future__ import annotations
 
