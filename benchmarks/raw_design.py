@@ -1,10 +1,7 @@
 """The hand-written minimum of pgflow's stream design, shared by the benchmarks that measure against it:
 the chunks of every producer in a process group-committed in one multi-row INSERT per batch (two
 batches in flight, each producer awaiting its batch), whose statement also sends one NOTIFY per few
-hundred of the batch's stream ids; a long queue with nothing in flight goes as two halves, as pgflow's
-writer does (producers in step would otherwise all land in one batch per round, and the second batch
-in flight would never be used: before it did this, raw ran at half its rate in one run of two to
-five). No fencing, no journal, no framework."""
+hundred of the batch's stream ids. No fencing, no journal, no framework."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ import json
 from typing import Any
 
 BATCH = 5000  # chunks per statement at most
-COHORT_AT_LEAST = 32  # chunks: a queue of twice this, with nothing in flight, goes as two batches
 
 
 class GroupWriter:
@@ -29,7 +25,6 @@ class GroupWriter:
         self._pending: list[tuple[Any, int, bytes | None, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
         self._in_flight = asyncio.Semaphore(2)
-        self._flying = 0
 
     async def write(self, sid: Any, position: int, value: bytes | None) -> None:
         done = asyncio.get_running_loop().create_future()
@@ -43,12 +38,8 @@ class GroupWriter:
             self._wake.clear()
             while self._pending:
                 await self._in_flight.acquire()
-                take = BATCH
-                if not self._flying and len(self._pending) >= 2 * COHORT_AT_LEAST:
-                    take = min(BATCH, (len(self._pending) + 1) // 2)
-                batch = self._pending[:take]
-                del self._pending[:take]
-                self._flying += 1
+                batch = self._pending[:BATCH]
+                del self._pending[:BATCH]
                 asyncio.get_running_loop().create_task(self._flush(batch))
 
     async def _flush(self, batch: list[tuple[Any, int, bytes | None, asyncio.Future[None]]]) -> None:
@@ -61,5 +52,4 @@ class GroupWriter:
             for *_, done in batch:
                 done.set_result(None)
         finally:
-            self._flying -= 1
             self._in_flight.release()
