@@ -24,6 +24,7 @@ class _Owner:
         self.fence = None
         self.chunks_in_flight = 0
         self.settled = None
+        self.fence_cut = None
 
 
 def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:

@@ -182,3 +182,43 @@ async def test_a_cancel_asked_for_before_the_first_chunk_stops_the_stream(app: p
         go.set()
         with pytest.raises(pgflow.WorkflowCancelled):
             await handle.result_async(timeout=10)
+
+
+async def test_a_workflow_given_back_after_a_batch_was_cut_off_waits_for_that_batch(
+        dsn: str, schema: str) -> None:
+    """A batch whose connection is cut off (here: no answer within ``query_timeout``, as it waits for a
+    lock on its worker's fence) may still commit on the server after its run gave up and gave the
+    workflow back; fenced by the worker, not the row, it would not hold the release up, and its chunk
+    would collide with the next run's. The release moves the fence on, so it waits for the batch."""
+    app = pgflow.App(dsn, schema=schema, poll_interval=0.5, query_timeout=1.0)
+
+    @app.workflow(name="fenced.cut")
+    async def cut() -> int:
+        await pgflow.write_stream_async("s", "one")
+        await pgflow.write_stream_async("s", "two")
+        return 2
+
+    try:
+        async with app.worker(concurrency=2) as worker, await psycopg.AsyncConnection.connect(dsn) as locker:
+            try:
+                await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE',
+                                     (worker.id,))
+                handle = await cut.start_async()
+
+                async def releasing_or_released() -> bool:
+                    [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s',
+                                              handle.id)
+                    return status != "running" or bool(await query(  # (queued behind the cut batches)
+                        dsn, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                             " AND pid <> pg_backend_pid() AND query LIKE %s",
+                        f'%"{schema}".workflows SET status = \'queued\'%'))
+
+                await wait_for(releasing_or_released)  # (the batch's tries give up after 10 s)
+                [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
+                assert status == "running"  # its release waits for the batch cut off
+            finally:
+                await locker.rollback()
+            assert await handle.result_async(timeout=60) == 2  # run again, after the cut batch's chunk
+            assert [v async for v in handle.stream_async("s")] == ["one", "two"]
+    finally:
+        await app.close_async()

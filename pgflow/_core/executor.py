@@ -92,11 +92,11 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
     except _Stopped:
         assert execution is not None
         await _settle(slot, execution)
-        await _give_back(slot, claimed)
+        await _give_back(slot, claimed, execution.fence_cut)
     except BaseException:
         if execution is not None:
             await _settle(slot, execution)
-        await _give_back(slot, claimed)
+        await _give_back(slot, claimed, execution.fence_cut if execution is not None else None)
         raise
 
 
@@ -158,12 +158,13 @@ async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
     return outcome
 
 
-async def _give_back(slot: Slot, claimed: Claimed) -> None:
+async def _give_back(slot: Slot, claimed: Claimed, fence_cut: str | None = None) -> None:
     """Return an interrupted run's workflow to the queue at once, shielded (the interruption may be
-    a cancellation): another worker then takes it up without waiting for its lease to run out."""
+    a cancellation): another worker then takes it up without waiting for its lease to run out.
+    ``fence_cut``: a batch of its chunks under that worker's fence was cut off and may still run."""
     with anyio.CancelScope(shield=True):
         try:
-            if await retrying(lambda: slot.store.release(claimed.id, claimed.claim_token),
+            if await retrying(lambda: slot.store.release(claimed.id, claimed.claim_token, fence_cut),
                               f"giving {claimed.id} back to the queue"):
                 # Its own queue (with_options may have moved it).
                 slot.runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))

@@ -280,13 +280,21 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             row = await cur.fetchone()
             return int(row[0]) if row else 0
 
-    async def release(self, id: str, claim_token: int) -> bool:
-        """Give a workflow back to the queue now, so another worker resumes it without waiting."""
+    async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
+        """Give a workflow back to the queue now, so another worker resumes it without waiting.
+
+        ``fence_cut`` names the worker whose fence a batch of the run's chunks held when its connection
+        was cut off: that statement may still run on the server, and, fenced by the worker rather
+        than by this row, would not hold the release up. The release moves that fence on in its own
+        statement, so it commits only after every batch holding the fence has ended, and any that has
+        not yet looked at it is refused (migration 0026)."""
         row = await self._fetchone(
-            "WITH held AS (" + HOLDS_LOCKED + ")"
+            ("WITH moved AS (UPDATE {s}.worker_fences SET epoch = epoch + 1 WHERE worker = %s RETURNING 1),"
+             if fence_cut is not None else "WITH")
+            + " held AS (" + HOLDS_LOCKED + ")"
             " UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
             " WHERE id = (SELECT id FROM held) RETURNING 1",
-            (id, claim_token),
+            (fence_cut, id, claim_token) if fence_cut is not None else (id, claim_token),
         )
         return row is not None
 

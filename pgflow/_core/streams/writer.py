@@ -64,6 +64,7 @@ class Owner(Protocol):
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
     fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
     chunks_in_flight: int  # of its chunks, those in a batch being written
+    fence_cut: str | None  # the worker whose fence a batch of its chunks held when it was cut off
     settled: asyncio.Future[None] | None  # done once none is (see ``StreamWriter.settle``)
 
 
@@ -192,7 +193,7 @@ class StreamWriter(GroupCommit[_Pending]):
         positions = [p.position for p in batch]
         values = [p.value for p in batch]
         unnamed = [p for p in batch if p.stream.id is None]
-        tries = 0
+        maybe_written = False  # an earlier try may have committed (its answer was lost)
 
         # One worker fence for the whole batch when every execution in it was claimed under the same
         # one (the usual case); otherwise each workflow's row is the fence.
@@ -200,19 +201,30 @@ class StreamWriter(GroupCommit[_Pending]):
         fence = fences.pop() if len(fences) == 1 else None
 
         async def write(pings: Pings) -> Written:
-            nonlocal tries
-            tries += 1
+            nonlocal maybe_written
             stream_ids = [p.stream.id for p in batch]
             assert None not in stream_ids
-            return await self._store.write_chunks(
-                owners, chunk_owners, stream_ids, positions, values, pings, again=tries > 1,  # type: ignore[arg-type]
-                fence=fence)
+            try:
+                return await self._store.write_chunks(
+                    owners, chunk_owners, stream_ids, positions, values, pings,  # type: ignore[arg-type]
+                    again=maybe_written, fence=fence)
+            except Exception as exc:
+                maybe_written = maybe_written or unreachable(exc)
+                raise
 
         if unnamed:  # the first chunks of their streams: the streams are named first
             await retrying(lambda: self._name(unnamed), f"naming {len(unnamed)} streams")
         news = self._news(batch)
-        (fenced, cancelled, fence_held), rode = await retrying(lambda: self._signals.ride(news, write),
-                                                               f"a batch of {len(batch)} chunks")
+        try:
+            (fenced, cancelled, fence_held), rode = await retrying(lambda: self._signals.ride(news, write),
+                                                                   f"a batch of {len(batch)} chunks")
+        except Exception:
+            if fence is not None and maybe_written:
+                # A try cut off may still be running on the server, under the fence's lock and past
+                # its check: whoever gives these workflows back waits for it (``Store.release``).
+                for owner in index:
+                    owner.fence_cut = fence[0]
+            raise
         if not fence_held:  # taken over, or lost with a crash: their rows fence them from now on
             for owner in index:
                 owner.fence = None
