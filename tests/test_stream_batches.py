@@ -25,6 +25,7 @@ class _Owner:
         self.chunks_in_flight = 0
         self.settled = None
         self.fence_cut = None
+        self.poisoned = False
 
 
 def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:

@@ -204,14 +204,17 @@ async def test_a_workflow_given_back_after_a_batch_was_cut_off_waits_for_that_ba
                 await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE',
                                      (worker.id,))
                 handle = await cut.start_async()
+                await wait_for(lambda: query(  # its first chunk's batch waits for the lock
+                    dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    locker.info.backend_pid))
 
                 async def releasing_or_released() -> bool:
                     [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s',
                                               handle.id)
                     return status != "running" or bool(await query(  # (queued behind the cut batches)
                         dsn, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                             " AND pid <> pg_backend_pid() AND query LIKE %s",
-                        f'%"{schema}".workflows SET status = \'queued\'%'))
+                             " AND position(%s IN query) > 0",
+                        f'UPDATE "{schema}".workflows SET status = \'queued\', lease_owner = NULL'))
 
                 await wait_for(releasing_or_released)  # (the batch's tries give up after 10 s)
                 [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)

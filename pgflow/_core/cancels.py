@@ -70,6 +70,7 @@ class CancelWatch:
                 cancelled = await self._store.cancels_requested(looked_at)
             except (psycopg.Error, OSError) as exc:  # the heartbeat still tells, a third of a lease later
                 log.warning("could not look for cancellations: %s", exc)
+                self._unchecked.update(looked_at)  # (looked at again with the next wake)
                 continue
             for workflow_id in cancelled:
                 cancel = self._cancellers.get(workflow_id)

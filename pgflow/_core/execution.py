@@ -113,6 +113,7 @@ class Execution:
     cancels: CancelWatch | None = None  # told of the workflow once its chunks are fenced by its worker
     chunks_in_flight: int = 0  # the writer's count of this run's chunks in batches being written
     fence_cut: str | None = None  # a batch of its chunks under this worker's fence was cut off
+    poisoned: bool = False  # a chunk of its was not written (the writer's mark: none after it may be)
     settled: asyncio.Future[None] | None = None  # the writer's, once the run's end waits for them
 
     @property

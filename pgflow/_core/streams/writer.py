@@ -65,6 +65,7 @@ class Owner(Protocol):
     fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
     chunks_in_flight: int  # of its chunks, those in a batch being written
     fence_cut: str | None  # the worker whose fence a batch of its chunks held when it was cut off
+    poisoned: bool  # a chunk of its was not written: none after it may be (``interrupt`` may change later)
     settled: asyncio.Future[None] | None  # done once none is (see ``StreamWriter.settle``)
 
 
@@ -180,7 +181,7 @@ class StreamWriter(GroupCommit[_Pending]):
         await apart(batch, self._write, self._refused)
 
     async def _write(self, batch: list[_Pending]) -> None:
-        batch = [p for p in batch if p.owner.interrupt is None or not self._poisoned(p)]
+        batch = [p for p in batch if not self._poisoned(p)]
         if not batch:
             return
         # What the statement sends: the executions of the batch, each named once (a chunk names its
@@ -286,17 +287,21 @@ class StreamWriter(GroupCommit[_Pending]):
             for p in batch:
                 p.owner.interrupt = StreamWriteFailed(
                     f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")
+                p.owner.poisoned = True
                 p.resolve(p.owner.interrupt)
             return
         [p] = batch
         log.error("a chunk of stream %r of workflow %r was refused: %s", p.key, p.owner.workflow_id, exc)
         p.owner.interrupt = ChunkRefused(
             f"a chunk of stream {p.key!r} could not be stored ({type(exc).__name__}: {exc})")
+        p.owner.poisoned = True
         p.resolve(p.owner.interrupt)
 
     @staticmethod
     def _poisoned(p: _Pending) -> bool:
-        if p.owner.interrupt is not None and isinstance(p.owner.interrupt, StreamWriteFailed | ChunkRefused):
+        """(A flag of its own: a cancel or a timeout that comes afterwards replaces ``interrupt``, and
+        the later half of a split batch must still skip the chunks after the one refused.)"""
+        if p.owner.poisoned:
             p.resolve(p.owner.interrupt)
             return True
         return False
