@@ -208,10 +208,9 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
 
     async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
-        """Those of ``ids`` still running whose cancellation was asked for."""
+        """Those of ``ids`` still running whose cancellation was asked for (by the key alone: fencing.held)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                # (by the primary key alone: see fencing.held)
                 "SELECT w.id FROM unnest(%s::text[]) AS a(id) CROSS JOIN LATERAL (SELECT id, cancel_requested,"
                 " status FROM {s}.workflows WHERE id = a.id LIMIT 1) w WHERE w.cancel_requested"
                 " AND w.status = 'running'"),
@@ -282,12 +281,9 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
 
     async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting.
-
-        ``fence_cut`` names the worker whose fence a batch of the run's chunks held when its connection
-        was cut off: that statement may still run on the server, and, fenced by the worker rather
-        than by this row, would not hold the release up. The release moves that fence on in its own
-        statement, so it commits only after every batch holding the fence has ended, and any that has
-        not yet looked at it is refused (migration 0026)."""
+        ``fence_cut``: a batch of the run's chunks under that worker's fence was cut off and may still
+        run; the release moves the fence on in its own statement, so it commits only after that batch
+        (which does not lock this row) has ended, and one not yet past the fence is refused."""
         row = await self._fetchone(
             ("WITH moved AS (UPDATE {s}.worker_fences SET epoch = epoch + 1 WHERE worker = %s RETURNING 1),"
              if fence_cut is not None else "WITH")

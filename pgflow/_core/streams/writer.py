@@ -233,6 +233,11 @@ class StreamWriter(GroupCommit[_Pending]):
         self.chunks += len(batch)
         telemetry.chunks_written.add(len(batch))
         telemetry.batch_sizes.record(len(batch))
+        self._answer(batch, news, rode, fenced, cancelled)
+
+    def _answer(self, batch: list[_Pending], news: News, rode: bool, fenced: set[tuple[str, int]],
+                cancelled: set[str]) -> None:
+        """Answer each writer of a batch that was sent: written, or stopped by what the batch found."""
         if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
             for p in batch:
                 p.resolve(p.owner.interrupt)  # (an execution stopped meanwhile: its writer stops here)
