@@ -101,16 +101,25 @@ async def _nothing() -> None:
     return None
 
 
+async def _stream_forever() -> None:
+    n = 0
+    while True:
+        await pgflow.write_stream_async("s", n)
+        n += 1
+        await anyio.sleep(0.005)
+
+
+async def _status(dsn: str, schema: str, workflow_id: str) -> str:
+    [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', workflow_id)
+    return str(status)
+
+
 async def test_a_workflow_that_only_streams_stops_soon_after_its_cancel(app: pgflow.App) -> None:
     """Its chunks read no row, so the cancel's ping is what stops it: with a lease of a minute, the
     heartbeat would tell its worker only 20 s later."""
     @app.workflow(name="fenced.endless")
     async def endless() -> None:
-        n = 0
-        while True:
-            await pgflow.write_stream_async("s", n)
-            n += 1
-            await anyio.sleep(0.005)
+        await _stream_forever()
 
     async with app.worker(concurrency=2, lease=60.0):
         handle = await endless.start_async()
@@ -147,12 +156,10 @@ async def test_a_run_ends_only_after_its_batch_in_flight(app: pgflow.App, dsn: s
             await handle.cancel_async()
 
             async def settling_or_ended() -> bool:
-                [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
-                return status != "running" or runs[0].settled is not None
+                return await _status(dsn, schema, handle.id) != "running" or runs[0].settled is not None
 
             await wait_for(settling_or_ended)
-            [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
-            assert status == "running"  # its end waits for the chunk in flight
+            assert await _status(dsn, schema, handle.id) == "running"  # its end waits for the chunk in flight
         finally:
             await locker.rollback()
         with pytest.raises(pgflow.WorkflowCancelled):
@@ -169,11 +176,7 @@ async def test_a_cancel_asked_for_before_the_first_chunk_stops_the_stream(app: p
     async def late() -> None:
         running.set()
         await go.wait()
-        n = 0
-        while True:
-            await pgflow.write_stream_async("s", n)
-            n += 1
-            await anyio.sleep(0.005)
+        await _stream_forever()
 
     async with app.worker(concurrency=2, lease=60.0):
         handle = await late.start_async()
@@ -209,16 +212,14 @@ async def test_a_workflow_given_back_after_a_batch_was_cut_off_waits_for_that_ba
                     locker.info.backend_pid))
 
                 async def releasing_or_released() -> bool:
-                    [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s',
-                                              handle.id)
-                    return status != "running" or bool(await query(  # (queued behind the cut batches)
+                    # (the release waits queued behind the cut batches)
+                    return await _status(dsn, schema, handle.id) != "running" or bool(await query(
                         dsn, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                              " AND position(%s IN query) > 0",
                         f'UPDATE "{schema}".workflows SET status = \'queued\', lease_owner = NULL'))
 
                 await wait_for(releasing_or_released)  # (the batch's tries give up after 10 s)
-                [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id)
-                assert status == "running"  # its release waits for the batch cut off
+                assert await _status(dsn, schema, handle.id) == "running"  # its release waits for the cut batch
             finally:
                 await locker.rollback()
             assert await handle.result_async(timeout=60) == 2  # run again, after the cut batch's chunk

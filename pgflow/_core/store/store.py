@@ -104,9 +104,10 @@ class Held(NamedTuple):
     cancel_requested: bool
 
 
-# A worker's fence (migration 0026), made when it has none, with an epoch no earlier fence of its had.
-NEW_FENCE = ("INSERT INTO {s}.worker_fences (worker, epoch) VALUES (%(id)s, (random() * 4e18)::int8)"
-             " ON CONFLICT (worker) DO NOTHING")
+def new_fence(worker: str) -> str:
+    """The worker's fence (migration 0026) if it has none, with a new epoch; ``worker``: its id's parameter."""
+    return (f"INSERT INTO {{s}}.worker_fences (worker, epoch) VALUES (%({worker})s, (random() * 4e18)::int8)"
+            " ON CONFLICT (worker) DO NOTHING")
 
 
 class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
@@ -208,12 +209,11 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
         return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
 
     async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
-        """Those of ``ids`` still running whose cancellation was asked for (by the key alone: fencing.held)."""
+        """Those of ``ids`` still running whose cancellation was asked for."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "SELECT w.id FROM unnest(%s::text[]) AS a(id) CROSS JOIN LATERAL (SELECT id, cancel_requested,"
-                " status FROM {s}.workflows WHERE id = a.id LIMIT 1) w WHERE w.cancel_requested"
-                " AND w.status = 'running'"),
+                "WITH " + held("cancelling", "(SELECT unnest(%s::text[]) AS id)", "w.id", by="w.cancel_requested")
+                + " SELECT id FROM cancelling"),
                 (list(ids),))
             return [str(row[0]) for row in await cur.fetchall()]
 
@@ -223,7 +223,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                               version: str, names: Sequence[str], lease_seconds: float | None = None) -> None:
         async with self.pool.connection() as conn:
             await conn.execute(self._sql(
-                "WITH fence AS (" + NEW_FENCE + ")"
+                "WITH fence AS (" + new_fence("id") + ")"
                 " INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
                 " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
             ), {"id": id, "host": host, "pid": pid, "queues": list(queues), "version": version, "names": list(names),
@@ -252,7 +252,7 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
                 "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
                 "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
                 # (a fence lost with a crash or a failover is made anew, with another epoch)
-                " fence AS (" + NEW_FENCE.replace("%(id)s", "%(owner)s") + "),"
+                " fence AS (" + new_fence("owner") + "),"
                 " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
                 # (``running`` comes sorted: the rows are locked in id order)
                 " " + held("renewed", "(SELECT unnest(%(running)s::text[]) AS id)", "w.id", lock=" FOR UPDATE",
