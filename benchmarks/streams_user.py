@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -62,6 +63,31 @@ def cpu() -> float:
     return time.process_time()
 
 
+class Collections:
+    """The caller's garbage collections: a full one stops its loop for as long as it takes, and every
+    chunk that arrives meanwhile waits for it, so their count and length explain a p99."""
+
+    def __init__(self) -> None:
+        self.full: list[tuple[float, float]] = []  # (when it ended, time.time(); how long it took)
+        self.young: list[float] = []
+        self._began = 0.0
+        gc.callbacks.append(self.observe)
+
+    def observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif info["generation"] == 2:
+            self.full.append((time.time(), time.perf_counter() - self._began))
+        else:
+            self.young.append(time.time())
+
+    def figures(self, since: float) -> dict[str, Any]:
+        full = [took for when, took in self.full if when >= since]
+        return {"caller_full_gcs": len(full), "caller_full_gc_max_ms": max(full, default=0.0) * 1000,
+                "caller_full_gc_ms": sum(full) * 1000,
+                "caller_young_gcs": sum(1 for when in self.young if when >= since)}
+
+
 class Reads:
     """The caller's record: every chunk's latency, and each stream whole and in order."""
 
@@ -78,13 +104,16 @@ class Reads:
             self.errors.append(f"stream {stream}: chunk {value[1]} at position {expected}")
 
 
+COLLECTIONS: Collections | None = None
+
+
 def result(reads: Reads, first_start: float, starts_done: float, cpu0: float, chunks: int) -> dict[str, Any]:
     lat = sorted(reads.latencies)
     window = reads.last - first_start
     return {"chunks": len(lat), "expected": chunks, "errors": reads.errors, "window_s": window,
             "chunks_per_s": len(lat) / window if window > 0 else None, "starts_s": starts_done - first_start,
             "p50_ms": harness.percentile(lat, 0.5) * 1000, "p99_ms": harness.percentile(lat, 0.99) * 1000,
-            "caller_cpu_s": cpu() - cpu0}
+            "caller_cpu_s": cpu() - cpu0} | (COLLECTIONS.figures(first_start) if COLLECTIONS else {})
 
 
 # == pgflow ============================================================================================
@@ -347,7 +376,7 @@ def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
                                f" {record['p99_ms']:6.1f} ms  worker {record['worker_cpu_us_per_chunk']:5.1f} us/chunk"
                                f"  caller {record['caller_cpu_us_per_chunk']:5.1f} us/chunk  server"
                                f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk"
-                               f"  idle {record['machine_idle']:4.0%}  starts"
+                               f"  idle {record['machine_idle']:4.0%}  full gcs {record.get('caller_full_gcs')} (max {record.get('caller_full_gc_max_ms', 0):.0f} ms)  starts"
                                f" {record['starts_s']:.2f} s" if record.get("ok") else f"FAILED {record.get('error')}"))
     summary = summarize(runs)
     for starts, entry in summary.items():
@@ -383,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(raw_worker(a))
         return 0
     if a.role == "caller":
+        global COLLECTIONS
+        COLLECTIONS = Collections()
         out = asyncio.run(pgflow_caller(a) if a.design == "pgflow" else raw_caller(a))
         print(json.dumps(out), flush=True)
         return 0

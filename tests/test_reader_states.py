@@ -9,7 +9,7 @@ import pytest
 
 from pgflow._core.signals import PollTicks
 from pgflow._core.store import Store
-from pgflow._core.streams.reader import ChunkFetcher, ReadState, StreamRead
+from pgflow._core.streams.reader import HANDED, ChunkFetcher, ReadState, StreamRead
 
 pytestmark = pytest.mark.anyio
 
@@ -59,3 +59,52 @@ async def test_a_reader_that_ended_or_failed_is_asked_nothing_more() -> None:
         read.state = state
         read.wake()
         assert (read.state, read.runs_fetch) == (state, False)
+
+
+class _Counted:
+    """A waiter that counts its wakes."""
+
+    def __init__(self) -> None:
+        self.woken = 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
+        self.wake()
+
+
+async def test_the_poll_wakes_a_waiter_only_once_it_has_waited_half_a_tick_with_no_news() -> None:
+    ticks = PollTicks(every=3600.0)  # (its timer never fires here: the ticks are called by hand)
+    silent, fed = _Counted(), _Counted()
+    ticks.add(silent)
+    ticks.add(fed)
+    ticks._tick()  # they began to wait just before: too early for either
+    assert (silent.woken, fed.woken) == (0, 0)
+    ticks.add(fed)  # news came, it took it and waits again: a wait begun since this tick
+    ticks._tick()
+    assert (silent.woken, fed.woken) == (1, 0)
+    ticks._tick()
+    assert (silent.woken, fed.woken) == (1, 1)
+    assert ticks._timer is None  # nobody waits: no timer
+    ticks.add(silent)
+    assert ticks._timer is not None
+    ticks._timer.cancel()
+
+
+async def test_a_chunk_a_ping_carried_is_taken_by_step_without_a_batch_or_a_query() -> None:
+    fetcher = _fetcher()
+    read = StreamRead(fetcher, None, "wf", "a", 0)
+    read.sid = 7
+    read._start()
+    read.runs_fetch = False  # (as if its first query had run and found nothing)
+    fetcher._busy = False
+    read.state = ReadState.WAITING
+    waiting = read.step()
+    assert isinstance(waiting, asyncio.Future) and not waiting.done()
+    read.hand(7, 0, b"chunk")
+    assert waiting.done()
+    assert read.step() is HANDED and read.handed == b"chunk"
+    assert (read.state, read.offset, fetcher.queries) == (ReadState.HELD, 1, 0)
+    nxt = read.step()  # taken: it waits for the next one
+    assert isinstance(nxt, asyncio.Future) and read.state is ReadState.WAITING

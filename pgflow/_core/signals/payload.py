@@ -31,8 +31,9 @@ CARRY_CHUNK_AT_MOST = 600  # bytes of a chunk's value carried; a bigger chunk is
 WAKE_ALL_ABOVE = 2000  # keys in one flush beyond which a single "wake all" is cheaper
 
 
-class End(msgspec.Struct, array_like=True, frozen=True):
-    """A workflow's end as its row recorded it."""
+class End(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A workflow's end as its row recorded it. (Neither it nor ``Chunk`` can hold a cycle: untracked
+    by the garbage collector, a News of many costs the reader's process no collections.)"""
 
     workflow_id: str
     born: int  # the row's created_at, in microseconds since the epoch
@@ -43,7 +44,7 @@ class End(msgspec.Struct, array_like=True, frozen=True):
     error: dict[str, Any] | None
 
 
-class Chunk(msgspec.Struct, array_like=True, frozen=True):
+class Chunk(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A committed chunk of a stream (``value`` None: the close marker)."""
 
     stream: str  # the stream's key (``keys.stream``)

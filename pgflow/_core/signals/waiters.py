@@ -42,23 +42,29 @@ class Wakeable(Protocol):
 
 class PollTicks:
     """The slow poll of one loop's waiters: one timer for all of them instead of one per wait (a
-    reader waits once per batch of chunks). A waiter that waits for the poll is woken at the next
-    tick, at most ``every`` seconds later."""
+    reader waits once per batch of chunks). A waiter is woken by the poll once it has waited, with no
+    news, between half of ``every`` and ``every`` seconds: not at a tick that comes just after it began.
+    A reader in step with its writer begins a wait after every chunk; woken by the tick, all of them
+    at once would leave the chunks their pings carry for one query of every stream, a stall of the
+    whole loop each second."""
 
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self._loop = asyncio.get_running_loop()
-        self._due: set[Wakeable] = set()
+        self._due: set[Wakeable] = set()  # waiting since before the last tick: woken at the next
+        self._young: set[Wakeable] = set()  # began to wait since the last tick: due at the one after
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, waiter: Wakeable) -> None:
-        self._due.add(waiter)
+        """``waiter`` begins to wait (again: what it waited for before has come)."""
+        self._due.discard(waiter)
+        self._young.add(waiter)
         if self._timer is None:
-            self._timer = self._loop.call_later(self.every, self._tick)
+            self._timer = self._loop.call_later(self.every / 2, self._tick)
 
     def _tick(self) -> None:
-        self._timer = None
-        due, self._due = self._due, set()
+        due, self._due, self._young = self._due, self._young, set()
+        self._timer = self._loop.call_later(self.every / 2, self._tick) if self._due else None
         for waiter in due:
             waiter.wake()
 

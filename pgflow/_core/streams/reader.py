@@ -38,6 +38,9 @@ READ_BATCH = 1000  # chunks of one stream per read, at most
 STREAMS_PER_READ = 1000  # streams one query reads at most
 READ_BYTES = 1024 * 1024  # bytes of one stream per read, at most (its first chunk whatever its size)
 Chunks = list[tuple[int, bytes | None]]
+# ``StreamRead.step``'s answer when the reader's next chunk is the one in ``handed`` (known by its
+# identity: never filled)
+HANDED: Chunks = []
 
 
 def stream_keys(workflow_id: str, key: str) -> list[str]:
@@ -83,7 +86,7 @@ class StreamRead:
     when its answer is in (or when it is the one to run the query)."""
 
     __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "state",
-                 "again", "runs_fetch", "chunks", "error", "outage")
+                 "again", "runs_fetch", "chunks", "handed", "error", "outage")
 
     def __init__(self, fetcher: ChunkFetcher, waiters: Waiters | None, workflow_id: str, key: str,
                  offset: int) -> None:
@@ -98,7 +101,8 @@ class StreamRead:
         self.state = _NEW
         self.again = False  # pinged since its query began: ask again once the answer is taken
         self.runs_fetch = False  # this reader's task is to run the query for everyone asked
-        self.chunks: Chunks | None = None  # READY: fetched, not yet taken by the reader
+        self.chunks: Chunks | None = None  # READY: fetched, not yet taken by the reader (None: ``handed``)
+        self.handed: bytes | None = None  # READY without chunks: the one a ping carried, at ``offset - 1``
         self.error: BaseException | None = None  # FAILED: what the reader gets
         self.outage = Outage()
 
@@ -119,7 +123,7 @@ class StreamRead:
         if (position == self.offset and self.state is _WAITING and not self.runs_fetch
                 and self._signal is not None and not self._signal.done()):
             self.offset = position + 1
-            self.chunks = [(position, value)]
+            self.handed = value  # (no list of one: a reader in step with its writer gets each chunk so)
             self.state = _READY
             self._fetcher.handed += 1
             self._signal.set_result(None)
@@ -150,7 +154,7 @@ class StreamRead:
                 await self._fetcher.run()
             state = self.state
             if state is _READY:
-                chunks, self.chunks = self.chunks or [], None
+                chunks, self.chunks = self.chunks or [(self.offset - 1, self.handed)], None
                 self.state = _HELD  # asked while held, it would have to run the next query for everyone
                 return chunks
             if state is _FAILED:
@@ -162,6 +166,29 @@ class StreamRead:
                 raise StopAsyncIteration
             self._signal = self._loop.create_future()
             await self._signal
+
+    def step(self) -> Chunks | asyncio.Future[None] | None:
+        """``__anext__``'s usual move, as a plain call, for ``stream_async``: a reader in step with
+        its writer takes each chunk so, and a coroutine less per chunk is less for the application's
+        garbage collector to count. Gives the chunks in hand; or ``HANDED`` (the one in ``handed``);
+        or the future to await before the next step; or None, when only ``__anext__`` can move (to
+        run the query for everyone, or to end or fail)."""
+        state = self.state
+        if state is _HELD:
+            self._fetcher.idle(self)
+        elif state is _NEW:
+            self._start()
+        if self.runs_fetch:
+            return None
+        state = self.state
+        if state is _READY:
+            chunks, self.chunks = self.chunks, None
+            self.state = _HELD
+            return HANDED if chunks is None else chunks
+        if state in _DONE:
+            return None
+        self._signal = signal = self._loop.create_future()
+        return signal
 
     def _start(self) -> None:
         self.state = _WAITING
