@@ -33,52 +33,79 @@ class GroupCommit(ABC, Generic[T]):
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._queue: list[T] = []
-        self._wake = anyio.Event()
         self._in_flight = 0
         self._stopped = False
+        self._sending: set[asyncio.Task[None]] | None = None  # while ``run`` runs: the tasks it owns
+        self._dispatching = False  # a task to take the next batches is on its way
+        self._closing = False  # ``run`` was cancelled: no batch begins any more
 
     def _put(self, item: T) -> None:
         queue = self._queue
         queue.append(item)
         if len(queue) == 1:
-            # Only the first item of a queue wakes the sender: while the queue holds more, a batch in
-            # flight wakes it when it is done (that is why they wait), so one set per batch is enough.
-            self._wake.set()
+            # Only the first item of a queue starts a batch: while the queue holds more, a batch in
+            # flight takes them when it is done (that is why they wait).
+            self._dispatch_soon()
 
     async def _submit(self, item: T) -> None:
-        """Queue the item for the next batch (the batch ``run`` takes on its next turn holds whatever
-        this turn of the loop submitted); once ``run`` has stopped, write it now, alone."""
+        """Queue the item for the next batch (the batch taken on the next turn of the loop holds
+        whatever this turn submitted); once ``run`` has stopped, write it now, alone."""
         if self._stopped:
             await self._flush([item])
         else:
             self._put(item)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Send batches until cancelled; a batch in flight is finished first, since one cut off
-        halfway would answer nobody.
+    def _dispatch_soon(self) -> None:
+        """Have the queued items taken on the next turn of the loop, in a task that sends the first
+        batch itself: an end or a chunk put when nothing is in flight goes out one hop later, not
+        two (a task woken to start another)."""
+        sending = self._sending
+        if sending is None or self._closing or self._dispatching or self._in_flight >= self._max_in_flight:
+            return
+        self._dispatching = True
+        task = asyncio.get_running_loop().create_task(self._dispatch())
+        sending.add(task)
+        task.add_done_callback(sending.discard)
 
-        Each batch is sent in a plain task of its own, which ``run`` owns: nothing cancels it, and
-        ``run`` does not return before it is done. (anyio's ``start_soon`` costs a cancel scope and
-        an event per task; there is a batch of ends per claim cycle, and one of chunks per round.)"""
-        loop = asyncio.get_running_loop()
+    async def _dispatch(self) -> None:
+        self._dispatching = False
+        batches = []
+        while self._queue and self._in_flight < self._max_in_flight:
+            batch = self._take_batch()
+            if not batch:
+                break
+            self._in_flight += 1
+            batches.append(batch)
+        if not batches:
+            return
+        sending = self._sending
+        assert sending is not None  # (``run`` waits for this task before it lets go of them)
+        for batch in batches[1:]:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+        await self._send(batches[0])
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Own the batches' tasks until cancelled; a batch in flight is finished first, since one cut
+        off halfway would answer nobody.
+
+        Each batch is sent in a plain task, which ``run`` owns: nothing cancels it, and ``run`` does
+        not return before it is done. (anyio's ``start_soon`` costs a cancel scope and an event per
+        task; there is a batch of ends per claim cycle, and one of chunks per round.)"""
         sending: set[asyncio.Task[None]] = set()
+        self._sending = sending
         try:
             task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._queue and self._in_flight < self._max_in_flight:
-                    batch = self._take_batch()
-                    if not batch:
-                        break
-                    self._in_flight += 1
-                    task = loop.create_task(self._send(batch))
-                    sending.add(task)
-                    task.add_done_callback(sending.discard)
+            if self._queue:
+                self._dispatch_soon()
+            await anyio.sleep_forever()
         finally:
+            self._closing = True
             with anyio.CancelScope(shield=True):
-                if sending:
-                    await asyncio.wait(sending)
+                while sending:  # (a dispatch already on its way may still start a second batch)
+                    await asyncio.wait(set(sending))
+                self._sending = None
                 if self.drains:
                     self._stopped = True
                     while self._queue:
@@ -98,7 +125,7 @@ class GroupCommit(ABC, Generic[T]):
             self._sent(batch)
             self._in_flight -= 1
             if self._queue:
-                self._wake.set()
+                self._dispatch_soon()
 
     def _sent(self, batch: list[T]) -> None:
         """A batch is done (written or failed): what it held back may go."""
