@@ -70,7 +70,7 @@ class GroupCommit(ABC, Generic[T]):
     async def _dispatch(self) -> None:
         self._dispatching = False
         batches = []
-        while self._queue and self._in_flight < self._max_in_flight:
+        while self._queue and self._in_flight < self._max_in_flight and not self._closing:
             batch = self._take_batch()
             if not batch:
                 break
@@ -103,7 +103,7 @@ class GroupCommit(ABC, Generic[T]):
         finally:
             self._closing = True
             with anyio.CancelScope(shield=True):
-                while sending:  # (a dispatch already on its way may still start a second batch)
+                while sending:  # (and those a dispatch under way started meanwhile)
                     await asyncio.wait(set(sending))
                 self._sending = None
                 if self.drains:
