@@ -376,7 +376,8 @@ def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
                                f" {record['p99_ms']:6.1f} ms  worker {record['worker_cpu_us_per_chunk']:5.1f} us/chunk"
                                f"  caller {record['caller_cpu_us_per_chunk']:5.1f} us/chunk  server"
                                f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk"
-                               f"  idle {record['machine_idle']:4.0%}  full gcs {record.get('caller_full_gcs')} (max {record.get('caller_full_gc_max_ms', 0):.0f} ms)  starts"
+                               f"  idle {record['machine_idle']:4.0%}  full gcs {record.get('caller_full_gcs')}"
+                               f" (max {record.get('caller_full_gc_max_ms', 0):.0f} ms)  starts"
                                f" {record['starts_s']:.2f} s" if record.get("ok") else f"FAILED {record.get('error')}"))
     summary = summarize(runs)
     for starts, entry in summary.items():

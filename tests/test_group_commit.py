@@ -83,29 +83,29 @@ async def test_at_most_two_batches_are_in_flight_and_what_waits_goes_when_one_is
         group.cancel_scope.cancel()
 
 
-async def test_a_stop_waits_for_the_batches_in_flight_and_a_draining_one_sends_what_is_queued() -> None:
-    for drains in (False, True):
-        recorder = Recorder(max_in_flight=1, hold=True, drains=drains)
-        stopped = anyio.Event()
+@pytest.mark.parametrize("drains", [False, True])
+async def test_a_stop_waits_for_the_batches_in_flight_and_a_draining_one_sends_what_is_queued(drains: bool) -> None:
+    recorder = Recorder(max_in_flight=1, hold=True, drains=drains)
+    stopped = anyio.Event()
 
-        async def run_until_cancelled() -> None:
-            try:
-                await recorder.run()
-            finally:
-                stopped.set()
+    async def run_until_cancelled() -> None:
+        try:
+            await recorder.run()
+        finally:
+            stopped.set()
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(run_until_cancelled)
+    async with anyio.create_task_group() as group:
+        group.start_soon(run_until_cancelled)
+        await _turns()
+        recorder.put(1)
+        await _turns()
+        recorder.put(2)  # waits: one batch in flight at most
+        await _turns()
+        group.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
             await _turns()
-            recorder.put(1)
-            await _turns()
-            recorder.put(2)  # waits: one batch in flight at most
-            await _turns()
-            group.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
-                await _turns()
-                assert recorder.batches == [[1]] and not stopped.is_set()  # the stop waits for the batch
-                recorder.release.set()
-                await stopped.wait()
-        assert recorder.batches == ([[1], [2]] if drains else [[1]]), drains
-        assert recorder.in_flight == 0
+            assert recorder.batches == [[1]] and not stopped.is_set()  # the stop waits for the batch
+            recorder.release.set()
+            await stopped.wait()
+    assert recorder.batches == ([[1], [2]] if drains else [[1]])
+    assert recorder.in_flight == 0

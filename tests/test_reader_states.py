@@ -74,17 +74,24 @@ class _Counted:
         self.wake()
 
 
+def _tick(ticks: PollTicks) -> None:
+    """A tick now, in place of the one its timer would make later."""
+    if ticks._timer is not None:
+        ticks._timer.cancel()
+    ticks._tick()
+
+
 async def test_the_poll_wakes_a_waiter_only_once_it_has_waited_half_a_tick_with_no_news() -> None:
-    ticks = PollTicks(every=3600.0)  # (its timer never fires here: the ticks are called by hand)
+    ticks = PollTicks(every=3600.0)
     silent, fed = _Counted(), _Counted()
     ticks.add(silent)
     ticks.add(fed)
-    ticks._tick()  # they began to wait just before: too early for either
+    _tick(ticks)  # they began to wait just before: too early for either
     assert (silent.woken, fed.woken) == (0, 0)
     ticks.add(fed)  # news came, it took it and waits again: a wait begun since this tick
-    ticks._tick()
+    _tick(ticks)
     assert (silent.woken, fed.woken) == (1, 0)
-    ticks._tick()
+    _tick(ticks)
     assert (silent.woken, fed.woken) == (1, 1)
     assert ticks._timer is None  # nobody waits: no timer
     ticks.add(silent)
@@ -95,16 +102,12 @@ async def test_the_poll_wakes_a_waiter_only_once_it_has_waited_half_a_tick_with_
 async def test_a_chunk_a_ping_carried_is_taken_by_step_without_a_batch_or_a_query() -> None:
     fetcher = _fetcher()
     read = StreamRead(fetcher, None, "wf", "a", 0)
-    read.sid = 7
-    read._start()
-    read.runs_fetch = False  # (as if its first query had run and found nothing)
-    fetcher._busy = False
-    read.state = ReadState.WAITING
+    read.sid, read.state = 7, ReadState.WAITING  # (as after a first query that found nothing)
     waiting = read.step()
     assert isinstance(waiting, asyncio.Future) and not waiting.done()
     read.hand(7, 0, b"chunk")
     assert waiting.done()
     assert read.step() is HANDED and read.handed == b"chunk"
     assert (read.state, read.offset, fetcher.queries) == (ReadState.HELD, 1, 0)
-    nxt = read.step()  # taken: it waits for the next one
-    assert isinstance(nxt, asyncio.Future) and read.state is ReadState.WAITING
+    waiting = read.step()  # taken: it waits for the next one
+    assert isinstance(waiting, asyncio.Future) and read.state is ReadState.WAITING
