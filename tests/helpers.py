@@ -94,6 +94,19 @@ async def move_schema_clock(app: pgflow.App, seconds: float) -> None:
     await store.set_clock(seconds)
 
 
+class CountedWaiter:
+    """A waiter (``signals.Wakeable``) that only counts how often it was woken."""
+
+    def __init__(self) -> None:
+        self.times = 0
+
+    def wake(self) -> None:
+        self.times += 1
+
+    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
+        self.wake()
+
+
 # -- running a workflow to its end --------------------------------------------------------------------------
 
 

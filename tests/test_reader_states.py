@@ -11,6 +11,8 @@ from pgflow._core.signals import PollTicks
 from pgflow._core.store import Store
 from pgflow._core.streams.reader import HANDED, ChunkFetcher, ReadState, StreamRead
 
+from .helpers import CountedWaiter
+
 pytestmark = pytest.mark.anyio
 
 
@@ -61,19 +63,6 @@ async def test_a_reader_that_ended_or_failed_is_asked_nothing_more() -> None:
         assert (read.state, read.runs_fetch) == (state, False)
 
 
-class _Counted:
-    """A waiter that counts its wakes."""
-
-    def __init__(self) -> None:
-        self.woken = 0
-
-    def wake(self) -> None:
-        self.woken += 1
-
-    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
-        self.wake()
-
-
 def _tick(ticks: PollTicks) -> None:
     """A tick now, in place of the one its timer would make later."""
     if ticks._timer is not None:
@@ -83,16 +72,16 @@ def _tick(ticks: PollTicks) -> None:
 
 async def test_the_poll_wakes_a_waiter_only_once_it_has_waited_half_a_tick_with_no_news() -> None:
     ticks = PollTicks(every=3600.0)
-    silent, fed = _Counted(), _Counted()
+    silent, fed = CountedWaiter(), CountedWaiter()
     ticks.add(silent)
     ticks.add(fed)
     _tick(ticks)  # they began to wait just before: too early for either
-    assert (silent.woken, fed.woken) == (0, 0)
+    assert (silent.times, fed.times) == (0, 0)
     ticks.add(fed)  # news came, it took it and waits again: a wait begun since this tick
     _tick(ticks)
-    assert (silent.woken, fed.woken) == (1, 0)
+    assert (silent.times, fed.times) == (1, 0)
     _tick(ticks)
-    assert (silent.woken, fed.woken) == (1, 1)
+    assert (silent.times, fed.times) == (1, 1)
     assert ticks._timer is None  # nobody waits: no timer
     ticks.add(silent)
     assert ticks._timer is not None

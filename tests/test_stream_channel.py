@@ -20,7 +20,7 @@ import pgflow
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.listener import Listener
 
-from .helpers import wait_for
+from .helpers import CountedWaiter, wait_for
 from .streaming import PING_WAIT, SLOW_POLL, WAIT, other_app
 
 pytestmark = pytest.mark.anyio
@@ -121,19 +121,6 @@ async def test_a_connected_listener_starts_listening_to_streams_when_a_stream_is
             await app.close_async()
 
 
-class _Woken:
-    """A waiter that counts how often it was woken."""
-
-    def __init__(self) -> None:
-        self.times = 0
-
-    def wake(self) -> None:
-        self.times += 1
-
-    def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
-        self.wake()
-
-
 async def test_a_listener_wakes_stream_waiters_once_it_listens_and_stops_when_none_is_left(
         dsn: str, schema: str) -> None:
     """A waiter that began before the LISTEN is woken once it is done (news sent in between passed this
@@ -148,7 +135,7 @@ async def test_a_listener_wakes_stream_waiters_once_it_listens_and_stops_when_no
             await _until(lambda: _listener(app).connected)
             listener = _listener(app)
             for round_ in range(2):
-                woken = _Woken()
+                woken = CountedWaiter()
                 waiters.add(stream_key, woken)
                 await _until(lambda: listener.streams)
                 assert woken.times >= 1, round_

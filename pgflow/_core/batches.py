@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.abc
@@ -63,7 +63,12 @@ class GroupCommit(ABC, Generic[T]):
         if sending is None or self._closing or self._dispatching or self._in_flight >= self._max_in_flight:
             return
         self._dispatching = True
-        task = asyncio.get_running_loop().create_task(self._dispatch())
+        self._own(sending, self._dispatch())
+
+    @staticmethod
+    def _own(sending: set[asyncio.Task[None]], sent: Coroutine[Any, Any, None]) -> None:
+        """Run ``sent`` in a plain task of ``run``'s."""
+        task = asyncio.get_running_loop().create_task(sent)
         sending.add(task)
         task.add_done_callback(sending.discard)
 
@@ -81,9 +86,7 @@ class GroupCommit(ABC, Generic[T]):
         sending = self._sending
         assert sending is not None  # (``run`` waits for this task before it lets go of them)
         for batch in batches[1:]:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            sending.add(task)
-            task.add_done_callback(sending.discard)
+            self._own(sending, self._send(batch))
         await self._send(batches[0])
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

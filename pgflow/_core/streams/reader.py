@@ -143,36 +143,32 @@ class StreamRead:
         return self
 
     async def __anext__(self) -> Chunks:
-        if self.state is _HELD:
-            self._fetcher.idle(self)
-        elif self.state is _NEW:
-            self._start()
         while True:
             # Until this reader has chunks, an end or an error (running the query when it is its turn).
-            if self.runs_fetch:
+            step = self.step()
+            if step is HANDED:
+                return [(self.offset - 1, self.handed)]
+            if isinstance(step, asyncio.Future):
+                await step
+            elif step is not None:
+                return step
+            elif self.runs_fetch:
                 self.runs_fetch = False
                 await self._fetcher.run()
-            state = self.state
-            if state is _READY:
-                chunks, self.chunks = self.chunks or [(self.offset - 1, self.handed)], None
-                self.state = _HELD  # asked while held, it would have to run the next query for everyone
-                return chunks
-            if state is _FAILED:
+            elif self.state is _FAILED:
                 assert self.error is not None
                 self.stop()
                 raise self.error
-            if state is _ENDED or state is _CLOSED:
+            else:  # ended or closed
                 self.stop()
                 raise StopAsyncIteration
-            self._signal = self._loop.create_future()
-            await self._signal
 
     def step(self) -> Chunks | asyncio.Future[None] | None:
-        """``__anext__``'s usual move, as a plain call, for ``stream_async``: a reader in step with
-        its writer takes each chunk so, and a coroutine less per chunk is less for the application's
-        garbage collector to count. Gives the chunks in hand; or ``HANDED`` (the one in ``handed``);
-        or the future to await before the next step; or None, when only ``__anext__`` can move (to
-        run the query for everyone, or to end or fail)."""
+        """One move of the reader, as a plain call (``__anext__`` is made of them; ``stream_async``
+        makes them itself: a reader in step with its writer takes each chunk so, and a coroutine less
+        per chunk is less for the application's garbage collector to count). Gives the chunks in
+        hand; or ``HANDED`` (the one in ``handed``); or the future to await before the next move; or
+        None, when only ``__anext__`` can move on (to run the query for everyone, or to end or fail)."""
         state = self.state
         if state is _HELD:
             self._fetcher.idle(self)
@@ -183,7 +179,7 @@ class StreamRead:
         state = self.state
         if state is _READY:
             chunks, self.chunks = self.chunks, None
-            self.state = _HELD
+            self.state = _HELD  # asked while held, it would have to run the next query for everyone
             return HANDED if chunks is None else chunks
         if state in _DONE:
             return None
