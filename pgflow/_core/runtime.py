@@ -53,6 +53,7 @@ class Stats:
     notify_flushes: int = 0
     notify_failed_flushes: int = 0
     listeners_connected: int = 0
+    listener_backends: tuple[int, ...] = ()  # server process ids of the LISTEN connections (pg_stat_activity's pid)
     listener_reconnects: int = 0
     notification_queue_usage: float = 0.0
     pings_rejected: int = 0  # payloads heard that did not open with the keyring (forged, foreign, garbage)

@@ -203,6 +203,7 @@ class Signals:
             "notify_flushes": notifier.flushes if notifier else 0,
             "notify_failed_flushes": notifier.failed_flushes if notifier else 0,
             "listeners_connected": int(bool(listener and listener.connected)),
+            "listener_backends": () if listener is None or listener.backend_pid is None else (listener.backend_pid,),
             "listener_reconnects": listener.reconnects if listener else 0,
             "notification_queue_usage": listener.queue_usage if listener else 0.0,
             "pings_rejected": listener.rejected if listener else 0,
