@@ -1,10 +1,22 @@
-"""The CLI's log stamps read exactly as logging's own, across second boundaries (no server needed)."""
+"""The CLI's log lines read exactly as logging's own: the stamps across second boundaries, and the end
+line written without a LogRecord, which steps aside for anything an application adds (no server needed)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import re
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from pgflow._core import log_lines
 from pgflow._core.log_lines import FORMAT, SecondStamps
+from pgflow._core.outcomes import Outcome, log_end
+from pgflow._core.status import Status
 
 
 def record_at(created: float) -> logging.LogRecord:
@@ -25,3 +37,88 @@ def test_every_line_is_stamped_as_logging_stamps_it_across_seconds_and_days() ->
 def test_a_date_format_of_its_own_is_used_as_logging_uses_it() -> None:
     record = record_at(1_764_806_399.25)
     assert SecondStamps().formatTime(record, "%H:%M") == logging.Formatter().formatTime(record, "%H:%M")
+
+
+# -- the end line, written without a LogRecord --------------------------------------------------------------
+
+END = "workflow %s %s %s in %.3fs (attempt %d)"
+ARGS = ("shop.checkout", "wf-1", Status.SUCCEEDED, 0.0123, 2)
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+
+
+@contextlib.contextmanager
+def cli_logging() -> Iterator[tuple[io.StringIO, logging.Logger]]:
+    """The root logger alone with the CLI's handler (writing to a string), as ``pgflow worker`` sets it up;
+    the test's own logging (pytest's handlers) put back after."""
+    root, runs = logging.root, logging.getLogger("pgflow.workflows")
+    saved = root.handlers[:], root.level
+    root.handlers = []
+    stream = io.StringIO()
+    try:
+        log_lines.configure("INFO")
+        root.handlers[0].setStream(stream)  # type: ignore[attr-defined]
+        yield stream, runs
+    finally:
+        root.handlers = saved[0]
+        root.setLevel(saved[1])
+
+
+def test_the_end_line_written_directly_reads_as_logging_writes_it() -> None:
+    with cli_logging() as (stream, runs):
+        assert log_lines.write(runs, logging.INFO, END, ARGS)
+        direct = stream.getvalue()
+        standard = logging.root.handlers[0].format(runs.makeRecord(runs.name, logging.INFO, __file__, 1, END, ARGS,
+                                                                   None)) + "\n"
+    assert STAMP.match(direct) and STAMP.match(standard)
+    assert direct[24:] == standard[24:] == "INFO pgflow.workflows: workflow shop.checkout wf-1 succeeded in 0.012s" \
+                                           " (attempt 2)\n"
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("change", ["handler on pgflow", "filter on its logger", "filter on the handler",
+                                    "second root handler", "record factory", "own format", "not propagated"])
+def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(change: str) -> None:
+    kept = Kept()
+    with cli_logging() as (stream, runs), contextlib.ExitStack() as undo:
+        handler, factory = logging.root.handlers[0], logging.getLogRecordFactory()
+        if change == "handler on pgflow":
+            logging.getLogger("pgflow").addHandler(kept)
+            undo.callback(logging.getLogger("pgflow").removeHandler, kept)
+        elif change == "filter on its logger":
+            runs.addFilter(kept.records.append)  # (a filter that keeps the record and lets it pass)
+            undo.callback(runs.removeFilter, kept.records.append)
+        elif change == "filter on the handler":
+            handler.addFilter(kept.records.append)
+            undo.callback(handler.removeFilter, kept.records.append)
+        elif change == "second root handler":
+            logging.root.addHandler(kept)
+            undo.callback(logging.root.removeHandler, kept)
+        elif change == "record factory":
+            def factory_keeping(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                record = factory(*args, **kwargs)
+                kept.records.append(record)
+                return record
+            logging.setLogRecordFactory(factory_keeping)
+            undo.callback(logging.setLogRecordFactory, factory)
+        elif change == "own format":
+            handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        else:
+            runs.propagate = False
+            runs.addHandler(kept)
+            undo.callback(setattr, runs, "propagate", True)
+            undo.callback(runs.removeHandler, kept)
+        assert not log_lines.write(runs, logging.INFO, END, ARGS)
+        assert stream.getvalue() == ""  # nothing written by the direct path
+        log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
+    if change == "own format":
+        assert stream.getvalue() == "INFO workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)\n"
+    else:
+        assert [r.getMessage() for r in kept.records] == ["workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)"]

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
-from . import codec
+from . import codec, log_lines
 from .registry import StepSpec
 from .status import Status
 from .store import Claimed, StepRecord
@@ -163,11 +163,12 @@ def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> No
         runs.warning("workflow %s %s failed in %.3fs (attempt %d): %s: %s\n%s", name, claimed.id, seconds,
                      claimed.run, error.get("type"), error.get("message"), error.get("traceback", ""))
     elif runs.isEnabledFor(logging.INFO):
-        # Made here rather than by ``runs.info``, which walks the stack to find its caller: a third
-        # of this line's cost, for a place that is always this one.
-        runs.handle(runs.makeRecord(runs.name, logging.INFO, __file__, _END_LINE,
-                                    "workflow %s %s %s in %.3fs (attempt %d)",
-                                    (name, claimed.id, outcome.status, seconds, claimed.run), None, "log_end"))
+        args = (name, claimed.id, outcome.status, seconds, claimed.run)
+        if not log_lines.write(runs, logging.INFO, _END, args):
+            # Made here rather than by ``runs.info``, which walks the stack to find its caller: a third
+            # of this line's cost, for a place that is always this one.
+            runs.handle(runs.makeRecord(runs.name, logging.INFO, __file__, _END_LINE, _END, args, None, "log_end"))
 
 
+_END = "workflow %s %s %s in %.3fs (attempt %d)"
 _END_LINE = log_end.__code__.co_firstlineno
