@@ -100,3 +100,23 @@ async def test_a_chunk_a_ping_carried_is_taken_by_step_without_a_batch_or_a_quer
     assert (read.state, read.offset, fetcher.queries) == (ReadState.HELD, 1, 0)
     waiting = read.step()  # taken: it waits for the next one
     assert isinstance(waiting, asyncio.Future) and read.state is ReadState.WAITING
+
+
+async def test_the_next_chunk_carried_while_the_consumer_is_busy_is_kept_for_it_and_runs_no_query() -> None:
+    fetcher = _fetcher()
+    read = StreamRead(fetcher, None, "wf", "a", 0)
+    read.sid, read.state = 7, ReadState.WAITING
+    read._signal = asyncio.get_running_loop().create_future()
+    read.hand(7, 0, b"first")
+    assert read.step() is HANDED and read.handed == b"first"  # its consumer is busy with it: HELD
+    read.hand(7, 1, b"second")  # the next one comes meanwhile: kept, no query asked for
+    read.hand(7, 1, b"second")  # (the same news heard twice)
+    assert (read.state, read.again, read.runs_fetch) == (ReadState.HELD, False, False)
+    assert read.step() is HANDED and read.handed == b"second"  # the consumer comes back: handed over
+    assert (read.offset, fetcher.queries, fetcher.handed) == (2, 0, 2)
+    read.hand(7, 2, b"third")
+    read.hand(7, 3, b"fourth")  # two ahead while it is busy: the second one is left to a query
+    assert (read.state, read.again) == (ReadState.HELD, True)
+    assert read.step() is HANDED and read.handed == b"third"
+    assert read.step() is None and read.runs_fetch  # then it runs the query, for what came after
+    assert (read.state, read.offset) == (ReadState.ASKED, 3)

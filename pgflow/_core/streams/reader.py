@@ -6,10 +6,11 @@ with its chunks in hand: under load that is one query and one wake per reader fo
 writers commit. The query is run by the reader whose stream was asked first while none ran, so no
 background task is needed; a chunk goes from the database to its reader with no hop between threads.
 
-A reader is only asked again once it has taken what it was given, so a slow reader holds one batch,
-not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken it. A reader
-that keeps up needs no query at all: the news of a small chunk carries it (``signals/payload.py``),
-and a reader waiting at exactly that position takes it from there.
+A reader is only asked again once it has taken what it was given, so a slow reader holds one batch
+(and one chunk), not a growing buffer; a ping that comes meanwhile makes it ask as soon as it has taken
+it. A reader that keeps up needs no query at all: the news of a small chunk carries it
+(``signals/payload.py``), and a reader waiting at exactly that position takes it from there, or, if its
+consumer is still busy with the chunk before, when the consumer comes back.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class ReadState(enum.Enum):
 
     and from FETCHING to ENDED (the stream can grow no more) or FAILED (the error it gets); from any
     state to CLOSED when the reader stops. A ping that comes while it is FETCHING, READY or HELD sets
-    ``again``: it is asked again once its consumer has taken what it has. Apart from the state, one
-    reader at a time ``runs_fetch``: its task runs the next query for everyone asked."""
+    ``again``: it is asked again once its consumer has taken what it has (unless, READY or HELD, the
+    ping carried the very next chunk: that one is ``kept`` and handed over then, with no query).
+    Apart from the state, one reader at a time ``runs_fetch``: its task runs the next query for
+    everyone asked."""
 
     NEW = "new"  # not started: nothing wakes it yet
     WAITING = "waiting"  # for a ping or a poll tick
@@ -86,7 +89,7 @@ class StreamRead:
     when its answer is in (or when it is the one to run the query)."""
 
     __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "state",
-                 "again", "runs_fetch", "chunks", "handed", "error", "outage")
+                 "again", "runs_fetch", "chunks", "handed", "kept_at", "kept", "error", "outage")
 
     def __init__(self, fetcher: ChunkFetcher, waiters: Waiters | None, workflow_id: str, key: str,
                  offset: int) -> None:
@@ -103,6 +106,8 @@ class StreamRead:
         self.runs_fetch = False  # this reader's task is to run the query for everyone asked
         self.chunks: Chunks | None = None  # READY: fetched, not yet taken by the reader (None: ``handed``)
         self.handed: bytes | None = None  # READY without chunks: the one a ping carried, at ``offset - 1``
+        self.kept_at = -1  # the position of the chunk a ping carried while its consumer was busy (-1: none)
+        self.kept: bytes | None = None  # that chunk, handed over when the consumer comes back
         self.error: BaseException | None = None  # FAILED: what the reader gets
         self.outage = Outage()
 
@@ -112,22 +117,32 @@ class StreamRead:
 
     def hand(self, stream_id: int, position: int, value: bytes | None) -> None:
         """News carried the committed chunk at ``position`` of stream ``stream_id``: a reader
-        waiting for exactly that one takes it and runs no query; one that has it already lets it
-        be; any other reads, as for a plain ping. So does a reader that does not know its stream's
-        id yet, or knows another (a pruned workflow's stream of the same id and key)."""
+        waiting for exactly that one takes it and runs no query; one whose consumer is busy with the
+        chunks before it keeps it for when its consumer comes back (one chunk, no query either); one
+        that has it already lets it be; any other reads, as for a plain ping. So does a reader that
+        does not know its stream's id yet, or knows another (a pruned workflow's stream of the same
+        id and key)."""
         if stream_id != self.sid:
             self.wake()
             return
         if position < self.offset:
             return
-        if (position == self.offset and self.state is _WAITING and not self.runs_fetch
-                and self._signal is not None and not self._signal.done()):
-            self.offset = position + 1
-            self.handed = value  # (no list of one: a reader in step with its writer gets each chunk so)
-            self.state = _READY
-            self._fetcher.handed += 1
-            self._signal.set_result(None)
-            return
+        if position == self.offset:
+            state = self.state
+            if (state is _WAITING and not self.runs_fetch and self._signal is not None
+                    and not self._signal.done()):
+                self.offset = position + 1
+                self.handed = value  # (no list of one: a reader in step with its writer gets each chunk so)
+                self.state = _READY
+                self._fetcher.handed += 1
+                self._signal.set_result(None)
+                return
+            if (state is _HELD or state is _READY) and self.kept_at in (-1, position):
+                # Its consumer has not come back for the next chunk yet (its loop was busy a moment):
+                # without this, the chunk would wait for a query, and so would every one after it
+                # that comes while that query runs; a reader a chunk behind would stay in queries.
+                self.kept_at, self.kept = position, value
+                return
         self.wake()
 
     def signal(self) -> None:
@@ -232,8 +247,17 @@ class ChunkFetcher:
             read.signal()
 
     def idle(self, read: StreamRead) -> None:
-        """``read`` has taken its chunks: fetch again at once if it was pinged meanwhile, else wait
-        for the next ping or poll tick."""
+        """``read`` has taken its chunks: hand it the next one if a ping carried it meanwhile; else
+        fetch again at once if it was pinged meanwhile, else wait for the next ping or poll tick."""
+        if read.kept_at >= 0:
+            if read.kept_at == read.offset:
+                read.offset += 1
+                read.handed, read.chunks = read.kept, None
+                read.state = _READY
+                self.handed += 1
+                read.kept_at, read.kept = -1, None
+                return
+            read.kept_at, read.kept = -1, None  # (read past it by a query meanwhile)
         read.state = _WAITING
         if read.again:
             read.again = False
