@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from . import arrays, wire
+from . import wire
 from .channel import Pings, riding
 from .fencing import held
 from .statements import Statements
@@ -157,16 +157,14 @@ class StreamStatements(Statements):
         """
         known = None not in stream_ids
         async with self.pool.connection() as conn:
-            arrays.ready(conn)
             if known:  # the usual read, of streams read before: by id alone
-                cur = await conn.execute(self._sql(_READ_BY_ID), (
-                    arrays.int8s(stream_ids), arrays.int4s(offsets), limit, budget),  # type: ignore[arg-type]
-                    binary=True)
+                rows = await wire.fetch(conn, READING_BY_ID, self._s, {
+                    "sids": stream_ids, "starts": offsets, "limit": limit, "budget": budget},
+                    prepare=self.pool.prepares)
             else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
-                cur = await conn.execute(self._sql(_READ_BY_NAME), (
-                    arrays.int8s([sid or 0 for sid in stream_ids]), arrays.texts(workflow_ids), arrays.texts(keys),
-                    arrays.int4s(offsets), limit, budget), binary=True)
-            rows = await cur.fetchall()
+                rows = await wire.fetch(conn, READING_BY_NAME, self._s, {
+                    "sids": [sid or 0 for sid in stream_ids], "workflow_ids": workflow_ids, "keys": keys,
+                    "starts": offsets, "limit": limit, "budget": budget}, prepare=self.pool.prepares)
         return _sorted_reads(rows, len(stream_ids), learn=not known)
 
 
@@ -184,24 +182,27 @@ _READ_CHUNKS = (
     " LEFT JOIN LATERAL (SELECT w.position, w.value FROM (SELECT position, value,"
     "   sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
     "    - coalesce(octet_length(value), 0) AS before FROM {s}.chunks"
-    "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %s) w"
-    "  WHERE w.before < %s) c ON true"
+    "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %(limit)s) w"
+    "  WHERE w.before < %(budget)s) c ON true"
     " ORDER BY r.i, c.position"
 )
 _READ_BY_ID = (
     "SELECT r.i, r.sid,"
     " CASE WHEN c.position IS NULL THEN (SELECT w.status FROM {s}.stream_ids i"
     "  JOIN {s}.workflows w ON w.id = i.workflow_id WHERE i.id = r.sid) END," + _READ_ENDED +
-    " FROM unnest(%b::int8[], %b::int[]) WITH ORDINALITY AS r(sid, start, i)" + _READ_CHUNKS
+    " FROM unnest(%(sids)s::int8[], %(starts)s::int[]) WITH ORDINALITY AS r(sid, start, i)" + _READ_CHUNKS
 )
 _READ_BY_NAME = (
     "SELECT r.i, r.sid, CASE WHEN c.position IS NULL THEN"
     "  (SELECT status FROM {s}.workflows WHERE id = r.workflow_id) END," + _READ_ENDED +
     " FROM (SELECT q.i, q.workflow_id, q.start, coalesce(nullif(q.sid, 0), (SELECT id FROM"
     "   {s}.stream_ids WHERE workflow_id = q.workflow_id AND key = q.key)) AS sid"
-    "  FROM unnest(%b::int8[], %b::text[], %b::text[], %b::int[]) WITH ORDINALITY"
-    "   AS q(sid, workflow_id, key, start, i)) r" + _READ_CHUNKS
+    "  FROM unnest(%(sids)s::int8[], %(workflow_ids)s::text[], %(keys)s::text[], %(starts)s::int[])"
+    "   WITH ORDINALITY AS q(sid, workflow_id, key, start, i)) r" + _READ_CHUNKS
 )
+_READ_PARAMS = {"sids": wire.INT8S, "starts": wire.INT4S, "limit": wire.INT8, "budget": wire.INT8}
+READING_BY_ID = wire.Statement(_READ_BY_ID, **_READ_PARAMS)
+READING_BY_NAME = wire.Statement(_READ_BY_NAME, workflow_ids=wire.TEXTS, keys=wire.TEXTS, **_READ_PARAMS)
 
 
 def _sorted_reads(rows: list[tuple[Any, ...]], asked: int, learn: bool) -> tuple[
