@@ -1,5 +1,6 @@
 """The statements pgflow runs for every workflow and every batch of chunks (a start, a claim, a batch
-of ends, a batch of chunks), sent through libpq directly rather than through psycopg's cursor.
+of ends, a batch of chunks, the readers' shared read), sent through libpq directly rather than
+through psycopg's cursor.
 
 psycopg's async ``execute`` is general: a cursor per call, every parameter adapted by a dumper looked
 up for its Python type (a list element by element), the query re-read for its placeholders, and the
