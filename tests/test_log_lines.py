@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -83,8 +84,17 @@ class Kept(logging.Handler):
         self.records.append(record)
 
 
+def test_the_end_line_of_a_workflow_is_written_without_a_log_record_under_the_cli() -> None:
+    with cli_logging() as (stream, _), mock.patch.object(logging.LogRecord, "__init__", side_effect=AssertionError):
+        log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
+    line = stream.getvalue()
+    assert STAMP.match(line)
+    assert line[24:] == "INFO pgflow.workflows: workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)\n"
+
+
 @pytest.mark.parametrize("change", ["handler on pgflow", "filter on its logger", "filter on the handler",
-                                    "second root handler", "record factory", "own format", "not propagated"])
+                                    "second root handler", "record factory", "own format", "not propagated",
+                                    "patched callHandlers", "patched emit", "logger subclass", "handler level"])
 def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(change: str) -> None:
     kept = Kept()
     with cli_logging() as (stream, runs), contextlib.ExitStack() as undo:
@@ -110,6 +120,27 @@ def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(cha
             undo.callback(logging.setLogRecordFactory, factory)
         elif change == "own format":
             handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        elif change == "patched callHandlers":  # as an error reporter's breadcrumbs do
+            def breadcrumbs(self: logging.Logger, record: logging.LogRecord) -> None:
+                kept.records.append(record)
+                call_handlers(self, record)
+            call_handlers = logging.Logger.callHandlers
+            undo.enter_context(mock.patch.object(logging.Logger, "callHandlers", breadcrumbs))
+        elif change == "patched emit":
+            emit = logging.StreamHandler.emit
+            def emit_kept(self: logging.StreamHandler, record: logging.LogRecord) -> None:  # type: ignore[type-arg]
+                kept.records.append(record)
+                emit(self, record)
+            undo.enter_context(mock.patch.object(logging.StreamHandler, "emit", emit_kept))
+        elif change == "logger subclass":
+            class Counting(logging.Logger):
+                def handle(self, record: logging.LogRecord) -> None:
+                    kept.records.append(record)
+                    super().handle(record)
+            runs.__class__ = Counting
+            undo.callback(setattr, runs, "__class__", logging.Logger)
+        elif change == "handler level":
+            handler.setLevel(logging.WARNING)
         else:
             runs.propagate = False
             runs.addHandler(kept)
@@ -120,5 +151,7 @@ def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(cha
         log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
     if change == "own format":
         assert stream.getvalue() == "INFO workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)\n"
+    elif change == "handler level":
+        assert stream.getvalue() == ""  # the CLI's handler takes no INFO line
     else:
         assert [r.getMessage() for r in kept.records] == ["workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)"]

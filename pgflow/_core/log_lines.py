@@ -12,7 +12,8 @@ name split, the thread, process and task names looked up), the handler's filters
 formatter's dictionary. 15-17 µs a line on the 2-core machine of benchmarks/README.md, about a seventh
 of a no-op workflow's CPU in the worker. ``write`` makes the same line from the message and its
 arguments alone (5.5-6 µs), but only when the line would reach the CLI's own handler and nothing else:
-an application that adds a handler, a filter or a record factory gets its records as before.
+an application that adds a handler, a filter or a record factory, or hooks logging's own methods
+(an error reporter's breadcrumbs), gets its records as before.
 """
 
 from __future__ import annotations
@@ -69,20 +70,42 @@ def write(logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...]) -
         return False
     formatter = handler.formatter
     assert isinstance(formatter, SecondStamps)
-    created = time.time()
-    line = (f"{formatter.stamp(created, (created - int(created)) * 1000)} {logging.getLevelName(level)}"
-            f" {logger.name}: {msg % args}{handler.terminator}")
+    text = f" {logging.getLevelName(level)} {logger.name}: {msg % args}{handler.terminator}"
     with handler.lock:  # type: ignore[union-attr] # (made by the handler's __init__)
+        created = time.time()  # (stamped under the lock, as logging's own lines are: in order)
         try:
-            handler.stream.write(line)
-            handler.stream.flush()
+            handler.stream.write(formatter.stamp(created, (created - int(created)) * 1000) + text)
         except (OSError, ValueError):  # a closed or broken stream: logging's own path says so its way
             return False
+        try:
+            handler.stream.flush()
+        except (OSError, ValueError):  # (written: the next line's write says what broke)
+            pass
     return True
+
+
+# What logging runs between a logger and its handlers: patched (an error reporter's breadcrumbs hook
+# ``Logger.callHandlers``) or overridden, it must see every record. Looked at as they were when this
+# module was imported, and then by identity (a few attribute loads a line).
+_HOOKS = frozenset({"handle", "makeRecord", "callHandlers", "filter"})
+_HANDLER_HOOKS = frozenset({"handle", "emit", "format", "filter"})
+_LOGGER, _HANDLER = logging.Logger, logging.StreamHandler
+_STOCK = (_LOGGER.handle, _LOGGER.makeRecord, _LOGGER.callHandlers, _LOGGER.filter,
+          _HANDLER.handle, _HANDLER.emit, _HANDLER.format, _HANDLER.filter)
+_STOCK_AT_IMPORT = all(hook.__module__ == "logging" for hook in _STOCK)
+
+
+def _stock(logger: logging.Logger) -> bool:
+    """Whether logging's path from ``logger`` to a ``Lines`` handler is logging's own."""
+    return (_STOCK_AT_IMPORT and type(logger) is _LOGGER and _HOOKS.isdisjoint(logger.__dict__)
+            and (_LOGGER.handle, _LOGGER.makeRecord, _LOGGER.callHandlers, _LOGGER.filter, Lines.handle,
+                 Lines.emit, Lines.format, Lines.filter) == _STOCK)
 
 
 def _alone(logger: logging.Logger, level: int) -> Lines | None:
     """The CLI's handler when it is the only place a record of ``logger`` at ``level`` would go."""
+    if not _stock(logger):
+        return None
     node: logging.Logger | None = logger
     root = logging.root
     while node is not root:
@@ -93,7 +116,8 @@ def _alone(logger: logging.Logger, level: int) -> Lines | None:
     if root.filters or len(root.handlers) != 1 or logging.getLogRecordFactory() is not logging.LogRecord:
         return None
     handler = root.handlers[0]
-    if type(handler) is not Lines or handler.filters or level < handler.level:
+    if type(handler) is not Lines or handler.filters or level < handler.level or not _HANDLER_HOOKS.isdisjoint(
+            handler.__dict__):
         return None
     formatter = handler.formatter
     if type(formatter) is not SecondStamps or formatter._fmt != FORMAT or formatter.datefmt is not None:
