@@ -11,7 +11,7 @@ What was left of a line's cost was mostly logging's machinery: a ``LogRecord`` (
 name split, the thread, process and task names looked up), the handler's filters and locks, the
 formatter's dictionary. 15-17 µs a line on the 2-core machine of benchmarks/README.md, about a seventh
 of a no-op workflow's CPU in the worker. ``write`` makes the same line from the message and its
-arguments alone (5.5-6 µs), but only when the line would reach the CLI's own handler and nothing else:
+arguments alone (6-7 µs), but only when the line would reach the CLI's own handler and nothing else:
 an application that adds a handler, a filter or a record factory, or hooks logging's own methods
 (an error reporter's breadcrumbs), gets its records as before.
 """
