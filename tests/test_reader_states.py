@@ -120,3 +120,15 @@ async def test_the_next_chunk_carried_while_the_consumer_is_busy_is_kept_for_it_
     assert read.step() is HANDED and read.handed == b"third"
     assert read.step() is None and read.runs_fetch  # then it runs the query, for what came after
     assert (read.state, read.offset) == (ReadState.ASKED, 3)
+
+
+async def test_a_chunk_kept_after_a_batch_cut_short_is_handed_over_before_the_query_for_the_rest() -> None:
+    fetcher = _fetcher()
+    read = StreamRead(fetcher, None, "wf", "a", 0)
+    # A query's answer, cut at its limit (more may wait): READY with chunks 0-1, asked again once taken.
+    read.sid, read.state, read.chunks, read.offset, read.again = 7, ReadState.READY, [(0, b"a"), (1, b"b")], 2, True
+    read.hand(7, 2, b"c")  # the next one comes before its consumer has taken the batch: kept
+    assert read.step() == [(0, b"a"), (1, b"b")]
+    assert read.step() is HANDED and read.handed == b"c"  # the kept one first, in order
+    assert read.step() is None and read.runs_fetch  # then the query for what the cut left
+    assert (read.state, read.offset, fetcher.handed) == (ReadState.ASKED, 3, 1)
