@@ -5,6 +5,7 @@ is made once (the multi-process harness is tests/processes.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -137,3 +138,14 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -
         while not (found := await check()):
             await anyio.sleep(0.05)
         return found
+
+
+class RecordingHandler(logging.Handler):
+    """A handler without a level of its own that keeps every record it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

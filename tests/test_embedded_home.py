@@ -18,6 +18,8 @@ import pgflow
 from pgflow.app import default_data_dir
 from pgflow.embedded import stop_embedded
 
+from .helpers import RecordingHandler
+
 
 @pytest.mark.parametrize("marker", ["pyproject.toml", "setup.cfg", ".git"])
 def test_the_data_directory_is_in_the_nearest_project_root_above(
@@ -46,17 +48,6 @@ def test_without_a_project_it_is_the_working_directory_and_pgflow_home_wins(
     assert default_data_dir() == (tmp_path / "elsewhere").resolve()
 
 
-class Recorder(logging.Handler):
-    """A handler without a level of its own on the root logger, as ``logging.basicConfig`` installs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_the_embedded_servers_start_up_chatter_and_where_its_data_is_are_debug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -67,7 +58,7 @@ def test_the_embedded_servers_start_up_chatter_and_where_its_data_is_are_debug(
     os.chmod(home, 0o755)
     monkeypatch.delenv("PGFLOW_DSN", raising=False)
     monkeypatch.setenv("PGFLOW_HOME", str(home))
-    root, recorder = logging.getLogger(), Recorder()
+    root, recorder = logging.getLogger(), RecordingHandler()  # (no level: as basicConfig installs one)
     level = root.level
     root.addHandler(recorder)
     try:

@@ -19,6 +19,8 @@ from pgflow._core.log_lines import FORMAT, SecondStamps
 from pgflow._core.outcomes import Outcome, log_end
 from pgflow._core.status import Status
 
+from .helpers import RecordingHandler
+
 
 def record_at(created: float) -> logging.LogRecord:
     record = logging.LogRecord("pgflow.runs", logging.INFO, __file__, 1, "workflow %s ended", ("w1",), None)
@@ -75,15 +77,6 @@ def test_the_end_line_written_directly_reads_as_logging_writes_it() -> None:
                                            " (attempt 2)\n"
 
 
-class Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_the_end_line_of_a_workflow_is_written_without_a_log_record_under_the_cli() -> None:
     with cli_logging() as (stream, _), mock.patch.object(logging.LogRecord, "__init__", side_effect=AssertionError):
         log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
@@ -96,7 +89,7 @@ def test_the_end_line_of_a_workflow_is_written_without_a_log_record_under_the_cl
                                     "second root handler", "record factory", "own format", "not propagated",
                                     "patched callHandlers", "patched emit", "logger subclass", "handler level"])
 def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(change: str) -> None:
-    kept = Kept()
+    kept = RecordingHandler()
     with cli_logging() as (stream, runs), contextlib.ExitStack() as undo:
         handler, factory = logging.root.handlers[0], logging.getLogRecordFactory()
         if change == "handler on pgflow":

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import msgspec
-import psycopg
 import pytest
 
 import pgflow
 
 from .apps import runtime_app
+from .helpers import query
 from .processes import Processes, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -85,9 +85,7 @@ def test_ctrl_c_in_a_sync_caller_blocked_on_a_workflow_ends_the_process_at_once(
 
 
 async def on_the_server(dsn: str, backend: int) -> bool:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,))
-        return await cur.fetchone() is not None
+    return bool(await query(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", backend))
 
 
 async def test_a_listen_connection_is_open_only_while_something_waits(dsn: str, schema: str) -> None:
