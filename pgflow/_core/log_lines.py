@@ -89,17 +89,23 @@ def write(logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...]) -
 # module was imported, and then by identity (a few attribute loads a line).
 _HOOKS = frozenset({"handle", "makeRecord", "callHandlers", "filter"})
 _HANDLER_HOOKS = frozenset({"handle", "emit", "format", "filter"})
-_LOGGER, _HANDLER = logging.Logger, logging.StreamHandler
-_STOCK = (_LOGGER.handle, _LOGGER.makeRecord, _LOGGER.callHandlers, _LOGGER.filter,
-          _HANDLER.handle, _HANDLER.emit, _HANDLER.format, _HANDLER.filter)
+_LOGGER = logging.Logger
+
+
+def _hooks() -> tuple[Any, ...]:
+    """Those methods, as they are now (the names of ``_HOOKS`` and ``_HANDLER_HOOKS``)."""
+    return (_LOGGER.handle, _LOGGER.makeRecord, _LOGGER.callHandlers, _LOGGER.filter,
+            Lines.handle, Lines.emit, Lines.format, Lines.filter)
+
+
+_STOCK = _hooks()
 _STOCK_AT_IMPORT = all(hook.__module__ == "logging" for hook in _STOCK)
 
 
 def _stock(logger: logging.Logger) -> bool:
     """Whether logging's path from ``logger`` to a ``Lines`` handler is logging's own."""
     return (_STOCK_AT_IMPORT and type(logger) is _LOGGER and _HOOKS.isdisjoint(logger.__dict__)
-            and (_LOGGER.handle, _LOGGER.makeRecord, _LOGGER.callHandlers, _LOGGER.filter, Lines.handle,
-                 Lines.emit, Lines.format, Lines.filter) == _STOCK)
+            and _hooks() == _STOCK)
 
 
 def _alone(logger: logging.Logger, level: int) -> Lines | None:
