@@ -131,10 +131,7 @@ class StreamRead:
             state = self.state
             if (state is _WAITING and not self.runs_fetch and self._signal is not None
                     and not self._signal.done()):
-                self.offset = position + 1
-                self.handed = value  # (no list of one: a reader in step with its writer gets each chunk so)
-                self.state = _READY
-                self._fetcher.handed += 1
+                self._take(value)
                 self._signal.set_result(None)
                 return
             if (state is _HELD or state is _READY) and self.kept_at in (-1, position):
@@ -144,6 +141,13 @@ class StreamRead:
                 self.kept_at, self.kept = position, value
                 return
         self.wake()
+
+    def _take(self, value: bytes | None) -> None:
+        """Take the chunk at ``offset`` a ping carried: READY, with it in ``handed``."""
+        self.offset += 1
+        self.handed = value  # (no list of one: a reader in step with its writer gets each chunk so)
+        self.state = _READY
+        self._fetcher.handed += 1
 
     def signal(self) -> None:
         if self._signal is not None and not self._signal.done():
@@ -249,15 +253,11 @@ class ChunkFetcher:
     def idle(self, read: StreamRead) -> None:
         """``read`` has taken its chunks: hand it the next one if a ping carried it meanwhile; else
         fetch again at once if it was pinged meanwhile, else wait for the next ping or poll tick."""
-        if read.kept_at >= 0:
-            if read.kept_at == read.offset:
-                read.offset += 1
-                read.handed, read.chunks = read.kept, None
-                read.state = _READY
-                self.handed += 1
-                read.kept_at, read.kept = -1, None
-                return
-            read.kept_at, read.kept = -1, None  # (read past it by a query meanwhile)
+        if read.kept_at >= 0:  # (kept only while READY or HELD, when no query moves its offset)
+            assert read.kept_at == read.offset
+            kept, read.kept_at, read.kept = read.kept, -1, None
+            read._take(kept)
+            return
         read.state = _WAITING
         if read.again:
             read.again = False
