@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from . import log_lines
 from .batches import GroupCommit, apart
 from .signals import End, News, Signals
 from .signals import keys as signal_keys
@@ -105,8 +106,9 @@ class Finisher(GroupCommit[_End]):
             [e.end.output for e in batch], [e.end.error for e in batch], pings,
         )), f"recording the end of {len(batch)} workflows")
         self._recorded(len(batch))
-        for item in batch:
-            item.resolve(recorded=(item.end.workflow_id, item.claim_token) in recorded)
+        with log_lines.gathered():  # (the batch's end lines in one write)
+            for item in batch:
+                item.resolve(recorded=(item.end.workflow_id, item.claim_token) in recorded)
         if len(recorded) == len(batch):
             self._signals.told(news, rode)
         else:  # only what was recorded may be told, and it did not ride

@@ -14,12 +14,19 @@ of a no-op workflow's CPU in the worker. ``write`` makes the same line from the 
 arguments alone (6-7 µs), but only when the line would reach the CLI's own handler and nothing else:
 an application that adds a handler, a filter or a record factory, or hooks logging's own methods
 (an error reporter's breadcrumbs), gets its records as before.
+
+The lines of one batch of ends are written together (``gathered``): stderr flushes at every line, and
+a write to the file or pipe behind it was about 2 µs a line here, against a few tenths of one for
+sixteen lines written at once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -68,13 +75,46 @@ def write(logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...]) -
     handler = _alone(logger, level)
     if handler is None:
         return False
+    gathering = _gathering.get()
+    if gathering is not None:
+        gathering.append((logger, level, msg, args, time.time()))
+        return True
+    return _written(handler, [(logger, level, msg, args, None)])
+
+
+# A line taken and not yet written: (logger, level, msg, args, when it was taken; None: when it is written).
+_Line = tuple[logging.Logger, int, str, tuple[Any, ...], float | None]
+_gathering: ContextVar[list[_Line] | None] = ContextVar("pgflow_log_lines_gathering", default=None)
+
+
+@contextmanager
+def gathered() -> Iterator[None]:
+    """The lines ``write`` takes in this block (in this task) go out together when it ends, in one write,
+    each stamped with the time it was taken. (A batch's ends are told in one go: a moment only.)"""
+    lines: list[_Line] = []
+    reset = _gathering.set(lines)
+    try:
+        yield
+    finally:
+        _gathering.reset(reset)
+        if lines:
+            handler = _alone(lines[0][0], lines[0][1])
+            if (handler is None or any(_alone(logger, level) is not handler for logger, level in
+                                       {line[:2] for line in lines}) or not _written(handler, lines)):
+                for logger, level, msg, args, _ in lines:  # (logging's own path says what changed or broke)
+                    logger.handle(logger.makeRecord(logger.name, level, __file__, 0, msg, args, None))
+
+
+def _written(handler: Lines, lines: list[_Line]) -> bool:
+    """Whether ``lines`` went to ``handler``'s stream, in one write (False: none did)."""
     formatter = handler.formatter
     assert isinstance(formatter, SecondStamps)
-    text = f" {logging.getLevelName(level)} {logger.name}: {msg % args}{handler.terminator}"
+    end = handler.terminator
     with handler.lock:  # type: ignore[union-attr] # (made by the handler's __init__)
-        created = time.time()  # (stamped under the lock, as logging's own lines are: in order)
+        now = time.time()  # (stamped under the lock, as logging's own lines are: in order)
+        text = "".join([_text(formatter, line, now, end) for line in lines])
         try:
-            handler.stream.write(formatter.stamp(created, (created - int(created)) * 1000) + text)
+            handler.stream.write(text)
         except (OSError, ValueError):  # a closed or broken stream: logging's own path says so its way
             return False
         try:
@@ -82,6 +122,13 @@ def write(logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...]) -
         except (OSError, ValueError):  # (written: the next line's write says what broke)
             pass
     return True
+
+
+def _text(formatter: SecondStamps, line: _Line, now: float, end: str) -> str:
+    logger, level, msg, args, taken = line
+    at = now if taken is None else taken
+    stamp = formatter.stamp(at, (at - int(at)) * 1000)
+    return f"{stamp} {logging.getLevelName(level)} {logger.name}: {msg % args}{end}"
 
 
 # What logging runs between a logger and its handlers: patched (an error reporter's breadcrumbs hook

@@ -31,6 +31,9 @@ class Runs:
     def __init__(self) -> None:
         self._scopes: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._open = True
+        # The running backend's own class of cancel scope: ``anyio.CancelScope()`` looks the backend up
+        # (sniffio) and initialises the scope twice, 1.2 µs more per run than making it directly.
+        self._new_scope: Callable[[], anyio.CancelScope] | None = None
 
     def __len__(self) -> int:
         return len(self._scopes)
@@ -40,7 +43,9 @@ class Runs:
         (nothing run) once ``serve`` has stopped: the caller gives the workflow back."""
         if not self._open:
             return False
-        scope = anyio.CancelScope()
+        if self._new_scope is None:
+            self._new_scope = type(anyio.CancelScope())
+        scope = self._new_scope()
         task = asyncio.get_running_loop().create_task(run(what, scope), name=name)
         self._scopes[task] = scope
         task.add_done_callback(self._ended)

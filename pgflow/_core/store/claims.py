@@ -103,9 +103,11 @@ FLOORS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Claimed:
-    """A workflow this worker now holds a lease on."""
+    """A workflow this worker now holds a lease on, as its claim read it (nothing assigns to one: not
+    frozen only because a frozen one's ``__init__`` sets each field through ``object.__setattr__``,
+    1.6 µs more per claimed workflow)."""
 
     id: str
     name: str
