@@ -15,7 +15,7 @@ import pytest
 
 import pgflow
 from pgflow._core.execution import Execution, current_execution
-from pgflow._core.store import NO_PINGS, Store
+from pgflow._core.store import NO_PINGS, Claimed, Store
 from pgflow._core.store.streams import Written
 
 from .helpers import query, wait_for
@@ -60,6 +60,52 @@ async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
     late = await a.write_chunks(owner, [1], [sid], [1], [b"late"], NO_PINGS, fence=claimed.fence)
     assert late == Written({owner[0]}, set(), False)
     assert await _chunks(dsn, schema, sid) == [(0, b"a")]
+
+
+async def test_a_workers_two_batches_in_flight_take_its_fence_in_turn_not_together(
+        app: pgflow.App, dsn: str, schema: str) -> None:
+    """Two transactions that share-lock one row make a MultiXact; a worker keeps two batches in flight,
+    so sharing its fence made one for every pair that overlapped. The second batch waits for the first."""
+    workflow = app.workflow(name="fenced.pair")(_nothing)
+    first, second = await workflow.start_async(), await workflow.start_async()
+    store = await _store(app)
+    await _register(store, "A")
+    claimed, _ = await store.claim("A", ["default"], ["fenced.pair"], 2, LEASE)
+    by_id = {c.id: c for c in claimed}
+    assert set(by_id) == {first.id, second.id}
+    sids = await store.stream_ids([first.id, second.id], ["s", "s"])
+    one, two = by_id[first.id], by_id[second.id]
+    assert one.fence == two.fence is not None
+
+    async def batch(claimed: Claimed, value: bytes) -> Written:
+        return await store.write_chunks([(claimed.id, claimed.claim_token)], [1], [sids[(claimed.id, "s")]], [0],
+                                        [value], NO_PINGS, fence=claimed.fence)
+
+    answers: dict[str, Written] = {}
+
+    async def send(claimed: Claimed, value: bytes) -> None:
+        answers[claimed.id] = await batch(claimed, value)
+
+    async def blocked_by(pid: int) -> list[tuple[int]]:
+        return await query(dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", pid)
+
+    async with await psycopg.AsyncConnection.connect(dsn) as blocker, anyio.create_task_group() as tasks:
+        # The first batch stays in flight, its fence locked: its chunk waits for an uncommitted one
+        # of the same position.
+        await blocker.execute(f'INSERT INTO "{schema}".chunks (stream_id, position, value) VALUES (%s, 0, %s)',
+                              (sids[(first.id, "s")], b"blocker"))
+        tasks.start_soon(send, one, b"one")
+        [(in_flight,)] = await wait_for(lambda: blocked_by(blocker.info.backend_pid))
+        tasks.start_soon(send, two, b"two")
+
+        async def waiting_or_done() -> bool:
+            return second.id in answers or bool(await blocked_by(in_flight))
+
+        await wait_for(waiting_or_done)
+        assert second.id not in answers  # it waits for the fence the first batch holds
+        await blocker.rollback()
+    assert answers == {first.id: Written(set(), set(), True), second.id: Written(set(), set(), True)}
+    assert await _chunks(dsn, schema, sids[(second.id, "s")]) == [(0, b"two")]
 
 
 async def test_a_claim_by_the_version_before_moves_the_fence_on_too(app: pgflow.App, dsn: str, schema: str) -> None:

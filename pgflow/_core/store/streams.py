@@ -46,10 +46,16 @@ WRITING, WRITING_AGAIN = _write(again=False), _write(again=True)
 
 def _write_fenced_by_worker(again: bool) -> wire.Statement:
     """A batch of chunks from executions that were all claimed under one worker fence (migration
-    0026): one row locked, whatever the number of workflows; the answer is whether it held."""
+    0026): one row locked, whatever the number of workflows; the answer is whether it held.
+
+    Locked FOR NO KEY UPDATE, not FOR SHARE, though a share lock would do for the fence: a worker has
+    two batches in flight, and two transactions that share-lock one row make a MultiXact, one for
+    every pair of batches that overlapped (343 in a run of 102,400 chunks in 256 streams), which the
+    server logs, stores and must freeze in time. Exclusive, a worker's batches take the row in turn, each
+    waiting at most for the other's commit, and make none."""
     return wire.Statement(
         "WITH fence AS MATERIALIZED (SELECT epoch FROM {s}.worker_fences"
-        "   WHERE worker = %(worker)s AND epoch = %(epoch)s FOR SHARE),"
+        "   WHERE worker = %(worker)s AND epoch = %(epoch)s FOR NO KEY UPDATE),"
         " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
         "   SELECT b.s, b.p, b.v FROM unnest(%(streams)b::int8[], %(positions)b::int[], %(values)b::bytea[])"
         "    AS b(s, p, v) WHERE EXISTS (SELECT FROM fence)"
