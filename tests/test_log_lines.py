@@ -212,3 +212,13 @@ def test_lines_gathered_for_a_broken_stream_go_through_logging_which_says_what_b
         with log_lines.gathered():
             assert log_lines.write(runs, logging.INFO, END, ARGS)
     assert said.call_count == 1 and said.call_args.args[0].getMessage().startswith("workflow shop.checkout wf-1")
+
+
+def test_a_line_whose_arguments_do_not_fit_is_reported_by_logging_and_the_others_are_written() -> None:
+    with cli_logging() as (stream, runs), mock.patch.object(log_lines.Lines, "handleError") as said:
+        with log_lines.gathered():
+            assert log_lines.write(runs, logging.INFO, END, ARGS)
+            assert log_lines.write(runs, logging.INFO, "workflow %d", ("not a number",))
+    assert said.call_count == 1  # logging's own report of the bad line, as for any record
+    assert stream.getvalue()[24:] == "INFO pgflow.workflows: workflow shop.checkout wf-1 succeeded in 0.012s" \
+                                     " (attempt 2)\n"

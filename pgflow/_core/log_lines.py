@@ -112,7 +112,10 @@ def _written(handler: Lines, lines: list[_Line]) -> bool:
     end = handler.terminator
     with handler.lock:  # type: ignore[union-attr] # (made by the handler's __init__)
         now = time.time()  # (stamped under the lock, as logging's own lines are: in order)
-        text = "".join([_text(formatter, line, now, end) for line in lines])
+        try:
+            text = "".join([_text(formatter, line, now, end) for line in lines])
+        except Exception:  # noqa: BLE001 - a message its arguments do not fit: logging reports it its way
+            return False
         try:
             handler.stream.write(text)
         except (OSError, ValueError):  # a closed or broken stream: logging's own path says so its way
