@@ -86,20 +86,17 @@ async def test_a_workers_two_batches_in_flight_take_its_fence_in_turn_not_togeth
     async def send(claimed: Claimed, value: bytes) -> None:
         answers[claimed.id] = await batch(claimed, value)
 
-    async def blocked_by(pid: int) -> list[tuple[int]]:
-        return await query(dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", pid)
-
     async with await psycopg.AsyncConnection.connect(dsn) as blocker, anyio.create_task_group() as tasks:
         # The first batch stays in flight, its fence locked: its chunk waits for an uncommitted one
         # of the same position.
         await blocker.execute(f'INSERT INTO "{schema}".chunks (stream_id, position, value) VALUES (%s, 0, %s)',
                               (sids[(first.id, "s")], b"blocker"))
         tasks.start_soon(send, one, b"one")
-        [(in_flight,)] = await wait_for(lambda: blocked_by(blocker.info.backend_pid))
+        [(in_flight,)] = await wait_for(lambda: _blocked_by(dsn, blocker.info.backend_pid))
         tasks.start_soon(send, two, b"two")
 
         async def waiting_or_done() -> bool:
-            return second.id in answers or bool(await blocked_by(in_flight))
+            return second.id in answers or bool(await _blocked_by(dsn, in_flight))
 
         await wait_for(waiting_or_done)
         assert second.id not in answers  # it waits for the fence the first batch holds
@@ -155,6 +152,11 @@ async def _stream_forever() -> None:
         await anyio.sleep(0.005)
 
 
+async def _blocked_by(dsn: str, pid: int) -> list[tuple[int]]:
+    """The backends that wait for a lock the backend ``pid`` holds."""
+    return await query(dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", pid)
+
+
 async def _status(dsn: str, schema: str, workflow_id: str) -> str:
     [(status,)] = await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', workflow_id)
     return str(status)
@@ -197,8 +199,7 @@ async def test_a_run_ends_only_after_its_batch_in_flight(app: pgflow.App, dsn: s
             locker_pid = locker.info.backend_pid
             await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE', (worker.id,))
             handle = await held.start_async()
-            await wait_for(lambda: query(dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                                         locker_pid))
+            await wait_for(lambda: _blocked_by(dsn, locker_pid))
             await handle.cancel_async()
 
             async def settling_or_ended() -> bool:
@@ -253,9 +254,7 @@ async def test_a_workflow_given_back_after_a_batch_was_cut_off_waits_for_that_ba
                 await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE',
                                      (worker.id,))
                 handle = await cut.start_async()
-                await wait_for(lambda: query(  # its first chunk's batch waits for the lock
-                    dsn, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                    locker.info.backend_pid))
+                await wait_for(lambda: _blocked_by(dsn, locker.info.backend_pid))  # its first batch waits
 
                 async def releasing_or_released() -> bool:
                     # (the release waits queued behind the cut batches)

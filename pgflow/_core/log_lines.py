@@ -98,11 +98,18 @@ def gathered() -> Iterator[None]:
     finally:
         _gathering.reset(reset)
         if lines:
-            handler = _alone(lines[0][0], lines[0][1])
-            if (handler is None or any(_alone(logger, level) is not handler for logger, level in
-                                       {line[:2] for line in lines}) or not _written(handler, lines)):
-                for logger, level, msg, args, _ in lines:  # (logging's own path says what changed or broke)
-                    logger.handle(logger.makeRecord(logger.name, level, __file__, 0, msg, args, None))
+            _write_gathered(lines)
+
+
+def _write_gathered(lines: list[_Line]) -> None:
+    """In one write while the CLI's handler alone still takes every one of them; otherwise each through
+    logging, whose own path says what changed or broke."""
+    handlers = {_alone(logger, level) for logger, level in {line[:2] for line in lines}}
+    handler = handlers.pop() if len(handlers) == 1 else None
+    if handler is not None and _written(handler, lines):
+        return
+    for logger, level, msg, args, _ in lines:
+        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, msg, args, None))
 
 
 def _written(handler: Lines, lines: list[_Line]) -> bool:
