@@ -94,12 +94,15 @@ class Reads:
     def __init__(self) -> None:
         self.latencies: list[float] = []
         self.errors: list[str] = []
+        self.first = 0.0
         self.last = 0.0
 
     def chunk(self, stream: int, expected: int, value: Any) -> None:
         now = time.time()
         self.latencies.append(now - value[0])
         self.last = now
+        if not self.first:
+            self.first = now
         if value[1] != expected and len(self.errors) < 10:
             self.errors.append(f"stream {stream}: chunk {value[1]} at position {expected}")
 
@@ -112,6 +115,7 @@ def result(reads: Reads, first_start: float, starts_done: float, cpu0: float, ch
     window = reads.last - first_start
     return {"chunks": len(lat), "expected": chunks, "errors": reads.errors, "window_s": window,
             "chunks_per_s": len(lat) / window if window > 0 else None, "starts_s": starts_done - first_start,
+            "first_chunk_ms": (reads.first - first_start) * 1000,
             "p50_ms": harness.percentile(lat, 0.5) * 1000, "p99_ms": harness.percentile(lat, 0.99) * 1000,
             "caller_cpu_s": cpu() - cpu0} | (COLLECTIONS.figures(first_start) if COLLECTIONS else {})
 
@@ -344,7 +348,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 entry[design] = {k: harness.median([r[k] for r in rs]) for k in
                                  ("chunks_per_s", "p50_ms", "p99_ms", "worker_cpu_us_per_chunk",
                                   "caller_cpu_us_per_chunk", "server_cpu_us_per_chunk", "machine_idle",
-                                  "starts_s") if rs[0].get(k) is not None}
+                                  "starts_s", "first_chunk_ms") if rs[0].get(k) is not None}
         pairs = [(p, r) for p in mine if p["design"] == "pgflow" for r in mine
                  if r["design"] == "raw" and r["repeat"] == p["repeat"]]
         if pairs:
@@ -378,7 +382,8 @@ def orchestrate(a: argparse.Namespace) -> dict[str, Any]:
                                f" {record['server_cpu_us_per_chunk'] or 0:5.1f} us/chunk"
                                f"  idle {record['machine_idle']:4.0%}  full gcs {record.get('caller_full_gcs')}"
                                f" (max {record.get('caller_full_gc_max_ms', 0):.0f} ms)  starts"
-                               f" {record['starts_s']:.2f} s" if record.get("ok") else f"FAILED {record.get('error')}"))
+                               f" {record['starts_s']:.2f} s  first chunk {record['first_chunk_ms']:.0f} ms"
+                               if record.get("ok") else f"FAILED {record.get('error')}"))
     summary = summarize(runs)
     for starts, entry in summary.items():
         ratio = entry.get("pgflow_over_raw") or {}

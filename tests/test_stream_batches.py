@@ -1,7 +1,9 @@
 """How the stream writer cuts its queue into batches (``_core/streams/writer.py``), without a server:
-writers in step (each awaiting its chunk's commit) are cut into two cohorts, so one cohort's next
-chunks are written while the other's statement runs; a stream never has chunks in two batches at once;
-a run that is over sends nothing more and learns when its batches in flight are done."""
+writers in step (each awaiting its chunk's commit) are cut into two cohorts when the server is on
+another machine, so one cohort's next chunks are written while the other's statement runs, and go
+whole when it is on this one; a stream never has chunks in two batches at once; a run that is over
+sends nothing more and learns when its batches in flight are done. Whether the server is here:
+``connecting.on_this_machine``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 
 import pytest
 
+from pgflow._core.connecting import on_this_machine
 from pgflow._core.streams.writer import COHORT_AT_LEAST, RunOver, Stream, StreamWriter, _Pending
 
 pytestmark = pytest.mark.anyio
@@ -34,8 +37,12 @@ def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -
         writer._queue.append(_Pending(owner, "k", 0, b"v", stream, loop.create_future()))
 
 
+def _writer(*, cohorts: bool) -> StreamWriter:
+    return StreamWriter(None, None, cohorts=cohorts)  # type: ignore[arg-type] # (the queue alone: nothing is sent)
+
+
 async def test_writers_in_step_go_as_two_cohorts_and_a_stream_waits_for_its_own() -> None:
-    writer = StreamWriter(None, None)  # type: ignore[arg-type] # (the queue alone: nothing here is sent)
+    writer = _writer(cohorts=True)
     writers = 4 * COHORT_AT_LEAST
     owners = [_Owner(n) for n in range(writers)]
     streams = [Stream(f"s{n}") for n in range(writers)]
@@ -52,15 +59,22 @@ async def test_writers_in_step_go_as_two_cohorts_and_a_stream_waits_for_its_own(
     assert len(writer._take_batch()) == 3
 
 
+async def test_writers_in_step_go_as_one_batch_to_a_server_on_this_machine() -> None:
+    writer = _writer(cohorts=False)
+    writers = 4 * COHORT_AT_LEAST
+    _queued(writer, [Stream(f"s{n}") for n in range(writers)], [_Owner(n) for n in range(writers)])
+    assert (len(writer._take_batch()), len(writer._queue)) == (writers, 0)
+
+
 async def test_a_short_queue_goes_whole() -> None:
-    writer = StreamWriter(None, None)  # type: ignore[arg-type]
+    writer = _writer(cohorts=True)
     few = 2 * COHORT_AT_LEAST - 1
     _queued(writer, [Stream(f"s{n}") for n in range(few)], [_Owner(n) for n in range(few)])
     assert len(writer._take_batch()) == few
 
 
 async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_flight() -> None:
-    writer = StreamWriter(None, None)  # type: ignore[arg-type]
+    writer = _writer(cohorts=True)
     owner, other = _Owner(1), _Owner(2)
     _queued(writer, [Stream("a"), Stream("b")], [owner, other])
     batch = writer._take_batch()
@@ -74,3 +88,19 @@ async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_fligh
     assert isinstance(late.done.exception(), RunOver)
     writer._sent(batch)
     assert settled.done() and owner.chunks_in_flight == 0
+
+
+@pytest.mark.parametrize(("host", "hostaddr", "here"), [
+    ("/var/run/postgresql", "", True),  # a unix-domain socket's directory
+    ("@pgflow", "", True),  # Linux's abstract namespace
+    ("", "", True),  # libpq's default: the socket
+    ("localhost", "127.0.0.1", True),
+    ("localhost", "::1", True),
+    ("127.0.0.2", "127.0.0.2", True),
+    ("db.example.com", "10.1.2.3", False),
+    ("10.1.2.3", "", False),
+    ("2001:db8::1", "2001:db8::1", False),
+    ("db.example.com", "", False),  # no address known: not assumed to be here
+])
+def test_which_servers_are_on_this_machine(host: str, hostaddr: str, here: bool) -> None:
+    assert on_this_machine(host, hostaddr) is here

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgflow
+from pgflow._core.store import Store
 
 from .helpers import Point, query
 from .streaming import (
@@ -60,9 +61,16 @@ def build_counters(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: igno
     return {"async": count_async, "sync": count_sync}
 
 
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
 async def test_many_writers_and_readers_joining_at_different_times_see_every_chunk_in_order(
-    app: pgflow.App, dsn: str, schema: str,
+    app: pgflow.App, dsn: str, schema: str, where: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """(The test servers are on this machine; "elsewhere" has the worker take its server for a remote
+    one, whose writer cuts writers in step into two cohorts with two batches in flight.)"""
+    if where == "elsewhere":
+        async def elsewhere(self: Store) -> bool:
+            return False
+        monkeypatch.setattr(Store, "on_this_machine", elsewhere)
     flows = build_counters(app)
     workflows, n = 32, 200
     # Enqueued before any worker runs, so the first reader of each stream is attached before its
@@ -90,7 +98,8 @@ async def test_many_writers_and_readers_joining_at_different_times_see_every_chu
             for i, h in enumerate(handles):
                 tg.start_soon(early, i, h, tg)
                 tg.start_soon(late, i, h, tg)
-            async with app.worker(concurrency=12):
+            async with app.worker(concurrency=12) as worker:
+                assert worker._parts.writer.cohorts is (where == "elsewhere")
                 for h in handles:
                     assert await h.result_async(timeout=WAIT) == n
                 await wait_until(lambda: len(seen) == 3 * workflows, "every reader to finish")

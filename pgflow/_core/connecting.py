@@ -4,6 +4,7 @@ and ends in "pool initialization incomplete"."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.parse
 from typing import Any
@@ -85,6 +86,18 @@ def where(dsn: str) -> str:
         return "(unparsable DSN)"
     host = str(params.get("host") or params.get("hostaddr") or "localhost")
     return redact(dsn, f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}")
+
+
+def on_this_machine(host: str, hostaddr: str) -> bool:
+    """Whether a connection (libpq's ``host`` and ``hostaddr`` of it) reaches a server on this machine:
+    through a unix-domain socket (a directory, or ``@`` for Linux's abstract namespace), or a loopback
+    address. A server elsewhere behind a pooler on this machine counts as here."""
+    if not host or host.startswith(("/", "@")):
+        return True
+    try:
+        return ipaddress.ip_address(hostaddr or host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def split_password(dsn: str) -> tuple[str, str | None]:

@@ -150,7 +150,7 @@ class Worker:
                 await store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
         await store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
-        self._parts = parts = self._assemble(runtime, store)
+        self._parts = parts = self._assemble(runtime, store, cohorts=not await store.on_this_machine())
         for queue in self.queues:
             runtime.signals.waiters.add(signal_keys.queue(queue), parts.wake)
         async with contextlib.AsyncExitStack() as stack:
@@ -166,10 +166,10 @@ class Worker:
                      self.health.port)
         return self
 
-    def _assemble(self, runtime: Runtime, store: Store) -> _Parts:
+    def _assemble(self, runtime: Runtime, store: Store, *, cohorts: bool) -> _Parts:
         assert runtime.config is not None
         config = runtime.config
-        writer = StreamWriter(store, runtime.signals)
+        writer = StreamWriter(store, runtime.signals, cohorts=cohorts)
         runtime.writers.add(writer)
         # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
         # next claim goes out beside that batch instead of after it.

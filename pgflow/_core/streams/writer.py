@@ -4,10 +4,14 @@ Writing a chunk is an INSERT, but not one per chunk: the chunks of every executi
 gathered while earlier batches commit (two may be in flight) and then written in one multi-row INSERT,
 and each writer awaits its batch's commit. Under load batches grow by themselves; when idle a chunk
 goes out at once. Writers that keep in step with their commits (each awaits its chunk before it writes
-the next, as a token stream does) would all land in one batch per round trip, the server idle while the
-worker runs their next chunks and the worker idle while the server writes: so a long enough queue, with
-no batch in flight, goes out as two halves, and from then on each half's writers write while the other
-half's statement runs (benchmarks/README.md: a sixth more chunks a second in the user's shape).
+the next, as a token stream does) all land in one batch per round trip. With the server on another
+machine, the worker would then sit idle for a network round trip each round and the server while the
+worker runs the next chunks: there a long enough queue, with no batch in flight, goes out as two
+cohorts, and from then on each cohort's writers write while the other's statement runs. With the
+server on this machine the statement runs on the cores the worker would overlap it with, and the
+second statement a round costs CPU on both ends and a wakeup of the server that takes the worker's
+core: one batch a round is faster there (benchmarks/README.md, session 21: 10-18% more chunks a
+second with ``start_many``, and less CPU per chunk in the worker and the server).
 
 A batch's news rides on its commit (one NOTIFY naming its streams, and carrying the
 chunk of every stream that has just one in the batch, when it is small): the batch is already the
@@ -38,7 +42,7 @@ from ..store import Pings, Store, retrying, unreachable
 from ..store.streams import Written
 
 CARRY_PER_BATCH = 32_000  # bytes of chunks carried by one batch's news; the rest of a wide batch is named
-COHORT_AT_LEAST = 32  # chunks: a queue of twice this, with nothing in flight, goes as two batches
+COHORT_AT_LEAST = 32  # chunks: with cohorts, a queue of twice this and nothing in flight goes as two batches
 
 log = logging.getLogger("pgflow.streams")
 
@@ -111,10 +115,12 @@ class StreamWriter(GroupCommit[_Pending]):
     one, so a reader never sees a gap, and a batch that fails leaves nothing of its streams committed
     behind it."""
 
-    def __init__(self, store: Store, signals: Signals, max_batch: int = 5000, max_in_flight: int = 2) -> None:
+    def __init__(self, store: Store, signals: Signals, *, cohorts: bool, max_batch: int = 5000,
+                 max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
         self._signals = signals
+        self.cohorts = cohorts  # whether writers in step are cut in two (the server is elsewhere)
         self._busy: set[Stream] = set()  # the streams with a chunk in a batch in flight
         self._loop = asyncio.get_running_loop()
         self.batches = 0
@@ -134,7 +140,7 @@ class StreamWriter(GroupCommit[_Pending]):
         batch: list[_Pending] = []
         waiting: list[_Pending] = []
         limit = self._max_batch
-        if not self._in_flight and len(self._queue) >= 2 * COHORT_AT_LEAST:
+        if self.cohorts and not self._in_flight and len(self._queue) >= 2 * COHORT_AT_LEAST:
             # Nothing in flight: half now and half right after, so that the writers of one half
             # write their next chunks while the other half's statement runs (see the module's doc).
             limit = min(limit, (len(self._queue) + 1) // 2)
