@@ -6,6 +6,7 @@ from typing import Any
 
 from psycopg import sql
 
+from ..connecting import on_this_machine
 from ..pool import Pool
 
 
@@ -29,3 +30,8 @@ class Statements:
             cur = await conn.execute(self._sql(template), params)
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row
+
+    async def on_this_machine(self) -> bool:
+        """Whether the pool's connections reach a server on this machine (``connecting.on_this_machine``)."""
+        async with self.pool.connection() as conn:
+            return on_this_machine(conn.info.host, conn.info.hostaddr)

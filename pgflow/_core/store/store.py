@@ -21,7 +21,6 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import PoolClosed
 
-from ..connecting import on_this_machine
 from . import migrations, wire
 from .channel import ChannelStatements, Pings, ping_parameters, riding
 from .claims import ClaimStatements
@@ -123,11 +122,6 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
     async def schema_version(self) -> int:
         async with self.pool.connection() as conn:
             return await migrations.applied_version(conn, self._s)
-
-    async def on_this_machine(self) -> bool:
-        """Whether the pool's connections reach a server on this machine (``connecting.on_this_machine``)."""
-        async with self.pool.connection() as conn:
-            return on_this_machine(conn.info.host, conn.info.hostaddr)
 
     # -- starting and looking at workflows ------------------------------------------------------------
 
