@@ -10,7 +10,7 @@ worker runs the next chunks: there a long enough queue, with no batch in flight,
 cohorts, and from then on each cohort's writers write while the other's statement runs. With the
 server on this machine the statement runs on the cores the worker would overlap it with, and the
 second statement a round costs CPU on both ends and a wakeup of the server that takes the worker's
-core: one batch a round is faster there (benchmarks/README.md, session 21: 10-18% more chunks a
+core: one batch a round is faster there (benchmarks/README.md, session 21: 9-18% more chunks a
 second with ``start_many``, and less CPU per chunk in the worker and the server).
 
 A batch's news rides on its commit (one NOTIFY naming its streams, and carrying the
