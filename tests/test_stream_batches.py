@@ -97,6 +97,7 @@ async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_fligh
     ("localhost", "127.0.0.1", True),
     ("localhost", "::1", True),
     ("127.0.0.2", "127.0.0.2", True),
+    ("localhost", "::ffff:127.0.0.1", True),
     ("db.example.com", "10.1.2.3", False),
     ("10.1.2.3", "", False),
     ("2001:db8::1", "2001:db8::1", False),

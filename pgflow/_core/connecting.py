@@ -95,9 +95,12 @@ def on_this_machine(host: str, hostaddr: str) -> bool:
     if not host or host.startswith(("/", "@")):
         return True
     try:
-        return ipaddress.ip_address(hostaddr or host).is_loopback
+        address = ipaddress.ip_address(hostaddr or host)
     except ValueError:
         return host == "localhost"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # (::ffff:127.0.0.1)
+    return address.is_loopback
 
 
 def split_password(dsn: str) -> tuple[str, str | None]:
