@@ -115,7 +115,7 @@ def result(reads: Reads, first_start: float, starts_done: float, cpu0: float, ch
     window = reads.last - first_start
     return {"chunks": len(lat), "expected": chunks, "errors": reads.errors, "window_s": window,
             "chunks_per_s": len(lat) / window if window > 0 else None, "starts_s": starts_done - first_start,
-            "first_chunk_ms": (reads.first - first_start) * 1000,
+            "first_chunk_ms": (reads.first - first_start) * 1000 if reads.first else None,
             "p50_ms": harness.percentile(lat, 0.5) * 1000, "p99_ms": harness.percentile(lat, 0.99) * 1000,
             "caller_cpu_s": cpu() - cpu0} | (COLLECTIONS.figures(first_start) if COLLECTIONS else {})
 

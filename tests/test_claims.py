@@ -78,6 +78,9 @@ async def test_a_claim_reads_each_queue_through_its_index_and_scans_no_table(
     assert "Index Scan using workflows_due" in text, text  # the next due time: one index entry a queue
     claimed = subtree(text, "CTE claimed")
     assert "workflows_pkey" in claimed and "Nested Loop" not in claimed, text
+    # Only a full claim ($3) takes workflows over: the others do not begin the scan for the fences of
+    # the workers it takes them from.
+    assert "One-Time Filter: $3" in subtree(text, "CTE fenced"), text
 
 
 async def test_a_claim_finds_its_rows_by_the_key_once_when_few_are_queued(

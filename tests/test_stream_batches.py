@@ -90,18 +90,21 @@ async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_fligh
     assert settled.done() and owner.chunks_in_flight == 0
 
 
-@pytest.mark.parametrize(("host", "hostaddr", "here"), [
-    ("/var/run/postgresql", "", True),  # a unix-domain socket's directory
-    ("@pgflow", "", True),  # Linux's abstract namespace
-    ("", "", True),  # libpq's default: the socket
-    ("localhost", "127.0.0.1", True),
-    ("localhost", "::1", True),
-    ("127.0.0.2", "127.0.0.2", True),
-    ("localhost", "::ffff:127.0.0.1", True),
-    ("db.example.com", "10.1.2.3", False),
-    ("10.1.2.3", "", False),
-    ("2001:db8::1", "2001:db8::1", False),
-    ("db.example.com", "", False),  # no address known: not assumed to be here
+@pytest.mark.parametrize(("host", "hostaddr", "server_addr", "here"), [
+    ("/var/run/postgresql", "", None, True),  # a unix-domain socket's directory
+    ("@pgflow", "", None, True),  # Linux's abstract namespace
+    ("", "", None, True),  # libpq's default: the socket
+    ("localhost", "127.0.0.1", "127.0.0.1", True),
+    ("localhost", "::1", "::1", True),
+    ("127.0.0.2", "127.0.0.2", "127.0.0.2", True),
+    ("localhost", "::ffff:127.0.0.1", "::ffff:127.0.0.1", True),
+    ("localhost", "127.0.0.1", None, True),  # a pooler here, the server behind it through its socket
+    ("localhost", "127.0.0.1", "10.1.2.3", False),  # a pooler here, the server on another machine
+    ("db.example.com", "10.1.2.3", "10.1.2.3", False),
+    ("10.1.2.3", "", "10.1.2.3", False),
+    ("2001:db8::1", "2001:db8::1", "2001:db8::1", False),
+    ("db.example.com", "", "10.1.2.3", False),  # no address known: not assumed to be here
+    ("pooler.example.com", "10.1.2.4", "127.0.0.1", False),  # a pooler elsewhere, its server beside it
 ])
-def test_which_servers_are_on_this_machine(host: str, hostaddr: str, here: bool) -> None:
-    assert on_this_machine(host, hostaddr) is here
+def test_which_servers_are_on_this_machine(host: str, hostaddr: str, server_addr: str | None, here: bool) -> None:
+    assert on_this_machine(host, hostaddr, server_addr) is here

@@ -43,6 +43,12 @@ pytestmark = pytest.mark.anyio
 # -- 1. ordering and completeness under many writers and readers ---------------------------------------------
 
 
+async def test_the_embedded_server_is_on_this_machine(app: pgflow.App, restartable: Any) -> None:
+    """(Reached through a unix socket: its writers send writers in step as one batch a round. The
+    addresses of other servers: tests/test_stream_batches.py.)"""
+    assert await app._client.runtime().db(lambda store: store.on_this_machine()) is True
+
+
 def build_counters(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: ignore[type-arg]
     @app.workflow
     async def count_async(n: int) -> int:
@@ -65,12 +71,12 @@ def build_counters(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: igno
 async def test_many_writers_and_readers_joining_at_different_times_see_every_chunk_in_order(
     app: pgflow.App, dsn: str, schema: str, where: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """(The test servers are on this machine; "elsewhere" has the worker take its server for a remote
-    one, whose writer cuts writers in step into two cohorts with two batches in flight.)"""
-    if where == "elsewhere":
-        async def elsewhere(self: Store) -> bool:
-            return False
-        monkeypatch.setattr(Store, "on_this_machine", elsewhere)
+    """(The worker takes its server for one on this machine, whose writer sends writers in step as one
+    batch a round, or for one elsewhere, whose writer cuts them into two cohorts with two batches in
+    flight.)"""
+    async def on_this_machine(self: Store) -> bool:
+        return where == "here"
+    monkeypatch.setattr(Store, "on_this_machine", on_this_machine)
     flows = build_counters(app)
     workflows, n = 32, 200
     # Enqueued before any worker runs, so the first reader of each stream is attached before its

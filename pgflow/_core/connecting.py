@@ -88,19 +88,25 @@ def where(dsn: str) -> str:
     return redact(dsn, f"{host}:{params.get('port') or 5432}/{params.get('dbname') or params.get('user') or ''}")
 
 
-def on_this_machine(host: str, hostaddr: str) -> bool:
-    """Whether a connection (libpq's ``host`` and ``hostaddr`` of it) reaches a server on this machine:
-    through a unix-domain socket (a directory, or ``@`` for Linux's abstract namespace), or a loopback
-    address. A server elsewhere behind a pooler on this machine counts as here."""
-    if not host or host.startswith(("/", "@")):
-        return True
+def on_this_machine(host: str, hostaddr: str, server_addr: str | None) -> bool:
+    """Whether the server a connection reaches runs on this machine, and so shares its cores (a
+    worker's stream writer then sends writers in step as one batch a round: ``streams/writer.py``).
+    ``host`` and ``hostaddr`` are libpq's for the connection: a unix-domain socket (a directory, or
+    ``@`` for Linux's abstract namespace) or a loopback address is this machine. ``server_addr`` is the
+    address the server itself was reached on (``inet_server_addr()``; None through a unix socket): a
+    pooler on this machine passing the connection to a server elsewhere has a remote one there."""
+    here = not host or host.startswith(("/", "@")) or _loopback(hostaddr or host)
+    return here and (server_addr is None or _loopback(server_addr))
+
+
+def _loopback(address: str) -> bool:
     try:
-        address = ipaddress.ip_address(hostaddr or host)
+        ip = ipaddress.ip_address(address)
     except ValueError:
-        return host == "localhost"
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # (::ffff:127.0.0.1)
-    return address.is_loopback
+        return address == "localhost"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # (::ffff:127.0.0.1)
+    return ip.is_loopback
 
 
 def split_password(dsn: str) -> tuple[str, str | None]:

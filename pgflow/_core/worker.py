@@ -148,9 +148,10 @@ class Worker:
             limits = self.registry.queues.get(queue)
             if limits is not None:
                 await store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+        here = await store.on_this_machine()  # (before registering: nothing to undo if it fails)
         await store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
-        self._parts = parts = self._assemble(runtime, store, cohorts=not await store.on_this_machine())
+        self._parts = parts = self._assemble(runtime, store, cohorts=not here)
         for queue in self.queues:
             runtime.signals.waiters.add(signal_keys.queue(queue), parts.wake)
         async with contextlib.AsyncExitStack() as stack:

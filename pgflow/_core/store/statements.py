@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
-from ..connecting import on_this_machine
+from .. import connecting
 from ..pool import Pool
 
 
@@ -34,4 +35,10 @@ class Statements:
     async def on_this_machine(self) -> bool:
         """Whether the pool's connections reach a server on this machine (``connecting.on_this_machine``)."""
         async with self.pool.connection() as conn:
-            return on_this_machine(conn.info.host, conn.info.hostaddr)
+            try:
+                hostaddr = conn.info.hostaddr
+            except psycopg.NotSupportedError:  # (libpq before 12 does not say)
+                hostaddr = ""
+            cur = await conn.execute("SELECT host(inet_server_addr())")
+            row = await cur.fetchone()
+        return connecting.on_this_machine(conn.info.host, hostaddr, row[0] if row else None)
