@@ -41,4 +41,4 @@ class Statements:
                 hostaddr = ""
             cur = await conn.execute("SELECT host(inet_server_addr())")
             row = await cur.fetchone()
-        return connecting.on_this_machine(conn.info.host, hostaddr, row[0] if row else None)
+            return connecting.on_this_machine(conn.info.host, hostaddr, row[0] if row else None)
