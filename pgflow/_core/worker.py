@@ -87,8 +87,7 @@ class Worker:
         if health_port is not None and (isinstance(health_port, bool) or not isinstance(health_port, int)
                                         or not 0 <= health_port <= 65535):
             raise ConfigurationError(f"health_port is a TCP port, 0 to 65535 (0: any free one), got {health_port!r}")
-        self.health_port = health_port
-        self.health_host = health_host
+        self.health_port, self.health_host = health_port, health_host
         self.health: HealthServer | None = None  # the liveness probe's server, while the worker runs
         self._liveness: Liveness | None = None
         self.registry = registry
