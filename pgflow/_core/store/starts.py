@@ -8,7 +8,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from . import wire
-from .channel import riding
+from .channel import Pings, ping_parameters, riding
+from .statements import Statements
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -67,18 +68,93 @@ class Started(NamedTuple):
 
 # One start: the row inserted unless the id exists, and what the id holds either way.
 START = (
-    "WITH new AS ("
+    # (``lazy``: when a commit that waits for the disk follows in the same round trip, this one does
+    # not wait: see ``wire.fetch_then_durable``)
+    "WITH lazy AS (SELECT set_config('synchronous_commit', CASE WHEN %(lazy)s THEN 'off'"
+    "  ELSE current_setting('synchronous_commit') END, true)),"
+    " new AS ("
     " INSERT INTO {s}.workflows"
     "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
     "   expires_at)"
     " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
     f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
     f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
-    " SELECT true, name, born FROM new"
+    " SELECT true, name, born FROM new WHERE EXISTS (SELECT FROM lazy)"
     f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
     "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
 )
 STARTING = wire.Statement(
     START, id=wire.TEXT, name=wire.TEXT, queue=wire.TEXT, priority=wire.INT4, inputs=wire.BYTEA, eta=wire.TIMESTAMPTZ,
     delay=wire.FLOAT8, max_attempts=wire.INT4, timeout=wire.FLOAT8, parent=wire.TEXT, traceparent=wire.TEXT,
-    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL)
+
+
+class StartStatements(Statements):
+    """The start statements of ``Store`` (which provides the pool and the schema)."""
+
+    _starts_in_flight = 0  # this store's single starts sent and not yet answered
+
+    async def enqueue(self, id: str, inputs: bytes, new: NewWorkflows, pings: Pings) -> Started:
+        """Insert a queued workflow unless the id exists. ``pings`` go out with the commit.
+
+        A start alone on this store is visible to the workers (and its ping sent) from its commit on,
+        and made durable by a second commit in the same round trip before the caller hears of it: the
+        workflow's run begins a disk flush earlier. Starts sent together each commit durably instead,
+        so that the server flushes them together, which a second commit each would cost more than it
+        saves. Through a pooler, which may not take a pipeline, always in one durable commit."""
+        alone = self.pool.prepares and not self._starts_in_flight
+        self._starts_in_flight += 1
+        try:
+            async with self.pool.connection() as conn:
+                given = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
+                         "pings": pings.payloads, "lazy": alone}
+                rows = await (wire.fetch_then_durable(conn, STARTING, self._s, given) if alone
+                              else wire.fetch(conn, STARTING, self._s, given, prepare=self.pool.prepares))
+        finally:
+            self._starts_in_flight -= 1
+        row = rows[0] if rows else None
+        if row is None:
+            # The row was inserted by a concurrent start whose commit we could not see yet; ours
+            # waited on its unique index entry, so it is committed now.
+            found = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+            if found is None:
+                raise LookupError(id)
+            return Started(False, str(found[0]), int(found[1]))
+        return Started(bool(row[0]), str(row[1]), int(row[2]))
+
+    async def enqueue_many(self, ids: list[str], inputs: list[bytes], new: NewWorkflows,
+                           pings: Pings) -> list[Started]:
+        """Insert many queued workflows of one name in one statement, skipping ids that exist; what
+        each start found, in the order of ``ids``."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
+                "   WITH ORDINALITY AS a(id, inputs, n)),"
+                " new AS (INSERT INTO {s}.workflows"
+                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+                "   expires_at)"
+                f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
+                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}"
+                "  FROM asked ORDER BY n"
+                f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
+                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
+                "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
+                " LEFT JOIN new ON new.id = a.id"
+                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
+            ), {"ids": ids, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
+            rows = await cur.fetchall()
+        found: list[Started] = [Started(False, "", 0)] * len(ids)
+        created_here: set[str] = set()
+        for n, created, row_name, born in rows:
+            id = ids[n - 1]
+            if created and id in created_here:
+                created = False  # the same id twice in one list: created once
+            if created:
+                created_here.add(id)
+            if row_name is None:  # a concurrent start inserted it and committed after our snapshot
+                late = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+                if late is None:
+                    raise LookupError(id)
+                row_name, born = late
+            found[n - 1] = Started(bool(created), str(row_name), int(born))
+        return found

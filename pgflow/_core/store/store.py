@@ -21,8 +21,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import PoolClosed
 
-from . import migrations, wire
-from .channel import ChannelStatements, Pings, ping_parameters, riding
+from . import migrations
+from .channel import ChannelStatements
 from .claims import ClaimStatements
 from .clock import ClockStatements
 from .details import DetailStatements
@@ -31,7 +31,7 @@ from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, StepStart, held
 from .management import ManagementStatements
 from .partitions import PartitionStatements
 from .reruns import RerunStatements
-from .starts import BORN, DUE, EXPIRES, STARTING, NewWorkflows, Started
+from .starts import BORN, StartStatements
 from .streams import StreamStatements
 from .waits import WaitStatements
 
@@ -110,7 +110,7 @@ def new_fence(worker: str) -> str:
             " ON CONFLICT (worker) DO NOTHING")
 
 
-class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
+class Store(StartStatements, ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
             ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
@@ -124,59 +124,6 @@ class Store(ClaimStatements, EndStatements, StreamStatements, ManagementStatemen
             return await migrations.applied_version(conn, self._s)
 
     # -- starting and looking at workflows ------------------------------------------------------------
-
-    async def enqueue(self, id: str, inputs: bytes, new: NewWorkflows, pings: Pings) -> Started:
-        """Insert a queued workflow unless the id exists. ``pings`` go out with the commit."""
-        async with self.pool.connection() as conn:
-            rows = await wire.fetch(conn, STARTING, self._s, {
-                "id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
-                "pings": pings.payloads}, prepare=self.pool.prepares)
-        row = rows[0] if rows else None
-        if row is None:
-            # The row was inserted by a concurrent start whose commit we could not see yet; ours
-            # waited on its unique index entry, so it is committed now.
-            found = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
-            if found is None:
-                raise LookupError(id)
-            return Started(False, str(found[0]), int(found[1]))
-        return Started(bool(row[0]), str(row[1]), int(row[2]))
-
-    async def enqueue_many(self, ids: list[str], inputs: list[bytes], new: NewWorkflows,
-                           pings: Pings) -> list[Started]:
-        """Insert many queued workflows of one name in one statement, skipping ids that exist; what
-        each start found, in the order of ``ids``."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
-                "   WITH ORDINALITY AS a(id, inputs, n)),"
-                " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
-                "   expires_at)"
-                f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
-                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}"
-                "  FROM asked ORDER BY n"
-                f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
-                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
-                "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
-                " LEFT JOIN new ON new.id = a.id"
-                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
-            ), {"ids": ids, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
-            rows = await cur.fetchall()
-        found: list[Started] = [Started(False, "", 0)] * len(ids)
-        created_here: set[str] = set()
-        for n, created, row_name, born in rows:
-            id = ids[n - 1]
-            if created and id in created_here:
-                created = False  # the same id twice in one list: created once
-            if created:
-                created_here.add(id)
-            if row_name is None:  # a concurrent start inserted it and committed after our snapshot
-                late = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
-                if late is None:
-                    raise LookupError(id)
-                row_name, born = late
-            found[n - 1] = Started(bool(created), str(row_name), int(born))
-        return found
 
     async def existing(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` name workflows."""

@@ -135,7 +135,46 @@ async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, g
     return _rows(conn, await _results(pgconn))
 
 
-async def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+# A transaction that commits with the session's ``synchronous_commit``: its commit record is written
+# after everything committed before it, so once it is answered all of that is on disk (and on the
+# synchronous standbys, when there are any) too. It must write to the log for its commit to wait for
+# the disk (a transaction that only took an id commits as if asynchronously): a logical decoding
+# message of its own, prefixed "pgflow" and empty, which a decoder that asks for messages sees.
+_DURABLE = b"SELECT pg_catalog.pg_logical_emit_message(true, 'pgflow', '')"
+
+
+async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, schema: str,
+                             given: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """``fetch`` for a ``statement`` whose own commit does not wait for the disk (it sets
+    ``synchronous_commit`` off for itself), followed in the same round trip, pipelined, by a commit
+    that does wait: the statement's rows come back only once what it wrote, and what it read that
+    others had committed, is as durable as a plain commit would have made it. Meanwhile its writes
+    (and its pings) were visible to every other session from its own commit on, a disk flush earlier.
+    A connection left halfway (an error, a cancelled task) is in pipeline mode with results pending,
+    which the pool sees as a statement in flight: it closes it rather than hand it out."""
+    sql, name = statement.for_schema(schema)
+    values = statement.values(given)
+    pgconn = conn.pgconn
+    done = _prepared.get(conn)
+    if done is None:
+        done = _prepared[conn] = set()
+    if name not in done:
+        pgconn.send_prepare(name, sql, statement._types)
+        _rows(conn, await _results(pgconn))
+        done.add(name)
+    pgconn.enter_pipeline_mode()
+    pgconn.send_query_prepared(name, values, statement._formats, 1)
+    pgconn.pipeline_sync()
+    pgconn.send_query_params(_DURABLE, None, result_format=1)
+    pgconn.pipeline_sync()
+    results = await _results(pgconn, syncs=2)
+    pgconn.exit_pipeline_mode()
+    rows = _rows(conn, results[:-1])  # (the statement's error first, if it failed)
+    _rows(conn, results[-1:])
+    return rows
+
+
+async def _results(pgconn: pq.abc.PGconn, syncs: int = 0) -> list[pq.abc.PGresult]:
     """Every result of the statement just sent, read as they come in; the connection is idle after."""
     loop = asyncio.get_running_loop()
     fd = pgconn.socket
@@ -148,8 +187,14 @@ async def _results(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
             pgconn.consume_input()
         result = pgconn.get_result()
         if result is None:
-            return results
-        results.append(result)
+            if not syncs:
+                return results
+        elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+            syncs -= 1
+            if not syncs:
+                return results
+        else:
+            results.append(result)
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, add: Callable[..., None],
@@ -167,7 +212,8 @@ def _set(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)  # (a pipeline's later statements, once
+# one has failed, come back PIPELINE_ABORTED: an error too, after the failed statement's own)
 
 
 def _rows(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult]) -> list[tuple[Any, ...]]:
