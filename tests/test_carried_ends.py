@@ -116,6 +116,25 @@ def test_only_a_start_heard_of_throughout_skips_its_first_read() -> None:
     assert news.quiet_since_start("late") is None
 
 
+def test_a_start_whose_end_was_heard_before_it_was_answered_is_not_quiet() -> None:
+    """A worker may run a workflow and tell its end before its start is answered (the row is visible
+    from the start's commit on, the answer waits for the disk): that start must not pass for quiet,
+    or its wait would sleep until the poll for news that came already."""
+    news = EndNews()
+    sent = news.epoch  # the start is sent...
+    news.hear(News(ends=[End("fast", 5, 1, "wf.name", "succeeded", b"\xc0", None)]))  # ...its end is heard...
+    news.started([("fast", 5)], sent)  # ...and then it is answered
+    assert news.quiet_since_start("fast") is None
+    sent = news.epoch
+    news.hear(News([signal_keys.ended("fast-key")]))  # (an end too big to carry: its key alone)
+    news.started([("fast-key", 5)], sent)
+    assert news.quiet_since_start("fast-key") is None
+    sent = news.epoch
+    news.hear(News([signal_keys.queue("default")]))  # other news changes nothing
+    news.started([("slow", 5)], sent)
+    assert news.quiet_since_start("slow") is not None
+
+
 async def test_a_timeout_is_told_only_after_a_look_at_the_row(app: pgflow.App, second_app: pgflow.App, dsn: str,
                                                               schema: str) -> None:
     async def quick(n: int) -> int:

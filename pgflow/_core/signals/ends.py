@@ -11,7 +11,8 @@ Two things are kept, both bounded:
   its end, heard before the wait began, may since have been resumed.)
 
 Whatever may have made this loop miss news (its listener stopping or reconnecting, a "wake all")
-forgets the starts: their waits read the row, as any other.
+forgets the starts: their waits read the row, as any other. So does a start during which an end was
+heard: it may have been that start's own.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class EndNews:
         self._watched: dict[str, int] = {}  # workflow id -> waits on its end
         self._ended: dict[str, End] = {}  # carried ends of watched workflows, until taken
         self._started: dict[str, tuple[int, bool]] = {}  # started here: (born, heard of since)
-        self.epoch = 0  # moves on whenever the starts are forgotten
+        self.epoch = 0  # moves on whenever the starts are forgotten, and with every end heard
         self.taken = 0  # ends a wait took from here instead of reading the row
 
     def watch(self, workflow_id: str) -> None:
@@ -68,7 +69,13 @@ class EndNews:
         self._started.clear()
 
     def hear(self, news: News) -> None:
-        """Note what ``news`` says about watched or started workflows."""
+        """Note what ``news`` says about watched or started workflows.
+
+        News of an end moves the epoch on: a start sent before it and not yet answered may be the
+        workflow it tells of (its row visible, and run, from its commit on, before the caller hears
+        of it), so that start is not remembered as quiet, and its wait reads the row."""
+        if news.ends or any(signal_keys.ended_workflow(key) is not None for key in news.keys):
+            self.epoch += 1
         if not self._watched and not self._started:
             return
         for end in news.ends:
