@@ -159,13 +159,13 @@ class Flat:
 
         # A full claim (no floor, expired leases looked for): the one whose cost grows with what the
         # table holds, if any does.
-        params = {"queues": "'{default}'::text[]", "floors": "'{NULL}'::timestamptz[]", "full": "true",
+        params = {"queues": "'{default}'::text[]", "floors": "'{NULL}'::timestamptz[]",
                   "names": "'{bench.noop,bench.filler}'::text[]", "limit": "16",
                   "owner": "'probe'", "lease": "10.0", "token": "1", "commit": "'on'"}
-        order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", claims.CLAIM)))
+        order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", claims.FULL_CLAIM)))
         sql = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}",
-                     claims.CLAIM.replace("{s}", f'"{schema}"'))
-        types = {"queues": "text[]", "floors": "timestamptz[]", "full": "bool",
+                     claims.FULL_CLAIM.replace("{s}", f'"{schema}"'))
+        types = {"queues": "text[]", "floors": "timestamptz[]",
                  "names": "text[]", "limit": "int", "owner": "text", "lease": "float8",
                  "token": "int8", "commit": "text"}
         with psycopg.connect(self.db, autocommit=True) as conn:

@@ -13,7 +13,7 @@ from psycopg import sql as sql_
 
 import pgflow
 from pgflow._core.store import quote_identifier
-from pgflow._core.store.claims import CLAIM
+from pgflow._core.store.claims import CLAIM, FULL_CLAIM
 from pgflow._core.store.ends import FINISH
 
 pytestmark = pytest.mark.anyio
@@ -28,15 +28,16 @@ def positional(statement: str, schema: str, names: list[str]) -> str:
     return sql
 
 
-def plan(dsn: str, schema: str, queues: list[str]) -> str:
+def plan(dsn: str, schema: str, queues: list[str], full: bool = True) -> str:
     """The claim's plan as pgflow's connections run it: prepared, and planned once for any values
     (a generic plan: the planner cannot see the limit or the queues)."""
-    sql = positional(CLAIM, schema, ["queues", "floors", "full", "names", "limit", "owner", "lease", "token", "commit"])
+    sql = positional(FULL_CLAIM if full else CLAIM, schema,
+                     ["queues", "floors", "names", "limit", "owner", "lease", "token", "commit"])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET jit = off")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE claim(text[], timestamptz[], bool, text[], int, text, float8, int8, text) AS {sql}")
-        cur = conn.execute(sql_.SQL("EXPLAIN EXECUTE claim({}, {}, true, {}, 16, 'probe', 10.0, 1, 'off')").format(
+        conn.execute(f"PREPARE claim(text[], timestamptz[], text[], int, text, float8, int8, text) AS {sql}")
+        cur = conn.execute(sql_.SQL("EXPLAIN EXECUTE claim({}, {}, {}, 16, 'probe', 10.0, 1, 'off')").format(
             sql_.Literal(queues), sql_.Literal([None] * len(queues)), sql_.Literal(["n.a", "n.b"])))
         return "\n".join(row[0] for row in cur.fetchall())
 
@@ -57,8 +58,9 @@ def subtree(plan: str, node: str) -> str:
     # whole table to it by a hash join over a scan of every row (a 100K backlog drained 8x slower).
     (["q0"], 120_000, 1),
 ])
+@pytest.mark.parametrize("full", [True, False], ids=["full", "bounded"])
 async def test_a_claim_reads_each_queue_through_its_index_and_scans_no_table(
-    app: pgflow.App, dsn: str, schema: str, queues: list[str], rows: int, spread: int,
+    app: pgflow.App, dsn: str, schema: str, queues: list[str], rows: int, spread: int, full: bool,
 ) -> None:
     await app.migrate_async()
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -69,17 +71,17 @@ async def test_a_claim_reads_each_queue_through_its_index_and_scans_no_table(
                      "  CASE WHEN i % 5 = 0 THEN 'succeeded' ELSE 'queued' END"
                      f" FROM generate_series(1, {rows}) AS i")
         conn.execute(f'ANALYZE "{schema}".workflows')
-    text = plan(dsn, schema, queues)
+    text = plan(dsn, schema, queues, full)
     assert "Seq Scan on workflows" not in text, text
-    queued = text.split("CTE queued")[1].split("CTE expired")[0]
+    queued = subtree(text, "CTE queued")
     # One ordered index scan, run once per queue of the unnest (no sort of a whole queue's rows).
     assert "Nested Loop" in queued and "Index Scan using workflows_queued" in queued, text
     assert "Sort" not in queued, text
     assert "Index Scan using workflows_due" in text, text  # the next due time: one index entry a queue
     assert_found_by_the_key(text)
-    # Only a full claim ($3) takes workflows over: the others do not begin the scan for the fences of
-    # the workers it takes them from.
-    assert "One-Time Filter: $3" in subtree(text, "CTE fenced"), text
+    # Only a full claim takes workflows over: the others have no scan for expired leases, nor for the
+    # fences of the workers it would take them from, in their plans at all.
+    assert ("CTE expired" in text and "CTE fenced" in text) == full, text
 
 
 def assert_found_by_the_key(plan: str) -> None:
@@ -103,6 +105,7 @@ async def test_a_claim_finds_its_rows_by_the_key_once_when_few_are_queued(
                      "  CASE WHEN i <= 64 THEN 'queued' ELSE 'succeeded' END FROM generate_series(1, 30000) AS i")
         conn.execute(f'ANALYZE "{schema}".workflows')
     assert_found_by_the_key(plan(dsn, schema, ["q0"]))
+    assert_found_by_the_key(plan(dsn, schema, ["q0"], full=False))
 
 
 async def test_a_claim_planned_on_a_new_table_does_not_scan_it_as_it_grows(
@@ -114,6 +117,7 @@ async def test_a_claim_planned_on_a_new_table_does_not_scan_it_as_it_grows(
     chosen ids, such a plan scanned the whole table on every claim: quadratic until the first ANALYZE)."""
     await app.migrate_async()
     assert_found_by_the_key(plan(dsn, schema, ["q0"]))
+    assert_found_by_the_key(plan(dsn, schema, ["q0"], full=False))
 
 
 async def test_a_batch_of_ends_joins_each_workflow_to_its_own_end_once(

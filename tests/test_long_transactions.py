@@ -13,11 +13,11 @@ import pytest
 
 import pgflow
 from pgflow._core.store import quote_identifier
-from pgflow._core.store.claims import CLAIM, FLOOR_MARGIN, FLOORS
+from pgflow._core.store.claims import CLAIM, FLOOR_MARGIN, FLOORS, FULL_CLAIM
 
 pytestmark = pytest.mark.anyio
 
-PARAMETERS = ["queues", "floors", "full", "names", "limit", "owner", "lease", "token", "commit"]
+PARAMETERS = ["queues", "floors", "names", "limit", "owner", "lease", "token", "commit"]
 
 
 @pytest.fixture
@@ -34,21 +34,21 @@ def snapshot_held(dsn: str) -> Iterator[None]:
 def buffers_of_claim(conn: psycopg.Connection[tuple[object, ...]], schema: str, full: bool) -> int:
     """The buffers one claim of queue ``default`` touches, run as pgflow runs it (a generic plan),
     in a transaction rolled back; bounded by the floor FLOORS computes now when not ``full``."""
-    sql = CLAIM.replace("{s}", quote_identifier(schema))
+    sql = (FULL_CLAIM if full else CLAIM).replace("{s}", quote_identifier(schema))
     for n, name in enumerate(PARAMETERS, 1):
         sql = sql.replace(f"%({name})s", f"${n}")
     floors = FLOORS.replace("{s}", quote_identifier(schema))
     floor = conn.execute(floors, {"queues": ["default"], "names": ["n.a"], "margin": FLOOR_MARGIN}).fetchone()
     assert floor is not None
-    conn.execute(f"PREPARE probe_claim(text[], timestamptz[], bool, text[], int, text, float8, int8, text) AS {sql}")
+    conn.execute(f"PREPARE probe_claim(text[], timestamptz[], text[], int, text, float8, int8, text) AS {sql}")
     rows: list[tuple[object, ...]] = []
     try:
         with conn.transaction():
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             rows = conn.execute(psycopg.sql.SQL(
-                "EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe_claim(ARRAY['default'], ARRAY[{}]::timestamptz[], {},"
+                "EXPLAIN (ANALYZE, BUFFERS) EXECUTE probe_claim(ARRAY['default'], ARRAY[{}]::timestamptz[],"
                 " ARRAY['n.a'], 16, 'probe', 10.0, 1, 'off')").format(
-                    psycopg.sql.Literal(None if full else floor[1]), psycopg.sql.Literal(full))).fetchall()
+                    psycopg.sql.Literal(None if full else floor[1]))).fetchall()
             raise psycopg.Rollback()  # the claim's updates are not wanted
     finally:
         conn.execute("DEALLOCATE probe_claim")

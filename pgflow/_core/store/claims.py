@@ -16,6 +16,7 @@ from ..pool import Pool
 from . import wire
 from .statements import Statements
 
+
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
 # round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
@@ -29,65 +30,76 @@ from .statements import Statements
 # left by every claim and heartbeat, lie all in the range it reads) runs only on the full claims.
 # A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
-CLAIM = (
-    "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, NULL::text AS owner"
-    "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
-    "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
-    "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
-    "    AND due_at >= coalesce(q.floor, '-infinity')"
-    "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
-    "   WHERE %(full)s AND status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-    "   AND name = ANY(%(names)s)"
-    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-    # The fences of the workers whose workflows are taken over, locked in one order (the trigger of
-    # migration 0026 moves them on in the order of the rows: two claims taking over the workflows of
-    # the same two workers could each wait for the other). Only a full claim takes workflows over; on
-    # the others the scan is not even begun (a sixth of a claim of one workflow's execution).
-    " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
-    "   WHERE %(full)s AND worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
-    "   ORDER BY worker FOR NO KEY UPDATE),"
-    # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
-    # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
-    # new with every claim; the attempt number is handed out again). A limited queue's claim does
-    # wait, for its token bucket's sake.
-    " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
-    " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
-    "  lease_token = %(token)s,"
-    "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
-    "  started_at = coalesce(w.started_at, {s}.clock_now()),"
-    "  deadline_at = coalesce(w.deadline_at, {s}.clock_now() + make_interval(secs => w.timeout))"
-    # The rows are found by the primary key, one probe per chosen row, with its ready time carried
-    # along. Matched against an array of the chosen ids instead, a generic plan made while the table
-    # was small (a new schema, before its first ANALYZE) scanned the whole table on every claim for as
-    # long as the connection kept the plan: a claim of one workflow read 5,000 rows after 5,000 runs.
-    "  FROM chosen ch WHERE w.id = ch.id AND EXISTS (SELECT FROM lazy)"
-    "  AND (SELECT count(*) FROM fenced) >= 0"
-    "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
-    "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left, w.attempt - w.attempt_base AS run,"
-    "   w.queue, w.traceparent,"
-    "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
-    # Past its expiry and never started before this claim (which set started_at to the clock's now).
-    "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries,"
-    # What this claim set rather than kept (for ``unclaim``).
-    "   (w.started_at = {s}.clock_now()) IS TRUE AS set_start, ch.ready_at,"
-    "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline)"
-    # (with each claimed row, the claimer's fence epoch: see migration 0026)
-    " SELECT c.id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent,"
-    "  extract(epoch FROM {s}.clock_now() - c.ready_at)::float8 AS waited, born, expired, retries, set_start,"
-    "  set_deadline, (SELECT epoch FROM {s}.worker_fences WHERE worker = %(owner)s), NULL::float8"
-    "  FROM claimed c"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-    "  NULL, extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8 FROM unnest(%(queues)s::text[]) AS q(queue)"
-    "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
-    "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
-)
+def _claim(full: bool) -> str:
+    """The claim statement: a full one also takes over workflows whose lease ran out."""
+    return (
+        "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, NULL::text AS owner"
+        "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
+        "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
+        "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+        "    AND due_at >= coalesce(q.floor, '-infinity')"
+        "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
+        + (" expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
+           "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+           "   AND name = ANY(%(names)s)"
+           "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+           " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+           "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+           # The fences of the workers whose workflows are taken over, locked in one order (the trigger
+           # of migration 0026 moves them on in the order of the rows: two claims taking over the
+           # workflows of the same two workers could each wait for the other).
+           " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
+           "   WHERE worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
+           "   ORDER BY worker FOR NO KEY UPDATE),"
+           if full else
+           # (Only a full claim, once a second, takes workflows over: the others carry none of its
+           # parts, which the executor would set up for every claim even where they ran no scan.)
+           " chosen AS (SELECT id, ready_at, owner FROM queued ORDER BY priority DESC, due_at LIMIT %(limit)s),")
+        # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
+        # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
+        # new with every claim; the attempt number is handed out again). A limited queue's claim does
+        # wait, for its token bucket's sake.
+        + " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
+        " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+        "  lease_token = %(token)s,"
+        "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
+        "  started_at = coalesce(w.started_at, {s}.clock_now()),"
+        "  deadline_at = coalesce(w.deadline_at, {s}.clock_now() + make_interval(secs => w.timeout))"
+        # The rows are found by the primary key, one probe per chosen row, with its ready time carried
+        # along. Matched against an array of the chosen ids instead, a generic plan made while the
+        # table was small (a new schema, before its first ANALYZE) scanned the whole table on every
+        # claim for as long as the connection kept the plan: a claim of one workflow read 5,000 rows
+        # after 5,000 runs.
+        "  FROM chosen ch WHERE w.id = ch.id AND EXISTS (SELECT FROM lazy)"
+        + ("  AND (SELECT count(*) FROM fenced) >= 0" if full else "")
+        + "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
+        "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left,"
+        "   w.attempt - w.attempt_base AS run, w.queue, w.traceparent,"
+        "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
+        # Past its expiry and never started before this claim (which set started_at to the clock's now).
+        "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries,"
+        # What this claim set rather than kept (for ``unclaim``).
+        "   (w.started_at = {s}.clock_now()) IS TRUE AS set_start, ch.ready_at,"
+        "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline)"
+        # (with each claimed row, the claimer's fence epoch: see migration 0026)
+        " SELECT c.id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent,"
+        "  extract(epoch FROM {s}.clock_now() - c.ready_at)::float8 AS waited, born, expired, retries, set_start,"
+        "  set_deadline, (SELECT epoch FROM {s}.worker_fences WHERE worker = %(owner)s), NULL::float8"
+        "  FROM claimed c"
+        " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        "  NULL, extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8"
+        "  FROM unnest(%(queues)s::text[]) AS q(queue)"
+        "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
+        "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+    )
 
 
-CLAIMING = wire.Statement(CLAIM, queues=wire.TEXTS, floors=wire.TIMESTAMPTZS, full=wire.BOOL, names=wire.TEXTS,
-                          limit=wire.INT4, owner=wire.TEXT, lease=wire.FLOAT8, token=wire.INT8, commit=wire.TEXT)
+CLAIM = _claim(full=False)
+FULL_CLAIM = _claim(full=True)
+_PARAMETERS = {"queues": wire.TEXTS, "floors": wire.TIMESTAMPTZS, "names": wire.TEXTS, "limit": wire.INT4,
+               "owner": wire.TEXT, "lease": wire.FLOAT8, "token": wire.INT8, "commit": wire.TEXT}
+CLAIMING = wire.Statement(CLAIM, **_PARAMETERS)
+FULL_CLAIMING = wire.Statement(FULL_CLAIM, **_PARAMETERS)
 
 FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
 FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
@@ -212,9 +224,9 @@ class ClaimStatements(Statements):
             cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
                                                          "margin": FLOOR_MARGIN})
             floors.update({(str(queue), served): floor for queue, floor in await cur.fetchall()})
-        rows = await wire.fetch(conn, CLAIMING, self._s, {
+        rows = await wire.fetch(conn, FULL_CLAIMING if full else CLAIMING, self._s, {
             "queues": queues, "floors": [None if full else floors[queue, served] for queue in queues],
-            "full": full, "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
+            "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
             "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
         due = rows[-1][-1]
         claimed = [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
