@@ -86,7 +86,7 @@ async def worker(dsn: str, variant: str) -> None:
                 return
             if pg_claim:
                 cur = await db.execute(sql["pg_claim"], {
-                    "queues": [QUEUE], "floors": [None], "full": False, "names": [NAME], "limit": 16,
+                    "queues": [QUEUE], "floors": [None], "names": [NAME], "limit": 16,
                     "owner": "floor", "lease": 10.0, "token": (token := secrets.randbits(63)), "commit": "off"})
                 rows = [(row[0], token) for row in await cur.fetchall() if row[0] is not None]
             else:
