@@ -14,7 +14,7 @@ from psycopg import sql as sql_
 import pgflow
 from pgflow._core.store import quote_identifier
 from pgflow._core.store.claims import CLAIM, FULL_CLAIM
-from pgflow._core.store.ends import FINISH
+from pgflow._core.store.ends import FINISH, FINISH_ONE
 
 pytestmark = pytest.mark.anyio
 
@@ -149,6 +149,28 @@ async def test_a_batch_of_ends_joins_each_workflow_to_its_own_end_once(
     assert re.search(rf"Update on workflows .* rows={n}(\.00)? loops=1", done), text  # every end recorded
     assert "Seq Scan" not in done and "Index Scan using workflows_pkey" in done, text
     assert "Rows Removed by Join Filter" not in done, text
+
+
+@pytest.mark.parametrize("rows", [0, 30_000], ids=["new table", "table in use"])
+async def test_a_lone_end_finds_its_workflow_by_the_key(app: pgflow.App, dsn: str, schema: str, rows: int) -> None:
+    """The end of one workflow alone, planned once for any values on a new table as on one in use,
+    looks its workflow up by the primary key, not through an index of running workflows (which a long
+    transaction fills with every version that was ever running)."""
+    await app.migrate_async()
+    sql = positional(FINISH_ONE, schema, ["id", "lease", "status", "output", "error", "pings_channels", "pings"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if rows:
+            conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, due_at, status, lease_token)'
+                         f" SELECT 'w' || i, 'n.a', 'q0', '\\x80'::bytea, now(),"
+                         f"  CASE WHEN i <= 8 THEN 'running' ELSE 'succeeded' END, i"
+                         f" FROM generate_series(1, {rows}) AS i")
+            conn.execute(f'ANALYZE "{schema}".workflows')
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE finish_one(text, int8, text, bytea, text, text[], text[]) AS {sql}")
+        text = "\n".join(row[0] for row in conn.execute(
+            "EXPLAIN (COSTS OFF) EXECUTE finish_one('w1', 1, 'succeeded', '\\xc0', NULL, '{}', '{}')").fetchall())
+    assert "Index Scan using workflows_pkey on workflows w" in text and "Seq Scan" not in text, text
+    assert "running" not in text.split("Index Scan")[1].split("\n")[0], text
 
 
 async def test_a_worker_given_a_queue_twice_runs_each_workflow_once(app: pgflow.App) -> None:

@@ -32,6 +32,22 @@ FINISH = (
 FINISHING = wire.Statement(FINISH, ids=wire.TEXTS, leases=wire.INT8S, statuses=wire.TEXTS, outputs=wire.BYTEAS,
                            errors=wire.TEXTS, n=wire.INT4, pings_channels=wire.TEXTS, pings=wire.TEXTS)
 
+# A batch of one end (what a worker with little to do sends): one row cannot be locked out of order,
+# so the update finds it and locks it itself, with the same fence, its values given as they are (no
+# arrays to unnest and join): 45 of the 340 µs of its round trip here. The status is tested in a form no
+# partial index's predicate follows from: planned on an empty table (see tests/test_fence_plans.py),
+# ``status = 'running'`` sent the lookup through the index of running workflows instead of the key.
+FINISH_ONE = (
+    "WITH done AS (UPDATE {s}.workflows w SET status = %(status)s, output = %(output)s, error = %(error)s::jsonb,"
+    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
+    "   WHERE w.id = %(id)s AND w.lease_token = %(lease)s AND (w.status = 'running') IS TRUE"
+    "   RETURNING w.id, w.lease_token)"
+    " SELECT id, lease_token FROM done"
+    + riding(2, "EXISTS (SELECT FROM done)")
+)
+FINISHING_ONE = wire.Statement(FINISH_ONE, id=wire.TEXT, lease=wire.INT8, status=wire.TEXT, output=wire.BYTEA,
+                               error=wire.TEXT, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+
 
 class EndStatements(Statements):
     """The end statements of ``Store`` (which provides the pool and the schema)."""
@@ -50,10 +66,16 @@ class EndStatements(Statements):
         again after a lost connection that had in fact committed finds its workflows ended: that
         reads as a lost lease, and nothing is recorded twice.
         """
+        texts = [None if e is None else _ERRORS.encode(e).decode() for e in errors]
         async with self.pool.connection() as conn:
-            rows = await wire.fetch(conn, FINISHING, self._s, {
-                "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
-                "errors": [None if e is None else _ERRORS.encode(e).decode() for e in errors],
-                "n": len(workflow_ids), "pings_channels": pings.channels, "pings": pings.payloads},
-                prepare=self.pool.prepares)
+            if len(workflow_ids) == 1:
+                rows = await wire.fetch(conn, FINISHING_ONE, self._s, {
+                    "id": workflow_ids[0], "lease": claim_tokens[0], "status": statuses[0], "output": outputs[0],
+                    "error": texts[0], "pings_channels": pings.channels, "pings": pings.payloads},
+                    prepare=self.pool.prepares)
+            else:
+                rows = await wire.fetch(conn, FINISHING, self._s, {
+                    "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
+                    "errors": texts, "n": len(workflow_ids), "pings_channels": pings.channels,
+                    "pings": pings.payloads}, prepare=self.pool.prepares)
         return {(str(id), int(token)) for id, token in rows}
