@@ -68,5 +68,41 @@ async def test_a_started_workflow_survives_a_crash_right_after_its_start(
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+async def test_a_role_that_may_not_send_the_message_starts_in_one_durable_commit(
+    slow_wal_writer: EmbeddedServer,
+) -> None:
+    """A server may have revoked the logical decoding message from PUBLIC: its roles' starts then
+    commit durably in one statement, and work and survive a crash as well."""
+    role, schema = f"starter_{uuid.uuid4().hex[:8]}", f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT CREATE ON DATABASE postgres TO "{role}"')
+        messages = [str(row[0]) for row in conn.execute(  # (PostgreSQL 17 gave it a fourth argument)
+            "SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message'")]
+        for message in messages:
+            conn.execute(f"REVOKE EXECUTE ON FUNCTION {message} FROM PUBLIC")
+    dsn = psycopg.conninfo.make_conninfo(slow_wal_writer.dsn, user=role)
+    app = pgflow.App(dsn, schema=schema)
+    noop = app.workflow(name="durable.noop")(_noop)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT pg_logical_emit_message(true, 'pgflow', '')")
+        await app.migrate_async()
+        ids = [(await noop.start_async()).id for _ in range(3)]
+        await anyio.to_thread.run_sync(lambda: slow_wal_writer.restart("immediate"))
+        with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
+            found = {row[0] for row in conn.execute(f'SELECT id FROM "{schema}".workflows')}
+        assert found == set(ids)
+    finally:
+        await app.close_async()
+        with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
+            for message in messages:
+                conn.execute(f"GRANT EXECUTE ON FUNCTION {message} TO PUBLIC")
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'REVOKE CREATE ON DATABASE postgres FROM "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 async def _noop() -> None:
     return None

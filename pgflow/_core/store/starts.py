@@ -93,6 +93,7 @@ class StartStatements(Statements):
     """The start statements of ``Store`` (which provides the pool and the schema)."""
 
     _starts_in_flight = 0  # this store's single starts sent and not yet answered
+    _durable_after: bool | None = None  # whether starts may commit lazily (see ``enqueue``); None: not asked yet
 
     async def enqueue(self, id: str, inputs: bytes, new: NewWorkflows, pings: Pings) -> Started:
         """Insert a queued workflow unless the id exists. ``pings`` go out with the commit.
@@ -101,8 +102,12 @@ class StartStatements(Statements):
         and made durable by a second commit in the same round trip before the caller hears of it: the
         workflow's run begins a disk flush earlier. Starts sent together each commit durably instead,
         so that the server flushes them together, which a second commit each would cost more than it
-        saves. Through a pooler, which may not take a pipeline, always in one durable commit."""
-        alone = self.pool.prepares and not self._starts_in_flight
+        saves. Through a pooler, which may not take a pipeline, always in one durable commit, as when
+        the role may not send the second commit's message."""
+        if self._durable_after is None:
+            may = await self._fetchone(wire.CAN_BE_DURABLE_AFTER, ()) if self.pool.prepares else None
+            self._durable_after = may is not None and may[0] is True
+        alone = self._durable_after and not self._starts_in_flight
         self._starts_in_flight += 1
         try:
             async with self.pool.connection() as conn:

@@ -141,6 +141,11 @@ async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, g
 # the disk (a transaction that only took an id commits as if asynchronously): a logical decoding
 # message of its own, prefixed "pgflow" and empty, which a decoder that asks for messages sees.
 _DURABLE = b"SELECT pg_catalog.pg_logical_emit_message(true, 'pgflow', '')"
+# Whether the connection's role may send it (a server may have revoked it from PUBLIC; PostgreSQL 17
+# gave it a fourth argument, with a default).
+CAN_BE_DURABLE_AFTER = ("SELECT coalesce(bool_and(has_function_privilege(oid, 'EXECUTE')), false)"
+                        " FROM pg_catalog.pg_proc WHERE proname = 'pg_logical_emit_message'"
+                        "  AND pronamespace = 'pg_catalog'::regnamespace")
 
 
 async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, schema: str,
