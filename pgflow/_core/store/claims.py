@@ -16,7 +16,6 @@ from ..pool import Pool
 from . import wire
 from .statements import Statements
 
-
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
 # round trip, when the next delayed workflow falls due. (tests/test_claims.py checks the plan.)
@@ -30,6 +29,26 @@ from .statements import Statements
 # left by every claim and heartbeat, lie all in the range it reads) runs only on the full claims.
 # A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
+#
+# The workflows a full claim takes over from workers whose lease ran out, and the fences of those
+# workers, locked in one order (the trigger of migration 0026 moves them on in the order of the rows:
+# two claims taking over the workflows of the same two workers could each wait for the other).
+_TAKING_OVER = (
+    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
+    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+    "   AND name = ANY(%(names)s)"
+    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
+    " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
+    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+    " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
+    "   WHERE worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
+    "   ORDER BY worker FOR NO KEY UPDATE),"
+)
+# (Only a full claim, once a second, takes workflows over: the others carry none of its parts, which
+# the executor would set up for every claim even where they ran no scan.)
+_QUEUED_ONLY = " chosen AS (SELECT id, ready_at, owner FROM queued ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+
+
 def _claim(full: bool) -> str:
     """The claim statement: a full one also takes over workflows whose lease ran out."""
     return (
@@ -39,22 +58,7 @@ def _claim(full: bool) -> str:
         "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
         "    AND due_at >= coalesce(q.floor, '-infinity')"
         "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-        + (" expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
-           "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-           "   AND name = ANY(%(names)s)"
-           "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-           " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-           "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
-           # The fences of the workers whose workflows are taken over, locked in one order (the trigger
-           # of migration 0026 moves them on in the order of the rows: two claims taking over the
-           # workflows of the same two workers could each wait for the other).
-           " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
-           "   WHERE worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
-           "   ORDER BY worker FOR NO KEY UPDATE),"
-           if full else
-           # (Only a full claim, once a second, takes workflows over: the others carry none of its
-           # parts, which the executor would set up for every claim even where they ran no scan.)
-           " chosen AS (SELECT id, ready_at, owner FROM queued ORDER BY priority DESC, due_at LIMIT %(limit)s),")
+        + (_TAKING_OVER if full else _QUEUED_ONLY)
         # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
         # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
         # new with every claim; the attempt number is handed out again). A limited queue's claim does
