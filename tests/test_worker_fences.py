@@ -248,23 +248,33 @@ async def test_a_workflow_given_back_after_a_batch_was_cut_off_waits_for_that_ba
         await pgflow.write_stream_async("s", "two")
         return 2
 
+    # The test looks through a connection of its own, opened first: every cut batch leaves a backend
+    # waiting for the lock until it is released, and a connection opened per look could find no slot.
+    async def look(sql: str, *params: object) -> list[tuple[object, ...]]:
+        return await (await watcher.execute(sql, params)).fetchall()
+
     try:
-        async with app.worker(concurrency=2) as worker, await psycopg.AsyncConnection.connect(dsn) as locker:
+        async with app.worker(concurrency=2) as worker, await psycopg.AsyncConnection.connect(dsn) as locker, \
+                await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
             try:
                 await locker.execute(f'SELECT FROM "{schema}".worker_fences WHERE worker = %s FOR UPDATE',
                                      (worker.id,))
                 handle = await cut.start_async()
-                await wait_for(lambda: _blocked_by(dsn, locker.info.backend_pid))  # its first batch waits
+                # its first batch waits
+                await wait_for(lambda: look("SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                            locker.info.backend_pid))
+
+                async def status() -> object:
+                    return (await look(f'SELECT status FROM "{schema}".workflows WHERE id = %s', handle.id))[0][0]
 
                 async def releasing_or_released() -> bool:
                     # (the release waits queued behind the cut batches)
-                    return await _status(dsn, schema, handle.id) != "running" or bool(await query(
-                        dsn, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                             " AND position(%s IN query) > 0",
+                    return await status() != "running" or bool(await look(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position(%s IN query) > 0",
                         f'UPDATE "{schema}".workflows SET status = \'queued\', lease_owner = NULL'))
 
                 await wait_for(releasing_or_released)  # (the batch's tries give up after 10 s)
-                assert await _status(dsn, schema, handle.id) == "running"  # its release waits for the cut batch
+                assert await status() == "running"  # its release waits for the cut batch
             finally:
                 await locker.rollback()
             assert await handle.result_async(timeout=60) == 2  # run again, after the cut batch's chunk
