@@ -162,7 +162,7 @@ async def test_a_lone_end_finds_its_workflow_by_the_key(app: pgflow.App, dsn: st
         if rows:
             conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, due_at, status, lease_token)'
                          f" SELECT 'w' || i, 'n.a', 'q0', '\\x80'::bytea, now(),"
-                         f"  CASE WHEN i <= 8 THEN 'running' ELSE 'succeeded' END, i"
+                         "  CASE WHEN i <= 8 THEN 'running' ELSE 'succeeded' END, i"
                          f" FROM generate_series(1, {rows}) AS i")
             conn.execute(f'ANALYZE "{schema}".workflows')
         conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -170,7 +170,6 @@ async def test_a_lone_end_finds_its_workflow_by_the_key(app: pgflow.App, dsn: st
         text = "\n".join(row[0] for row in conn.execute(
             "EXPLAIN (COSTS OFF) EXECUTE finish_one('w1', 1, 'succeeded', '\\xc0', NULL, '{}', '{}')").fetchall())
     assert "Index Scan using workflows_pkey on workflows w" in text and "Seq Scan" not in text, text
-    assert "running" not in text.split("Index Scan")[1].split("\n")[0], text
 
 
 async def test_a_worker_given_a_queue_twice_runs_each_workflow_once(app: pgflow.App) -> None:
