@@ -42,6 +42,14 @@ def crashed_after_lazy_commit(server: EmbeddedServer) -> bool:
     return lost
 
 
+async def found_after_a_crash(server: EmbeddedServer, schema: str) -> set[str]:
+    """Crash the server at once (no shutdown checkpoint: crash recovery on start), then the ids of the
+    workflows ``schema`` holds."""
+    await anyio.to_thread.run_sync(lambda: server.restart("immediate"))
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        return {row[0] for row in conn.execute(f'SELECT id FROM "{schema}".workflows')}
+
+
 @pytest.mark.parametrize("api", ["sync", "async"])
 async def test_a_started_workflow_survives_a_crash_right_after_its_start(
     slow_wal_writer: EmbeddedServer, api: str,
@@ -58,10 +66,7 @@ async def test_a_started_workflow_survives_a_crash_right_after_its_start(
             ids = await anyio.to_thread.run_sync(lambda: [noop.start().id for _ in range(5)])
         else:
             ids = [(await noop.start_async()).id for _ in range(5)]
-        await anyio.to_thread.run_sync(lambda: slow_wal_writer.restart("immediate"))
-        with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
-            found = {row[0] for row in conn.execute(f'SELECT id FROM "{schema}".workflows')}
-        assert found == set(ids)
+        assert await found_after_a_crash(slow_wal_writer, schema) == set(ids)
     finally:
         await app.close_async()
         with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
@@ -90,10 +95,7 @@ async def test_a_role_that_may_not_send_the_message_starts_in_one_durable_commit
                 conn.execute("SELECT pg_logical_emit_message(true, 'pgflow', '')")
         await app.migrate_async()
         ids = [(await noop.start_async()).id for _ in range(3)]
-        await anyio.to_thread.run_sync(lambda: slow_wal_writer.restart("immediate"))
-        with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:
-            found = {row[0] for row in conn.execute(f'SELECT id FROM "{schema}".workflows')}
-        assert found == set(ids)
+        assert await found_after_a_crash(slow_wal_writer, schema) == set(ids)
     finally:
         await app.close_async()
         with psycopg.connect(slow_wal_writer.dsn, autocommit=True) as conn:

@@ -124,15 +124,20 @@ async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, g
     if not prepare:
         pgconn.send_query_params(sql, values, statement._types, statement._formats, 1)
         return _rows(conn, await _results(pgconn))
+    await _prepare(conn, statement, sql, name)
+    pgconn.send_query_prepared(name, values, statement._formats, 1)
+    return _rows(conn, await _results(pgconn))
+
+
+async def _prepare(conn: AsyncConnection[Any], statement: Statement, sql: bytes, name: bytes) -> None:
+    """Prepare ``statement`` on ``conn`` under ``name``, once per connection."""
     done = _prepared.get(conn)
     if done is None:
         done = _prepared[conn] = set()
     if name not in done:
-        pgconn.send_prepare(name, sql, statement._types)
-        _rows(conn, await _results(pgconn))  # (raises what the server said, if it refused)
+        conn.pgconn.send_prepare(name, sql, statement._types)
+        _rows(conn, await _results(conn.pgconn))  # (raises what the server said, if it refused)
         done.add(name)
-    pgconn.send_query_prepared(name, values, statement._formats, 1)
-    return _rows(conn, await _results(pgconn))
 
 
 # A transaction that commits with the session's ``synchronous_commit``: its commit record is written
@@ -160,13 +165,7 @@ async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, s
     sql, name = statement.for_schema(schema)
     values = statement.values(given)
     pgconn = conn.pgconn
-    done = _prepared.get(conn)
-    if done is None:
-        done = _prepared[conn] = set()
-    if name not in done:
-        pgconn.send_prepare(name, sql, statement._types)
-        _rows(conn, await _results(pgconn))
-        done.add(name)
+    await _prepare(conn, statement, sql, name)
     pgconn.enter_pipeline_mode()
     pgconn.send_query_prepared(name, values, statement._formats, 1)
     pgconn.pipeline_sync()
