@@ -27,7 +27,9 @@ from .registry import Registry, StepSpec, WorkflowSpec
 from .runtime import Runtime
 from .status import ENDED
 from .store import StepRecord, Store, WorkflowRow
+from .store.migrations import check_owners
 from .store.replay import ReplayReads
+from .store.statements import quote_identifier
 
 
 class JournalEnd(ExecutionInterrupted):
@@ -149,6 +151,7 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
         await conn.set_read_only(True)
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
         async with conn.transaction():
+            await check_owners(conn, quote_identifier(schema))  # nothing of another role's is read or run
             reads = ReplayReads(conn, schema)
             for id, name, _status, inputs in await reads.unfinished(statuses, limit):
                 spec = registry.workflows.get(name)

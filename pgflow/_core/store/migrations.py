@@ -4,10 +4,23 @@ Each file in ``sql/`` is ``NNNN_name.sql``; ``{schema}`` in it is replaced by th
 The fast path (already at the latest version) takes no lock, so a process that starts against a
 migrated database pays two small queries; the slow path serialises on an advisory lock held by the
 migrating transaction, so concurrent starters wait for the first and then find nothing to do.
+
+pgflow adopts no schema it would not have made itself. A role with CREATE on the database can make the
+schema first, or (given CREATE on it) put a function, table or view in it that pgflow's statements
+then use: its code would run as the role that migrates, and its owner could read every row and the
+signal keys. So before any statement reads or changes the schema (on the fast path too, in one query
+over the catalog), the schema and every table, view, sequence, function and type in it must be owned
+by the migrating role (``current_user``) or by a role named in ``PGFLOW_SCHEMA_OWNERS`` (comma-separated:
+for deployments where a dedicated owner role migrates and other roles run the workers and callers,
+name the owner there, and any role of the workers that makes chunk partitions). Anything else is a
+``ConfigurationError`` naming the object and its owner. Membership in the owner role is not enough
+(a superuser is a member of every role, and must be refused a squatter's schema too). A schema that
+does not exist is created, owned by the migrating role; an empty one of an expected owner is used.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -15,7 +28,31 @@ from importlib import resources
 import psycopg
 from psycopg import AsyncConnection
 
+from ...errors import ConfigurationError
+
 DEADLOCK_ATTEMPTS = 5
+OWNERS_VARIABLE = "PGFLOW_SCHEMA_OWNERS"  # roles besides the migrating one that may own the schema's objects
+
+# The first object of the schema (the schema itself first) whose owner is neither the current role nor
+# one of %(owners)s, with the current role and how many such objects there are; no row when all is well
+# or the schema does not exist. %(schema)s is the quoted name, as the statements write it. A relation's row
+# type and an array type always have the owner of what they belong to, checked already: left out of the count.
+FOREIGN_OWNED = (
+    "SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner), current_user, count(*) OVER ()"
+    " FROM pg_catalog.pg_namespace n CROSS JOIN LATERAL ("
+    "  SELECT 0 AS rank, 'schema' AS kind, n.nspname::text AS name, n.nspowner AS owner"
+    "  UNION ALL SELECT 1, CASE c.relkind WHEN 'r' THEN 'table' WHEN 'p' THEN 'table' WHEN 'v' THEN 'view'"
+    "   WHEN 'm' THEN 'materialized view' WHEN 'S' THEN 'sequence' WHEN 'f' THEN 'foreign table'"
+    "   WHEN 'c' THEN 'type' ELSE 'index' END, c.relname::text, c.relowner"
+    "   FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid"
+    "  UNION ALL SELECT 2, 'function', p.proname || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid)"
+    "   || ')', p.proowner FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid"
+    "  UNION ALL SELECT 3, 'type', t.typname::text, t.typowner FROM pg_catalog.pg_type t"
+    "   WHERE t.typnamespace = n.oid AND t.typrelid = 0 AND NOT (t.typtype = 'b' AND t.typcategory = 'A')) o"
+    " WHERE n.oid = pg_catalog.to_regnamespace(%(schema)s) AND o.owner NOT IN ("
+    "  SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user OR r.rolname = ANY(%(owners)s::text[]))"
+    " ORDER BY o.rank, o.name LIMIT 1"
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +99,10 @@ async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> lis
     cheaper than thirty). An upgrade applies each in a transaction of its own, so that the locks one
     takes end with it while workers of the version before go on: 0023 scans the chunks under a lock
     that lets them write, and must not run under 0022's, which would stop them. A migration that
-    meets a deadlock (its locks against those of running statements) is tried again."""
+    meets a deadlock (its locks against those of running statements) is tried again.
+
+    The owners are checked first: nothing of a schema another role could change is read or run."""
+    await check_owners(conn, schema)
     todo = available()
     done = await applied_versions(conn, schema)
     if {m.version for m in todo} <= done:
@@ -95,6 +135,7 @@ async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgflow.migrate.{schema}",))
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        await check_owners(conn, schema)  # made by another role since the first look: not ours
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {schema}.migrations ("
             " version integer PRIMARY KEY, name text NOT NULL,"
@@ -110,4 +151,32 @@ async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
                 (migration.version, migration.name),
             )
             applied_now.append(migration)
+        await check_owners(conn, schema)  # an object another role put there meanwhile: nothing commits
     return applied_now
+
+
+def expected_owners() -> list[str]:
+    """The roles ``PGFLOW_SCHEMA_OWNERS`` names, besides the migrating one."""
+    return [name.strip() for name in os.environ.get(OWNERS_VARIABLE, "").split(",") if name.strip()]
+
+
+async def check_owners(conn: AsyncConnection[tuple[object, ...]], schema: str) -> None:
+    """Raise ConfigurationError when ``schema`` (quoted) or anything in it is owned by a role that is
+    neither the current one nor named in ``PGFLOW_SCHEMA_OWNERS``. One catalog query, no lock."""
+    cur = await conn.execute(FOREIGN_OWNED, {"schema": schema, "owners": expected_owners()})
+    row = await cur.fetchone()
+    if row is not None:
+        kind, name, owner, current, count = (str(value) for value in row)
+        raise ConfigurationError(refusal(schema, kind, name, owner, current, int(count)))
+
+
+def refusal(schema: str, kind: str, name: str, owner: str, current: str, count: int) -> str:
+    """The one line that says what another role owns and what to do. Names are the catalog's, which
+    another role chose: they are shown as Python literals, so no control character reaches a terminal."""
+    what = f"schema {schema}" if kind == "schema" else f"{kind} {name!r} in schema {schema}"
+    more = f" (and {count - 1} more objects not ours)" if count > 1 else ""
+    fix = (f"DROP SCHEMA {schema} CASCADE if you did not make it" if kind == "schema"
+           else "drop it (or ALTER its OWNER) if you did not make it")
+    return (f"{what} is owned by role {owner!r}, not by {current!r} which runs pgflow{more}: pgflow will not use"
+            f" a schema another role can change under it; {fix}, or, if role {owner!r} is yours, name it in"
+            f" {OWNERS_VARIABLE} (comma-separated)")
