@@ -83,6 +83,11 @@ class App(Operations):
     transaction-mode pooler such as pgbouncer: pgflow then sends the pool's connections no session
     settings and prepares no statements on them (workers/README.md has a tested configuration).
 
+    ``signal_key_period`` (a day by default): how long a key that seals pings is used before the
+    workers' maintenance adds a new one (``pgflow keys rotate`` does it by hand). A key that leaked
+    (a superuser's dump holds it) lets its holder forge pings only until two periods have passed.
+    None rotates only by hand.
+
     ``max_value_bytes`` bounds every value pgflow stores, encoded: a workflow's arguments and result,
     a step's output, an event's value, a message (8 MiB by default, as a stream chunk). A bigger one
     raises ``SerializationError`` naming it, its size and the limit, before anything is written.
@@ -104,6 +109,7 @@ class App(Operations):
         data_dir: str | os.PathLike[str] | None = None,
         suspend_after: float = 5.0,
         max_value_bytes: int = DEFAULT_VALUE_LIMIT,
+        signal_key_period: float | timedelta | None = timedelta(days=1),
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
         with setting_up():
@@ -115,6 +121,7 @@ class App(Operations):
             check_int(pool_size, "pool_size", 1)
             suspend_after = check_seconds(suspend_after, "suspend_after")
             seconds_kept = check_retention(retention)
+            key_period = check_retention(signal_key_period, "signal_key_period (None: rotated only by hand)")
             check_value_limit(max_value_bytes)
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         listen_dsn = listen_dsn or os.environ.get("PGFLOW_LISTEN_DSN") or None
@@ -129,7 +136,7 @@ class App(Operations):
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=seconds_kept,
-                              suspend_after=suspend_after, listen_dsn=listen_dsn)
+                              suspend_after=suspend_after, listen_dsn=listen_dsn, signal_key_period=key_period)
         self.registry = Registry(value_limit=max_value_bytes)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}

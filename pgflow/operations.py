@@ -12,7 +12,7 @@ import msgspec
 
 from ._core.checks import check_queue
 from ._core.client import Client
-from ._core.maintenance import NAMES, PARTITIONS, REAPER, RETENTION, cron_service, lock_name
+from ._core.maintenance import KEYS, NAMES, PARTITIONS, REAPER, RETENTION, ROTATION_OVERLAP, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
 from ._core.status import Status
@@ -40,7 +40,6 @@ from .records import (
 
 STATUSES = tuple(status.value for status in Status)  # plain strings, for the CLI's choices
 MAX_STEPS_SHOWN = 100_000  # steps_limit's bound: a journal read in full is this workflow's memory, once
-ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
 
 
 class Operations:
@@ -119,7 +118,7 @@ class Operations:
         usage, unserved, stuck, holders = await runtime.db(lambda store: store.health(30.0, stuck_after))
         workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
         schedules = [cron_service(spec.name) for spec in self.registry.workflows.values() if spec.schedule is not None]
-        services = [REAPER, RETENTION, PARTITIONS, NAMES, *schedules]
+        services = [REAPER, RETENTION, PARTITIONS, NAMES, KEYS, *schedules]
         by_lock = {lock_name(self.schema, service): service for service in services}
         locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
         return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],

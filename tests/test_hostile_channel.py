@@ -23,6 +23,7 @@ from psycopg.conninfo import make_conninfo
 import pgflow
 from pgflow._core.signals import Chunk, End, News
 from pgflow._core.signals import keys as signal_keys
+from pgflow._core.signals.sealing import VERSION
 from tests.channel import channels
 
 pytestmark = pytest.mark.anyio
@@ -66,11 +67,11 @@ def forgeries(workflow_id: str, heard: list[str]) -> list[str]:
     header = (1).to_bytes(2, "big") + os.urandom(16) + (7).to_bytes(8, "big")
     return [
         *(json.dumps(p) for p in old),
-        "1" + binascii.b2a_base64(unsealed, newline=False).decode(),
-        "1" + binascii.b2a_base64(chunk, newline=False).decode(),
-        "1" + binascii.b2a_base64(header + os.urandom(64), newline=False).decode(),
-        "1" + binascii.b2a_base64(header + unsealed + os.urandom(16), newline=False).decode(),
-        "", "1", "not a payload", "1" + "A" * 7000,
+        VERSION + binascii.b2a_base64(unsealed, newline=False).decode(),
+        VERSION + binascii.b2a_base64(chunk, newline=False).decode(),
+        VERSION + binascii.b2a_base64(header + os.urandom(64), newline=False).decode(),
+        VERSION + binascii.b2a_base64(header + unsealed + os.urandom(16), newline=False).decode(),
+        "", VERSION, "not a payload", VERSION + "A" * 7000,
         *heard,  # replays: they open, and can only make somebody look
     ]
 

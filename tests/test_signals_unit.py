@@ -14,6 +14,7 @@ import pgflow
 from pgflow._core.outcomes import describe, rebuilt
 from pgflow._core.signals import Chunk, End, Keyring, News, payload
 from pgflow._core.signals import keys as signal_keys
+from pgflow._core.signals.sealing import VERSION
 from pgflow._core.store.channel import SignalKey
 from pgflow.errors import LeaseLost
 
@@ -108,7 +109,7 @@ def test_a_payload_does_not_open_when_tampered_with_foreign_or_of_another_channe
     assert text is not None
     raw = bytearray(binascii.a2b_base64(text[1:]))
     raw[-1] ^= 1
-    tampered = "1" + binascii.b2a_base64(bytes(raw), newline=False).decode()
+    tampered = VERSION + binascii.b2a_base64(bytes(raw), newline=False).decode()
     assert ring(SignalKey(1, SECRET, 0, None)).open(tampered) is None
     assert ring(SignalKey(1, OTHER, 0, None)).open(text) is None  # another schema's key
     assert ring(SignalKey(1, SECRET, 0, None), channel="pgflow_y").open(text) is None
@@ -120,7 +121,7 @@ def test_a_payload_does_not_open_when_tampered_with_foreign_or_of_another_channe
     assert receiver.open(for_streams, "pgflow_x") is None
     assert (opened := receiver.open(for_streams, "pgflows_x")) is not None and opened.plaintext == b"chunks"
     assert receiver.open(text, "pgflows_x") is None and receiver.open(text, "pgflow_x") is not None
-    for garbage in ("", "1", "2" + text[1:], "1!!!", "1" + "A" * 40, text[:30]):
+    for garbage in ("", VERSION, "1" + text[1:], "3" + text[1:], VERSION + "!!!", VERSION + "A" * 40, text[:30]):
         assert ring(SignalKey(1, SECRET, 0, None)).open(garbage) is None
 
 

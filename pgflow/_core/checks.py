@@ -215,13 +215,14 @@ def check_positive_seconds(seconds: object, what: str, most: float = MAX_DELAY) 
     return float(seconds)
 
 
-def check_retention(retention: object) -> float | None:
-    """Seconds finished workflows are kept (a timedelta too); None keeps them for ever."""
+def check_retention(retention: object, what: str = "retention (None keeps everything)") -> float | None:
+    """Seconds finished workflows are kept (a timedelta too); None keeps them for ever. (Any other
+    period that may be None, for ``what``.)"""
     if isinstance(retention, timedelta):
         retention = retention.total_seconds()
     if retention is None:
         return None
-    return check_positive_seconds(retention, "retention (None keeps everything)", math.inf)
+    return check_positive_seconds(retention, what, math.inf)
 
 
 def check_position(position: object, what: str) -> int:

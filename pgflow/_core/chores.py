@@ -1,7 +1,7 @@
 """The fleet-wide chores a worker can take on, each run by one worker of the fleet at a time
 (``maintenance.py`` elects who): forgetting dead workers, deleting finished workflows past the
-retention, making and dropping stream chunk partitions, warning of queued workflows nobody runs, and
-starting the ticks of the scheduled workflows the worker serves."""
+retention, making and dropping stream chunk partitions, warning of queued workflows nobody runs,
+rotating the signal keys, and starting the ticks of the scheduled workflows the worker serves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,18 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
-from .maintenance import NAMES, PARTITIONS, REAPER, RETENTION, Service, cron_service, every, schedule
+from .maintenance import (
+    KEYS,
+    NAMES,
+    PARTITIONS,
+    REAPER,
+    RETENTION,
+    ROTATION_OVERLAP,
+    Service,
+    cron_service,
+    every,
+    schedule,
+)
 from .pruning import PARTITIONS_EVERY, prune, tend_chunk_partitions
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime
@@ -35,6 +46,12 @@ def chores(runtime: Runtime, store: Store, registry: Registry, queues: Sequence[
     services[PARTITIONS] = every(PARTITIONS_EVERY, lambda: tend_chunk_partitions(store),
                                  "making and dropping stream chunk partitions")
     services[NAMES] = every(max(5.0, 3 * lease_seconds), unserved, "looking for queued workflows nobody runs")
+    key_period = runtime.config.signal_key_period
+    if key_period is not None:
+        overlap = min(ROTATION_OVERLAP, key_period)
+        services[KEYS] = every(min(3600.0, max(1.0, key_period / 10)),
+                               lambda: store.rotate_signal_key_when_due(key_period, overlap),
+                               "rotating the signal keys")
     for spec in registry.workflows.values():
         if spec.schedule is not None and spec.queue in queues:
             services[cron_service(spec.name)] = schedule(spec.schedule, _start_tick(runtime, spec),

@@ -20,6 +20,7 @@ import psycopg
 
 from ..cron import Cron
 from .clock import Clock
+from .connecting import users_application_name
 from .pool import answered_within
 
 log = logging.getLogger("pgflow.maintenance")
@@ -27,7 +28,8 @@ log = logging.getLogger("pgflow.maintenance")
 Service = Callable[[], Awaitable[None]]
 
 # The fleet's services besides the schedules.
-REAPER, RETENTION, PARTITIONS, NAMES = "reaper", "retention", "partitions", "names"
+REAPER, RETENTION, PARTITIONS, NAMES, KEYS = "reaper", "retention", "partitions", "names", "keys"
+ROTATION_OVERLAP = 120.0  # seconds between a new signal key's arrival and its use (four keyring reloads)
 APPLICATION = "pgflow-maintenance-"  # + the pid: the application name of a worker's lock connection
 
 
@@ -40,6 +42,16 @@ def lock_name(schema: str, service: str) -> str:
     """What the advisory lock of a service is taken by (``hashtext`` of it): one lock per schema and
     service. Any role can take an advisory lock, so ``pgflow status`` names who holds each."""
     return f"pgflow.{schema}.{service}"
+
+
+def lock_connection_name(dsn: str) -> str:
+    """The application name of a worker's lock connection: ``pgflow status`` tells a worker's hold on a
+    service's lock from anybody else's by its ``pgflow-maintenance-<pid>`` start (any role may take an
+    advisory lock), so that comes first, and the user's own name, when the DSN or ``PGAPPNAME`` gives
+    one, follows in brackets for their monitoring (the server keeps 63 bytes)."""
+    own = f"{APPLICATION}{os.getpid()}"
+    users = users_application_name(dsn)
+    return own if users is None else f"{own} ({users})"
 
 
 class Maintenance:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -28,6 +29,7 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import PoolClosed
 
+from . import forks
 from .clock import OWNER, Clock
 from .connecting import check_connectable, linked
 from .pool import Pool
@@ -225,7 +227,9 @@ class Runtimes:
         self._config_blocks = config_blocks
         self._config: Config | None = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
+        forks.watch(self)
         self._migrated = False
         self.reached = False  # the server answered once: later failures are outages, waited out
         self.pooled_checked = False  # the pooler's server sessions were looked at (Config.pooled)
@@ -244,6 +248,14 @@ class Runtimes:
             self.keyring = Keyring(Config.channel_of(schema))
             self.clock = Clock()
 
+    def forked(self) -> None:
+        """In a forked child: the parent's runtimes (their loops do not run here, their pools are the
+        parent's sessions) are left alone, and this process opens its own on first use."""
+        forks.keep_inherited(self._by_loop)
+        self._by_loop = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
     def config(self) -> Config:
         """The configuration; resolving it may start the embedded server (blocking)."""
         with self._lock:
@@ -260,6 +272,8 @@ class Runtimes:
     def current(self) -> Runtime:
         """The runtime of the running event loop, made on first use."""
         loop = asyncio.get_running_loop()
+        if self._pid != os.getpid():  # forked by a hook-less fork (uWSGI's)
+            self.forked()
         runtime = self._by_loop.get(loop)
         if runtime is None:
             with self._lock:

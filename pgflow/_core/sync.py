@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 import anyio.from_thread
 
-from . import loops
+from . import forks, loops
 from .execution import current_execution
 
 T = TypeVar("T")
@@ -30,15 +31,26 @@ class LoopThread:
     def __init__(self, name: str, on_stop: Callable[[], Awaitable[None]]) -> None:
         self._name = name
         self._on_stop = on_stop
-        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.forked()
+        forks.watch(self)
+
+    def forked(self) -> None:
+        """In a forked child the thread is gone and its loop will never run again: the next call
+        starts a loop of this process's own (what the old one held stays the parent's)."""
+        forks.keep_inherited(self._loop, self._thread)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._loop = self._thread = None
 
     @property
     def started(self) -> bool:
         return self._loop is not None
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._pid != os.getpid():  # forked by a hook-less fork (uWSGI's)
+            self.forked()
         with self._lock:
             if self._loop is None:
                 loop = loops.new_event_loop(loops.from_environment())
@@ -69,6 +81,8 @@ class LoopThread:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Run ``on_stop`` on the loop (closing what lives there), then end the thread."""
+        if self._pid != os.getpid():  # the loop is a forked parent's: nothing of it runs here
+            self.forked()
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None

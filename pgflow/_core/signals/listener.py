@@ -9,7 +9,8 @@ waits for a stream (until ``idle`` seconds have passed without one): a worker wh
 stream, or have not for a while, does not receive the chunks of the fleet's batches.
 
 Any role that can connect may send on the channels: a payload is believed only once it opens with the
-schema's keyring (``sealing.py``); anything else is dropped and counted in ``rejected``.
+schema's keyring (``sealing.py``) and was not heard before (``Replays``); anything else is dropped
+and counted in ``rejected``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import psycopg
 from ..pool import answered_within
 from ..store import channel as channel_sql
 from . import payload
-from .sealing import Keyring
+from .sealing import Keyring, Replays
 from .waiters import Waiters
 
 log = logging.getLogger("pgflow.signals")
@@ -49,12 +50,13 @@ class Listener:
         self._health_every = health_every
         self._query_timeout = query_timeout
         self._wants_keys = wants_keys
+        self._replays = Replays()
         self.connected = False
         self.reconnects = 0
         self.backend_pid: int | None = None
         self.queue_usage = 0.0
         self.heard = 0
-        self.rejected = 0  # payloads that did not open: foreign, forged, garbage, or a key not loaded
+        self.rejected = 0  # payloads that did not open: foreign, forged, garbage, replayed, or a key not loaded
         self.streams = False  # whether this connection listens on the stream channel
         self._streams_unwanted_since: float | None = None  # since when no stream is waited for
         self._hearing: anyio.CancelScope | None = None  # the wait for notifications, while it waits
@@ -94,7 +96,7 @@ class Listener:
         if keyring.sender_of(text) == keyring.sender:
             return
         opened = keyring.open(text, channel)
-        news = None if opened is None else payload.decode(opened.plaintext)
+        news = None if opened is None or not self._replays.fresh(opened) else payload.decode(opened.plaintext)
         if news is None:
             self.rejected += 1
             if keyring.unknown_key:  # sealed with a key this process has not loaded: a rotation

@@ -77,14 +77,16 @@ class Signals:
 
     def seal(self, news: News) -> Pings:
         """The sealed payloads that tell ``news`` to other processes; none while the keyring is
-        empty (this role cannot read it: waits elsewhere fall back to their poll)."""
+        empty (this role may not read it, or sees no row of it, being unable to write workflows:
+        waits elsewhere fall back to their poll)."""
         assert self._config is not None
         pings = sealed(self.keyring, (self._config.channel, self._config.stream_channel), news)
         if pings is None:
             if not self._unsealed_warned:
                 self._unsealed_warned = True
-                log.warning("no signal key is loaded (can this role read the schema's signal_keys table?):"
-                            " other processes hear of this one's work only on their poll")
+                log.warning("no signal key is loaded (only a role that may insert into or update the schema's"
+                            " workflows table, and is granted SELECT on its signal_keys, sees them): other"
+                            " processes hear of this one's work only on their poll")
             return NO_PINGS
         return pings
 

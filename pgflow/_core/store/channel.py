@@ -96,8 +96,25 @@ class ChannelStatements(Statements):
         accepted for ``overlap`` seconds after that: every process reloads the keyring within that
         time, so none drops another's pings during the change. Keys retired a day ago go. Returns
         the new key's id."""
+        rotated = await self._rotate(overlap, None)
+        assert rotated is not None
+        return rotated
+
+    async def rotate_signal_key_when_due(self, period: float, overlap: float) -> int | None:
+        """``rotate_signal_key`` when the newest key has been sealed with for ``period`` seconds
+        (the workers' maintenance asks, however many of them); the new key's id, or None."""
+        return await self._rotate(overlap, period)
+
+    async def _rotate(self, overlap: float, period: float | None) -> int | None:
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(self._sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE"))
+            if period is not None:
+                cur = await conn.execute(self._sql(
+                    "SELECT coalesce(max(seal_from) < now() - make_interval(secs => %(period)s), true)"
+                    " FROM {s}.signal_keys"), {"period": period})
+                due = await cur.fetchone()
+                if not (due and due[0]):
+                    return None
             cur = await conn.execute(self._sql(
                 "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
                 " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
