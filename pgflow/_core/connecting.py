@@ -5,6 +5,7 @@ and ends in "pool initialization incomplete"."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import urllib.parse
 from typing import Any
@@ -229,6 +230,25 @@ def _milliseconds(text: str) -> float:
 
 def _bare(value: str) -> str:
     return str(round(_milliseconds(value))) if value.endswith("ms") else value
+
+
+def named(own: str) -> dict[str, str]:
+    """The parameter that names a connection of pgflow's (``pgflow-<pid>``, ...) in pg_stat_activity
+    and the server's log, unless the user named the application: their DSN's ``application_name``
+    (URL or key=value), or ``PGAPPNAME``, is what their monitoring, log filters and per-application
+    settings go by, so it is kept. That is libpq's own order for ``fallback_application_name``
+    (a service file's name counts too), so pgflow's name is passed as that."""
+    return {"fallback_application_name": own}
+
+
+def users_application_name(dsn: str) -> str | None:
+    """The application name the user gave: the DSN's, else ``PGAPPNAME``; None when neither names one
+    (an empty name is none, as for libpq)."""
+    try:
+        own = psycopg.conninfo.conninfo_to_dict(dsn).get("application_name")
+    except psycopg.ProgrammingError:
+        own = None
+    return str(own or os.environ.get("PGAPPNAME") or "") or None
 
 
 def linked(dsn: str, query_timeout: float) -> str:

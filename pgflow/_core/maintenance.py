@@ -70,7 +70,7 @@ class Maintenance:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, application_name=f"{APPLICATION}{os.getpid()}")
+                    self._conninfo, autocommit=True, application_name=lock_connection_name(self._conninfo))
                 async with conn:
                     await self._lead(conn)
             except* (psycopg.Error, OSError) as lost:  # from the task group of the services, too

@@ -28,7 +28,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from .connecting import link_settings
+from .connecting import link_settings, named
 from .registry import Config
 
 log = logging.getLogger("pgflow")
@@ -65,7 +65,7 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
         self._sweep: asyncio.Task[None] | None = None
         super().__init__(
             config.dsn, min_size=1, max_size=config.pool_size, open=False,
-            kwargs={"autocommit": True, "application_name": f"pgflow-{os.getpid()}",
+            kwargs={"autocommit": True, **named(f"pgflow-{os.getpid()}"),
                     **link_settings(config.dsn, config.query_timeout, session=not config.pooled),
                     # A transaction-mode pooler runs each transaction on any of its server sessions,
                     # where a statement prepared on another is unknown (pgbouncer follows prepared

@@ -108,7 +108,7 @@ class Listener:
     async def _listen(self) -> bool:
         """Serve one connection; True when it was closed for being idle."""
         conn = await psycopg.AsyncConnection.connect(self._conninfo(), autocommit=True,
-                                                     application_name=f"pgflow-listener-{os.getpid()}")
+                                                     fallback_application_name=f"pgflow-listener-{os.getpid()}")
         async with conn:
             # Notifications that come in while a statement of ours runs on this connection (a LISTEN,
             # the health check) are handed over by psycopg; between them, ``_hear`` reads them itself.
