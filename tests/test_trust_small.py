@@ -8,10 +8,12 @@ import os
 import uuid
 
 import anyio
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgflow
+from pgflow.testing import PgflowEnv
 
 from .helpers import query
 
@@ -66,6 +68,52 @@ async def test_the_users_application_name_is_kept_on_every_connection(
             assert any(holder.worker for holder in health.maintenance), health.maintenance
     finally:
         await app.close_async()
+
+
+# -- PgflowEnv drops only the schema it made ------------------------------------------------------------
+
+env_app = pgflow.App(poll_interval=60.0)
+env_flow = env_app.workflow(name="trust.env_flow")(lambda n: n)
+
+
+def _schemas(dsn: str, *names: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)"
+                                                " ORDER BY nspname", (list(names),))]
+
+
+def test_the_test_environment_leaves_a_schema_that_was_there_before(dsn: str, schema: str) -> None:
+    # Somebody's schema, with a table of theirs in it (owned by the same role, so pgflow may use it).
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".precious (a int)')
+        conn.execute(f'INSERT INTO "{schema}".precious VALUES (42)')
+    env = PgflowEnv(env_app, dsn, schema=schema).start()
+    try:
+        assert env_flow.start(3).result(timeout=WAIT) == 3
+    finally:
+        env.stop()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute(f'SELECT a FROM "{schema}".precious').fetchall() == [(42,)]
+    # A schema the environment made itself, named or not, is dropped.
+    made = f"t_{uuid.uuid4().hex[:12]}"
+    for env in (PgflowEnv(env_app, dsn, schema=made), PgflowEnv(env_app, dsn)):
+        env.start()
+        assert _schemas(dsn, env.schema) == [env.schema]
+        env.stop()
+        assert _schemas(dsn, env.schema) == []
+    assert env_app._dsn is None and env_app._settings["schema"] == "pgflow"
+
+
+def test_a_test_environment_that_cannot_start_leaves_a_schema_that_was_there(
+        dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its start fails (the schema's owner is not expected): the teardown after the failure drops nothing."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'ALTER SCHEMA "{schema}" OWNER TO pg_database_owner')  # a built-in role, not ours
+    with pytest.raises(pgflow.ConfigurationError, match="pg_database_owner"):
+        PgflowEnv(env_app, dsn, schema=schema).start()
+    assert _schemas(dsn, schema) == [schema]
 
 
 async def _noop() -> None:

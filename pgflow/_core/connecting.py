@@ -138,13 +138,18 @@ async def check_connectable(dsn: str, query_timeout: float | None = None, *, ses
         settings = {} if query_timeout is None else link_settings(dsn, query_timeout, session=session)
         extra = {"options": settings["options"]} if "options" in settings else {}
         conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=CONNECT_TIMEOUT, autocommit=True, **extra)
-    except psycopg.ProgrammingError as exc:
-        raise _malformed(dsn, exc) from None
-    except psycopg.OperationalError as exc:
-        reason = redact(dsn, _first_line(exc))
-        advice = next((hint for words, hint in _EXPLANATIONS if words in reason.lower()), "check the DSN")
-        raise ConfigurationError(f"cannot connect to PostgreSQL at {where(dsn)}: {reason}; {advice}") from None
+    except (psycopg.ProgrammingError, psycopg.OperationalError) as exc:
+        raise unconnectable(dsn, exc) from None
     await conn.close()
+
+
+def unconnectable(dsn: str, exc: psycopg.Error) -> ConfigurationError:
+    """What a failure to connect to ``dsn`` means, and what to check (no password shown)."""
+    if isinstance(exc, psycopg.ProgrammingError):
+        return _malformed(dsn, exc)
+    reason = redact(dsn, _first_line(exc))
+    advice = next((hint for words, hint in _EXPLANATIONS if words in reason.lower()), "check the DSN")
+    return ConfigurationError(f"cannot connect to PostgreSQL at {where(dsn)}: {reason}; {advice}")
 
 
 def _malformed(dsn: str, exc: BaseException) -> ConfigurationError:

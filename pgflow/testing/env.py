@@ -24,6 +24,7 @@ import anyio
 import psycopg
 
 from .._core.codec import decode
+from .._core.connecting import CONNECT_TIMEOUT, unconnectable
 from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
@@ -67,7 +68,7 @@ class PgflowEnv:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._saved: tuple[str | None, dict[str, Any]] | None = None
-        self._created = False  # the schema exists (migrated), so stop drops it
+        self._created = False  # this start made the schema, so stop drops it
         self.clock = VirtualClock(self, app._runtimes.clock)
 
     # -- life -------------------------------------------------------------------------------------------
@@ -92,7 +93,9 @@ class PgflowEnv:
         clock = app._runtimes.clock
         clock.virtual = True
         self.clock = VirtualClock(self, clock)
-        self._created = True  # (a migration that fails half-way may leave it behind: dropped too)
+        # Only a schema this start makes is dropped at the end (one a migration that fails half-way left
+        # behind, too): a schema that was there before the test is somebody's, with what it holds.
+        self._created = not self._schema_exists()
         app.migrate()
         self._thread = threading.Thread(target=self._serve, name=f"pgflow-test-worker-{self.schema}", daemon=True)
         self._thread.start()
@@ -101,8 +104,17 @@ class PgflowEnv:
             raise self._failure
         return self
 
+    def _schema_exists(self) -> bool:
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        except (psycopg.ProgrammingError, psycopg.OperationalError) as exc:
+            raise unconnectable(self.dsn, exc) from None
+        with conn:
+            return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone() is not None
+
     def stop(self) -> None:
-        """Stop the worker, close the App, drop the schema and point the App back where it was."""
+        """Stop the worker, close the App, drop the schema if the start made it, and point the App back
+        where it was."""
         self._teardown(after_failure=False)
 
     def _teardown(self, after_failure: bool) -> None:
