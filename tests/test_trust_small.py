@@ -5,7 +5,10 @@ it made, recorded exception names that must stay data, and check-replay's exit c
 from __future__ import annotations
 
 import os
+import sys
+import types
 import uuid
+from typing import Any
 
 import anyio
 import psycopg
@@ -13,6 +16,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgflow
+from pgflow._core.outcomes import rebuilt
+from pgflow.errors import StepFailed
 from pgflow.testing import PgflowEnv
 
 from .helpers import query
@@ -114,6 +119,74 @@ def test_a_test_environment_that_cannot_start_leaves_a_schema_that_was_there(
     with pytest.raises(pgflow.ConfigurationError, match="pg_database_owner"):
         PgflowEnv(env_app, dsn, schema=schema).start()
     assert _schemas(dsn, schema) == [schema]
+
+
+# -- a recorded exception's name is data -----------------------------------------------------------------
+
+
+class Nested:
+    class Inner(Exception):
+        """An exception class inside a class: its recorded name is ``module.Nested.Inner``."""
+
+
+touched: list[str] = []  # what a lookup ran of the code below: must stay empty
+
+
+class _Meta(type):
+    @property
+    def Hidden(cls) -> type[Exception]:  # noqa: N802 - looks like a class to a path
+        touched.append("metaclass property")
+        return ValueError
+
+    def __getattr__(cls, name: str) -> Any:
+        touched.append(f"metaclass __getattr__ {name}")
+        return ValueError
+
+
+class Guarded(metaclass=_Meta):
+    pass
+
+
+def _recorded(type_name: str, args: list[Any] | None = None) -> dict[str, Any]:
+    return {"type": type_name, "message": "hostile", "args": ["rm -rf /tmp/x"] if args is None else args,
+            "traceback": ""}
+
+
+def test_a_recorded_exception_name_is_looked_up_never_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    touched.clear()
+    # A lazily loading package (PEP 562), already imported: its __getattr__ would import or run anything.
+    lazy = types.ModuleType("trust_lazy")
+
+    def lazy_getattr(name: str) -> Any:
+        touched.append(f"module __getattr__ {name}")
+        return ValueError
+
+    lazy.__getattr__ = lazy_getattr  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "trust_lazy", lazy)
+    monkeypatch.setattr(os, "system", lambda command: touched.append(f"os.system {command}"))
+    unimported = [name for name in ("this", "antigravity") if name not in sys.modules]
+    here = __name__
+    hostile = [
+        "os:system", "builtins:eval", "eval", "exec", "builtins.eval", "os.system", "subprocess.run",
+        f"{here}.os.error",  # a path through this module's attribute os to OSError, a real exception class
+        f"{here}.sys.modules", f"{here}.pytest.fail.Exception",
+        "trust_lazy.Boom", "trust_lazy.os.error",
+        f"{here}.Guarded.Hidden", f"{here}.Guarded.Missing",
+        f"{here}.Nested.__init__", f"{here}.Nested.Inner.__class__",
+        "this.Zen", "antigravity.Fly",  # never imported for a row's sake
+        "KeyboardInterrupt", "SystemExit", "pgflow.errors.LeaseLost",  # not ordinary exceptions
+        "a." * 5000 + "Error", "", ".", "ValueError.", "1.Error",
+    ]
+    for name in hostile:
+        exc = rebuilt(_recorded(name))
+        assert type(exc) is StepFailed and exc.error_type == name, (name, exc)
+    assert touched == []
+    assert [name for name in unimported if name in sys.modules] == []
+    # What is an exception class where the name says is rebuilt as before.
+    assert type(rebuilt(_recorded("ValueError", ["bad"]))) is ValueError
+    inner = rebuilt(_recorded(f"{here}.Nested.Inner", ["deep"]))
+    assert type(inner) is Nested.Inner and inner.args == ("deep",)
+    assert type(rebuilt(_recorded("pgflow.errors.WorkflowConflict", ["x"]))) is pgflow.WorkflowConflict
 
 
 async def _noop() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from typing import Any, NamedTuple
+import types
+from typing import Any, NamedTuple, cast
 
 import msgspec
 
@@ -110,24 +111,44 @@ def rebuilt(error: dict[str, Any]) -> Exception:
     return StepFailed(name, message)
 
 
+NAME_PARTS_AT_MOST = 16  # dotted parts of a recorded type name looked at (a row could hold a megabyte of dots)
+# The attribute dictionaries of a module and of a class, read as the interpreter stores them: looking a
+# name up there runs nothing (no module ``__getattr__``, which in lazily loading packages imports
+# submodules; no property, descriptor or metaclass ``__getattr__``), where ``getattr`` may run any of those.
+_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
+_CLASS_DICT: Any = vars(type)["__dict__"]
+
+
 def _exception_type(name: str) -> type[Exception] | None:
     """The class ``name`` (``module.Qual.Name``, or a builtin's bare name) if a module already loaded
-    defines it and it is an ordinary exception (not a BaseException such as an interrupt)."""
-    module_name, attributes = "builtins", name
-    if "." in name:
-        parts = name.split(".")
-        for cut in range(len(parts) - 1, 0, -1):
-            if ".".join(parts[:cut]) in sys.modules:
-                module_name, attributes = ".".join(parts[:cut]), ".".join(parts[cut:])
-                break
-        else:
+    defines it and it is an ordinary exception (not a BaseException such as an interrupt).
+
+    The name comes from a row, so it is data: it is only looked up, never followed as a path of code.
+    The module must already be in ``sys.modules`` (nothing is imported for a row's sake); each name
+    after it is read from the dictionary of a module, then of a class (a nested class's qualified
+    name), never through ``getattr``; a path does not go through anything that is not a class (a
+    module's attribute ``os`` in ``mod.os.system`` is not followed); and the class is checked to be
+    an ``Exception`` subclass before anything calls it."""
+    parts = name.split(".")
+    if len(parts) > NAME_PARTS_AT_MOST or not all(part.isidentifier() for part in parts):
+        return None
+    module_name, attributes = "builtins", parts
+    if len(parts) > 1:
+        cut = next((cut for cut in range(len(parts) - 1, 0, -1) if ".".join(parts[:cut]) in sys.modules), None)
+        if cut is None:
             return None
-    found: Any = sys.modules.get(module_name)
-    for attribute in attributes.split("."):
-        found = getattr(found, attribute, None) if attribute.isidentifier() else None
-    if (isinstance(found, type) and issubclass(found, Exception)
+        module_name, attributes = ".".join(parts[:cut]), parts[cut:]
+    module = sys.modules.get(module_name)
+    if not issubclass(type(module), types.ModuleType):  # (not isinstance, which may ask its own __class__)
+        return None
+    found: Any = _MODULE_DICT.__get__(module).get(attributes[0])
+    for attribute in attributes[1:]:
+        if not issubclass(type(found), type):
+            return None
+        found = _CLASS_DICT.__get__(found).get(attribute)
+    if (issubclass(type(found), type) and issubclass(found, Exception)
             and not issubclass(found, ExecutionInterrupted)):
-        return found
+        return cast(type[Exception], found)
     return None
 
 
