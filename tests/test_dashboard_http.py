@@ -28,6 +28,7 @@ from .apps.dashboard import define
 pytestmark = pytest.mark.slow
 
 TOKEN = "correct-horse-battery-staple-42"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 WAIT = 60.0
 
@@ -40,17 +41,20 @@ def free_port() -> int:
 
 class Served:
     """``create_app`` served by uvicorn on a thread with its own event loop, its own App on the test's
-    schema, and (``worker``) an in-process worker on that loop running tests/apps/dashboard.py."""
+    schema, and (``worker``) an in-process worker on that loop running tests/apps/dashboard.py;
+    ``options`` go to ``create_app`` as they are."""
 
     def __init__(self, dsn: str, schema: str, *, token: str | None = None, actions: bool = False,
-                 worker: bool = True) -> None:
+                 worker: bool = True, **options: Any) -> None:
         self.dsn, self.schema, self.token, self.actions, self.worker = dsn, schema, token, actions, worker
+        self.options = options
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ready = threading.Event()
         self.failure: BaseException | None = None
         self.server: Any = None
         self.dashboard: Any = None
+        self.guard: Any = None
         self.thread = threading.Thread(target=self._run, name="dashboard-under-test", daemon=True)
         self.thread.start()
         if not self.ready.wait(WAIT) or self.failure is not None:
@@ -70,7 +74,8 @@ class Served:
 
         app = pgflow.App(self.dsn, schema=self.schema, poll_interval=0.5)
         define(app)
-        asgi = create_app(app, token=self.token, allow_actions=self.actions)
+        asgi = create_app(app, token=self.token, allow_actions=self.actions, **self.options)
+        self.guard = asgi
         self.dashboard = asgi.app.state.dashboard
         self.server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=1))
@@ -101,6 +106,12 @@ async def _nothing() -> AsyncIterator[None]:
 
 @pytest.fixture
 def serve(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
+    yield from serving(dsn, schema, app)
+
+
+def serving(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
+    """The ``serve`` fixture's body (tests/test_dashboard_trust.py has one of its own): ``start(**options)``
+    starts a ``Served``; each is stopped at the end."""
     app.migrate()
     started: list[Served] = []
 
@@ -211,7 +222,7 @@ def only_own_script(body: str) -> None:
 
 
 def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app: pgflow.App) -> None:
-    served = serve(actions=True)
+    served = serve(token=TOKEN, actions=True)
     failed = app.start_by_name("dash.fails", HOSTILE)
     with pytest.raises(pgflow.WorkflowFailed):
         failed.result(timeout=WAIT)
@@ -221,7 +232,7 @@ def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app:
     assert parent.result(timeout=WAIT) == 5
     unserved = app.start_by_name(f"name{HOSTILE}", HOSTILE)  # no worker runs that name: it stays queued
 
-    home = page(served.base, "/")
+    home = page(served.base, "/", **AUTH)
     assert home.status == 200
     assert "default-src 'none'" in home.headers["content-security-policy"]
     assert home.headers["x-frame-options"] == "DENY"
@@ -229,13 +240,13 @@ def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app:
     assert "name&lt;script&gt;" in home.body and "no live worker runs that name" in home.body  # health
     assert 'id="workers"' in home.body and "dash.writer" not in home.body
 
-    listed = page(served.base, "/workflows")
+    listed = page(served.base, "/workflows", **AUTH)
     assert listed.status == 200
     only_own_script(listed.body)
     for workflow_id in (failed.id, parent.id, unserved.id):
         assert quote(workflow_id, safe="") in listed.body
 
-    shown = page(served.base, f"/workflow?id={quote(failed.id)}")
+    shown = page(served.base, f"/workflow?id={quote(failed.id)}", **AUTH)
     assert shown.status == 200
     only_own_script(shown.body)
     # The error: type, message (escaped) and the traceback of the step that raised.
@@ -244,28 +255,28 @@ def test_pages_show_records_errors_and_escape_every_stored_text(serve: Any, app:
     assert "dash.write" in shown.body and "dash.explode" in shown.body  # the steps
     assert "line 1" in shown.body  # the stream's chunks, read for the page
 
-    family = page(served.base, f"/workflow?id={quote(parent.id)}")
+    family = page(served.base, f"/workflow?id={quote(parent.id)}", **AUTH)
     assert family.status == 200
     for i in range(3):
         assert f"{parent.id}.{i}" in family.body
     assert "pgflow.set_event:children" in family.body and "pgflow.sleep" in family.body
-    child = page(served.base, f"/workflow?id={quote(parent.id + '.0')}")
+    child = page(served.base, f"/workflow?id={quote(parent.id + '.0')}", **AUTH)
     assert quote(parent.id, safe="") in child.body  # its parent, linked
     assert "&quot;from&quot;: &quot;parent&quot;" in child.body  # the message it received
 
     retried = app.start_by_name("dash.retries")
     assert retried.result(timeout=WAIT) == 3
-    steps = page(served.base, f"/workflow?id={quote(retried.id)}")
+    steps = page(served.base, f"/workflow?id={quote(retried.id)}", **AUTH)
     # Each failed attempt's error, escaped, and the step's time from its first attempt's start.
     assert steps.body.count("ConnectionError</strong>: attempt ") == 2
     assert "attempt 1 &lt;lost&gt;" in steps.body and "attempt 2 &lt;lost&gt;" in steps.body
     assert "(since the previous entry)" not in steps.body.split('id="steps"')[1].split("</table>")[0]
 
-    odd = page(served.base, f"/workflow?id={quote(hostile_id)}")
+    odd = page(served.base, f"/workflow?id={quote(hostile_id)}", **AUTH)
     assert odd.status == 200
     only_own_script(odd.body)
-    assert page(served.base, f"/workflow?id={quote(unserved.id)}").status == 200
-    found = call(served.base, "GET", f"/find?id={quote(failed.id)}")
+    assert page(served.base, f"/workflow?id={quote(unserved.id)}", **AUTH).status == 200
+    found = call(served.base, "GET", f"/find?id={quote(failed.id)}", AUTH)
     assert found.status == 303 and found.headers["location"] == f"/workflow?id={quote(failed.id, safe='')}"
 
 
@@ -347,7 +358,8 @@ def test_the_token_is_asked_of_every_request_but_the_login_form(serve: Any) -> N
     signed = form(base, "/login", {"token": TOKEN, "csrf": csrf}, cookies)
     assert signed.status == 303
     session = signed.cookies()[SESSION_COOKIE]
-    assert session != TOKEN and "HttpOnly" in signed.headers["set-cookie"]
+    assert session != TOKEN and TOKEN not in signed.headers["set-cookie"]
+    assert {"HttpOnly", "SameSite=Strict", "Max-Age=43200"} <= set(signed.headers["set-cookie"].split("; "))
     assert page(base, "/", Cookie=f"{SESSION_COOKIE}={session}").status == 200
 
 
@@ -364,34 +376,34 @@ def test_actions_are_off_unless_asked_for(serve: Any, app: pgflow.App) -> None:
 
 
 def test_actions_refuse_forgeries_then_cancel_resume_and_fork(serve: Any, app: pgflow.App, tmp_path: Path) -> None:
-    served = serve(actions=True)
+    served = serve(token=TOKEN, actions=True)
     base = served.base
     running = app.start_by_name("dash.runs_long", 120.0)
     wait_for(lambda: running.status() == "running", "the long one to run")
-    confirm = page(base, f"/confirm?id={quote(running.id)}&action=cancel")
+    confirm = page(base, f"/confirm?id={quote(running.id)}&action=cancel", **AUTH)
     assert confirm.status == 200 and "Yes, cancel" in confirm.body
     cookies, csrf = confirm.cookies(), csrf_of(confirm)
     good = {"id": running.id, "action": "cancel", "csrf": csrf}
 
-    assert form(base, "/action", {**good, "csrf": ""}, cookies).status == 403
-    assert form(base, "/action", {**good, "csrf": "f" * 64}, cookies).status == 403
-    assert form(base, "/action", good, {CSRF_COOKIE: "another-browser"}).status == 403
-    assert form(base, "/action", good).status == 403  # no cookie at all
-    assert form(base, "/action", good, cookies, Origin="https://evil.example").status == 403
-    assert form(base, "/action", good, cookies, Origin="null").status == 403
-    assert form(base, "/action", good, cookies, **{"Sec-Fetch-Site": "cross-site"}).status == 403
-    plain = {"Content-Type": "text/plain", "Cookie": f"{CSRF_COOKIE}={cookies[CSRF_COOKIE]}"}
+    assert form(base, "/action", {**good, "csrf": ""}, cookies, **AUTH).status == 403
+    assert form(base, "/action", {**good, "csrf": "f" * 64}, cookies, **AUTH).status == 403
+    assert form(base, "/action", good, {CSRF_COOKIE: "another-browser"}, **AUTH).status == 403
+    assert form(base, "/action", good, **AUTH).status == 403  # no cookie at all
+    assert form(base, "/action", good, cookies, Origin="https://evil.example", **AUTH).status == 403
+    assert form(base, "/action", good, cookies, Origin="null", **AUTH).status == 403
+    assert form(base, "/action", good, cookies, **{"Sec-Fetch-Site": "cross-site"}, **AUTH).status == 403
+    plain = {"Content-Type": "text/plain", "Cookie": f"{CSRF_COOKIE}={cookies[CSRF_COOKIE]}", **AUTH}
     text = call(base, "POST", "/action", plain, b"id=x&action=cancel")
     assert text.status == 415
-    huge = form(base, "/action", {**good, "pad": "x" * 20_000}, cookies)
+    huge = form(base, "/action", {**good, "pad": "x" * 20_000}, cookies, **AUTH)
     assert huge.status == 413
-    assert form(base, "/action", {**good, "id": "a\x00b"}, cookies).status == 400
-    assert form(base, "/action", {**good, "id": "no-such-workflow"}, cookies).status == 404
-    assert form(base, "/action", {**good, "action": "drop"}, cookies).status == 400
-    assert form(base, "/action", {**good, "action": "fork", "from_step": "-1"}, cookies).status == 400
+    assert form(base, "/action", {**good, "id": "a\x00b"}, cookies, **AUTH).status == 400
+    assert form(base, "/action", {**good, "id": "no-such-workflow"}, cookies, **AUTH).status == 404
+    assert form(base, "/action", {**good, "action": "drop"}, cookies, **AUTH).status == 400
+    assert form(base, "/action", {**good, "action": "fork", "from_step": "-1"}, cookies, **AUTH).status == 400
     assert running.status() == "running"  # nothing above changed anything
 
-    cancelled = form(base, "/action", good, cookies)
+    cancelled = form(base, "/action", good, cookies, **AUTH)
     assert cancelled.status == 303 and cancelled.headers["location"] == f"/workflow?id={quote(running.id, safe='')}"
     with pytest.raises(pgflow.WorkflowCancelled):
         running.result(timeout=WAIT)
@@ -400,16 +412,18 @@ def test_actions_refuse_forgeries_then_cancel_resume_and_fork(serve: Any, app: p
     failing = app.start_by_name("dash.until_file", str(marker))
     with pytest.raises(pgflow.WorkflowFailed):
         failing.result(timeout=WAIT)
-    shown = page(base, f"/workflow?id={quote(failing.id)}", Cookie=f"{CSRF_COOKIE}={cookies[CSRF_COOKIE]}")
+    shown = page(base, f"/workflow?id={quote(failing.id)}", Cookie=f"{CSRF_COOKIE}={cookies[CSRF_COOKIE]}",
+                 **AUTH)
     assert "FileNotFoundError" in shown.body and 'id="action-resume"' in shown.body
     marker.write_text("ok")
-    resumed = form(base, "/action", {"id": failing.id, "action": "resume", "csrf": csrf}, cookies)
+    resumed = form(base, "/action", {"id": failing.id, "action": "resume", "csrf": csrf}, cookies, **AUTH)
     assert resumed.status == 303
     assert failing.result(timeout=WAIT) == "found"
-    again = form(base, "/action", {"id": failing.id, "action": "resume", "csrf": csrf}, cookies)
+    again = form(base, "/action", {"id": failing.id, "action": "resume", "csrf": csrf}, cookies, **AUTH)
     assert again.status == 409 and "succeeded" in again.body
 
-    forked = form(base, "/action", {"id": failing.id, "action": "fork", "from_step": "1", "csrf": csrf}, cookies)
+    forked = form(base, "/action", {"id": failing.id, "action": "fork", "from_step": "1", "csrf": csrf}, cookies,
+                  **AUTH)
     assert forked.status == 303
     fork_id = forked.headers["location"].split("id=", 1)[1]
     assert fork_id != quote(failing.id, safe="")
@@ -436,6 +450,8 @@ def test_actions_refuse_forgeries_then_cancel_resume_and_fork(serve: Any, app: p
     ("/workflows?cursor=garbage", 400),
     ("/workflows?cursor=" + "A" * 5000, 400),
     ("/workflows?since=yesterday", 400),
+    ("/workflows?since=99999999999d", 400),  # further back than a timedelta goes
+    ("/workflows?since=99999999d", 400),  # a timedelta, but before the year 1
     ("/workflows?since=2026-12-01T10:00", 400),  # no zone
     ("/workflows?before=99999-01-01T00:00Z", 400),
     ("/workflows?nosuch=1", 400),
@@ -470,8 +486,9 @@ def test_bad_last_event_ids_are_refused(serve: Any, app: pgflow.App) -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--host", "0.0.0.0"], "give a --token"),
+    (["--host", "0.0.0.0"], "give a token (set $PGFLOW_DASHBOARD_TOKEN or give --token-file PATH)"),
     (["--token", "short"], "at least 16 characters"),
+    (["--allow-actions"], "--allow-actions needs a token: set $PGFLOW_DASHBOARD_TOKEN or give --token-file PATH"),
     (["--port", "0"], "--port is from 1 to 65535"),
 ])
 def test_the_command_refuses_what_would_expose_it_before_starting(

@@ -368,8 +368,16 @@ def login_page(message: str | None, csrf: str) -> Html:
                                           required=True, autofocus=True)),
                tag("input", type="hidden", name="csrf", value=csrf),
                tag("button", "Sign in", type="submit"), method="post", action="/login", class_="login")
-    return page("Sign in", join([tag("p", "This dashboard asks for its token (--token or PGFLOW_DASHBOARD_TOKEN).",
-                                     class_="note"), body]), nav=None)
+    return page("Sign in", join([tag("p", "This dashboard asks for its token (PGFLOW_DASHBOARD_TOKEN or"
+                                          " --token-file where it was started).", class_="note"), body]), nav=None)
+
+
+def logout_page(csrf: str) -> Html:
+    body = tag("form", tag("input", type="hidden", name="csrf", value=csrf),
+               tag("button", "Sign out", type="submit", class_="button"), method="post", action="/logout",
+               class_="login")
+    return page("Sign out", join([tag("p", "Signing out ends this browser's session on the server: its cookie no"
+                                          " longer signs anyone in.", class_="note"), body]), nav=None)
 
 
 def message_page(title: str, text: str, back: str | None = None) -> Html:
@@ -383,7 +391,10 @@ def parse_time(text: str, now: datetime) -> datetime:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = text.strip()
     if len(text) <= 12 and text[:-1].isascii() and text[:-1].isdigit() and text[-1:] in units:
-        return now - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+        try:
+            return now - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+        except OverflowError:  # further back than datetime (or timedelta) goes: year 1
+            raise ValueError(f"{text!r} goes back before the year 1: use a shorter span") from None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00")) if len(text) <= 40 else None
     except ValueError:

@@ -3,14 +3,15 @@
 Every request is hostile until shown otherwise: parameters are checked before any statement is
 sent (a bad one is a 400 saying what is expected), ids are what ``app.handle`` accepts, a POST is
 bounded and must come from this server's own page (``access``), and the actions are off unless the
-dashboard was started with them on.
+dashboard was started with them on, and never on without a token. Before any route, ``access.Guard``
+checks the Host header, the token and the bound on live connections.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,23 @@ from starlette.staticfiles import StaticFiles
 from .._core.checks import MAX_ID_BYTES, MAX_KEY_BYTES, POSITION_LIMIT, check_text
 from ..app import App
 from ..errors import CannotResume, UnknownWorkflow
-from .access import CSRF_COOKIE, SESSION_COOKIE, Access, Guard, Receive, Scope, Send, cookie_header, same_origin
+from .access import (
+    CSRF_COOKIE,
+    MAX_LIVE,
+    SESSION_COOKIE,
+    SESSION_HOURS,
+    WILDCARDS,
+    Access,
+    Guard,
+    Hosts,
+    Receive,
+    Scope,
+    Send,
+    client_of,
+    cookie_header,
+    is_loopback,
+    same_origin,
+)
 from .data import OVERVIEW_EVERY, TAIL, WATCH_EVERY, Reader, Value
 from .markup import path
 from .pages import (
@@ -43,6 +60,7 @@ from .pages import (
     confirm_page,
     list_page,
     login_page,
+    logout_page,
     message_page,
     overview_page,
     overview_parts,
@@ -294,23 +312,37 @@ class Dashboard:
     # -- access ------------------------------------------------------------------------------------------
 
     async def login(self, request: Request) -> Response:
+        """The sign-in form; a right token starts a session of its own (a random id this process
+        keeps, with its expiry), a wrong one counts against the client's address."""
         if self.access.token is None:
             return RedirectResponse("/", status_code=303)
         if request.method == "GET":
             return HTMLResponse(login_page(None, self.csrf(request)))
         form = await self._form(request)
         self._checked_post(request, form)
+        client = client_of(request.scope)
+        wait = self.access.attempts.blocked(client)
+        if wait > 0:
+            raise HTTPException(429, "too many wrong tokens from this address: try again in a minute",
+                                headers={"Retry-After": str(int(wait) + 1)})
         if not self.access.login(form.get("token", "")):
-            await anyio.sleep(0.25)  # a guess costs a quarter of a second, on top of the token's length
+            self.access.attempts.failed(client)
             return HTMLResponse(login_page("That is not the token.", self.csrf(request)), status_code=401)
+        self.access.end_session(request.scope.get("pgflow.cookies", {}).get(SESSION_COOKIE))
         response = RedirectResponse("/", status_code=303)
-        response.headers.append("set-cookie", cookie_header(SESSION_COOKIE, self.access.session_value(),
-                                                            request.url.scheme == "https").decode())
+        response.headers.append("set-cookie", cookie_header(
+            SESSION_COOKIE, self.access.start_session(), request.url.scheme == "https",
+            int(self.access.session_seconds)).decode())
         return response
 
     async def logout(self, request: Request) -> Response:
+        """Ends this browser's session here, on the server: the cookie, wherever it was copied, no
+        longer signs anyone in. (GET shows the button: a sign-out is a POST with this page's CSRF.)"""
+        if request.method == "GET":
+            return HTMLResponse(logout_page(self.csrf(request)))
         form = await self._form(request)
         self._checked_post(request, form)
+        self.access.end_session(request.scope.get("pgflow.cookies", {}).get(SESSION_COOKIE))
         response = RedirectResponse("/login", status_code=303)
         response.headers.append("set-cookie", cookie_header(SESSION_COOKIE, "", request.url.scheme == "https", 0)
                                 .decode())
@@ -357,18 +389,30 @@ def _position(text: str | None, what: str, after: bool) -> int | None:
     return int(text) + 1 if after else int(text)
 
 
-def create_app(app: App, *, token: str | None = None, allow_actions: bool = False) -> Any:
+def create_app(app: App, *, token: str | None = None, allow_actions: bool = False,
+               allowed_hosts: Iterable[str] = (), bind: str | None = None, session_hours: float = SESSION_HOURS,
+               max_live: int = MAX_LIVE) -> Any:
     """The dashboard as an ASGI application over ``app``, which it does not close (its runtime on the
-    server's loop closes with that loop; an App that also runs a worker there goes on with it)."""
-    access = Access(token)
+    server's loop closes with that loop; an App that also runs a worker there goes on with it).
+
+    It answers to loopback names, to ``allowed_hosts`` and to ``bind`` (the address it is served on,
+    when not loopback); ``allow_actions`` needs a ``token``, since an action changes what workers do;
+    a session lasts ``session_hours``; at most ``max_live`` live answers are open at once.
+    ValueError for any of these that cannot be."""
+    if allow_actions and token is None:
+        raise ValueError("actions need a token: give one with PGFLOW_DASHBOARD_TOKEN or --token-file PATH")
+    if max_live < 1:
+        raise ValueError(f"max_live is at least 1, got {max_live}")
+    access = Access(token, session_hours)
+    hosts = Hosts(allowed_hosts, bind)
     dashboard = Dashboard(app, access, allow_actions)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if "text/html" in request.headers.get("accept", ""):
             return HTMLResponse(message_page(f"{exc.status_code}", str(exc.detail), back="/"),
-                                status_code=exc.status_code)
-        return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
+                                status_code=exc.status_code, headers=exc.headers)
+        return PlainTextResponse(str(exc.detail), status_code=exc.status_code, headers=exc.headers)
 
     routes = [
         Route("/", dashboard.overview),
@@ -382,19 +426,25 @@ def create_app(app: App, *, token: str | None = None, allow_actions: bool = Fals
         Route("/confirm", dashboard.confirm),
         Route("/action", dashboard.act, methods=["POST"]),
         Route("/login", dashboard.login, methods=["GET", "POST"]),
-        Route("/logout", dashboard.logout, methods=["POST"]),
+        Route("/logout", dashboard.logout, methods=["GET", "POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     server = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     server.state.dashboard = dashboard
-    return Guard(server, access, dashboard.refuse)
+    return Guard(server, access, hosts, dashboard.refuse, max_live)
 
 
-def serve(app: App, host: str, port: int, token: str | None, allow_actions: bool) -> None:
+def serve(app: App, host: str, port: int, token: str | None, allow_actions: bool,
+          allowed_hosts: Iterable[str] = (), session_hours: float = SESSION_HOURS) -> None:
     """Run the dashboard until SIGINT or SIGTERM."""
     import uvicorn
 
-    asgi = create_app(app, token=token, allow_actions=allow_actions)
+    allowed_hosts = list(allowed_hosts)
+    asgi = create_app(app, token=token, allow_actions=allow_actions, allowed_hosts=allowed_hosts, bind=host,
+                      session_hours=session_hours)
+    bound = [] if is_loopback(host) else ["any IP address"] if host in WILDCARDS else [host]
+    answers = ["loopback names", *bound, *allowed_hosts]
     print(f"pgflow dashboard on http://{host}:{port} (schema {app.schema!r}; actions "
-          f"{'on' if allow_actions else 'off'}; {'token required' if token else 'no token'})", flush=True)
+          f"{'on' if allow_actions else 'off'}; {'token required' if token else 'no token'}; answers to"
+          f" {', '.join(answers)})", flush=True)
     uvicorn.run(asgi, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2, proxy_headers=True)
