@@ -34,6 +34,7 @@ import psycopg  # noqa: E402
 
 import pgflow  # noqa: E402
 from examples.summarize import app, summarize  # noqa: E402
+from pgflow.terminal import styled  # noqa: E402
 
 DOCUMENT = "examples/data/crash-recovery.md"
 KILL_AFTER = 30  # streamed words before the first worker is killed
@@ -71,7 +72,8 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> int:
 
 
 def say(text: str) -> None:
-    print(f"\n\033[2m[demo] {text}\033[0m", flush=True)
+    """The demo's own lines, dimmed on a terminal (plain in a file or a pipe, or under NO_COLOR)."""
+    print(f"\n{styled(f'[demo] {text}', '2')}", flush=True)
 
 
 def main() -> int:

@@ -17,8 +17,8 @@ from ._core.checks import check_id
 from ._core.connecting import redact, split_password
 from ._core.status import Status
 from .app import STATUSES, App
-from .errors import PgflowError
-from .records import Health
+from .errors import ConfigurationError, PgflowError
+from .records import ChildInfo, Children, Health
 from .showing import print_details
 from .terminal import json_text, safe, table
 
@@ -34,12 +34,32 @@ arguments and the CLI's importer of ``module:app``; returns the exit code."""
 Command = Callable[[App, argparse.Namespace], int]
 
 
+def add_app_argument(parser: argparse.ArgumentParser, *, positional: bool = False, fallback: bool = True) -> None:
+    """``--app MODULE:APP``, which every command takes. ``positional``: the command takes it as its
+    first argument too (``pgflow worker mod:app``, the older form, kept as an alias); ``fallback``:
+    without either, ``App()`` from the environment stands in."""
+    default = " (default: PGFLOW_DSN / PGFLOW_SCHEMA, else the embedded server)" if fallback else ""
+    parser.add_argument("--app", dest="app_target", metavar="MODULE:APP",
+                        help=f"the App, as module:attribute{default}")
+    if positional:
+        parser.add_argument("app", nargs="?", metavar="MODULE:APP", help="the same as --app")
+
+
+def app_target(args: argparse.Namespace) -> str | None:
+    """The ``module:app`` the command line names, by ``--app`` or by position; None: neither."""
+    option, given = getattr(args, "app_target", None), getattr(args, "app", None)
+    if option and given and option != given:
+        raise ConfigurationError(f"two Apps named: --app {option} and {given}; give one")
+    return option or given or None
+
+
 def on_app(command: Command) -> Handler:
     """A command run on the App that ``--app`` names, or on ``App()`` from the environment, which is
     closed when the command is done."""
 
     def handler(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
-        with load_app(args.app_target) if args.app_target else App() as app:
+        target = app_target(args)
+        with load_app(target) if target else App() as app:
             return command(app, args)
 
     return handler
@@ -57,6 +77,7 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     add(commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows and limits"), _queues)
     add(commands.add_parser("workers", help="live workers, their heartbeat's age and what each runs"), _workers)
     status = commands.add_parser("status", help="health probe: exits 1 when unhealthy")
+    status.add_argument("app", nargs="?", metavar="MODULE:APP", help="the same as --app")
     status.add_argument("--stuck-after", type=float, default=60.0,
                         help="seconds idle in a transaction that make a session count as stuck (default: %(default)s)")
     add(status, _status)
@@ -104,6 +125,8 @@ def _add_workflows(commands: Any,
                       help="print values, messages and tracebacks whole (by default they are cut to a screenful)")
     show.add_argument("--steps", type=_positive, default=1000, metavar="N",
                       help="show the first N steps of the journal (default: %(default)s)")
+    show.add_argument("--children", type=_positive, default=1000, metavar="N",
+                      help="show the first N workflows its body started (default: %(default)s)")
     add(show, _show_workflow)
     for action, text, command in (("cancel", "cancel a workflow", _cancel),
                                   ("resume", "run a failed or cancelled workflow again", _resume),
@@ -208,10 +231,25 @@ def _rotate_keys(app: App, args: argparse.Namespace) -> int:
 
 
 def _tail(app: App, args: argparse.Namespace) -> int:
+    shown = 0
     for position, value in app.handle(args.id).stream_items(args.key, args.offset):
         print(json_text({"position": position, "value": value}) if args.json
               else f"{position}\t{safe(str(value))}", flush=True)
+        shown += 1
+    if not shown:
+        _check_stream(app, args.id, args.key)
     return 0
+
+
+def _check_stream(app: App, workflow_id: str, key: str) -> None:
+    """A stream with nothing to show, for a workflow that has ended (a stream ends with its
+    workflow): when it has no stream of that name, a misspelt key, say so rather than end as quietly
+    as an empty stream would."""
+    details = app.workflow_details(workflow_id, steps_limit=1)
+    keys = [stream.key for stream in details.streams]
+    if key not in keys:
+        streams = f"its streams: {', '.join(map(repr, keys))}" if keys else "it wrote no stream"
+        raise PgflowError(f"workflow {workflow_id!r} ({details.status}) has no stream {key!r}; {streams}")
 
 
 def _list(app: App, args: argparse.Namespace) -> int:
@@ -222,11 +260,22 @@ def _list(app: App, args: argparse.Namespace) -> int:
 
 def _show_workflow(app: App, args: argparse.Namespace) -> int:
     details = app.workflow_details(check_id(args.id), steps_limit=args.steps)
-    if args.json:
-        _print_json(details)
+    children = _children(app, details.id, args.children)
+    if args.json:  # the details, and the children with the journal's length beside them
+        _print_json({**{field: getattr(details, field) for field in details.__struct_fields__},
+                     "children": children.children, "children_total": children.total,
+                     "journal_positions": children.journal_positions})
     else:
-        print_details(details, args.full)
+        print_details(details, args.full, children)
     return 0
+
+
+def _children(app: App, workflow_id: str, limit: int) -> Children:
+    """The workflows the body of ``workflow_id`` started: its journal holds no step record for their
+    starts, so without them its positions would seem to jump."""
+    rows, total, positions = app._client.call(
+        lambda: app._client.runtime().db(lambda store: store.children(workflow_id, limit)))
+    return Children([ChildInfo.of(row) for row in rows], total, positions)
 
 
 def _cancel(app: App, args: argparse.Namespace) -> int:

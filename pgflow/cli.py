@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from ._commands import add_commands, explain, on_app
+from ._commands import add_app_argument, add_commands, app_target, explain, on_app
 from ._core import log_lines, loops
 from ._supervisor import supervise
 from .app import App
@@ -32,6 +32,7 @@ EXIT_FAILED = 1         # a management command that could not do what it was ask
 EXIT_USAGE = 2          # bad command line or app: restarting will not help
 EXIT_RELEASED = 3       # stopped by a signal after the grace period; unfinished workflows were given back
 EXIT_FORCED = 130       # a second signal cut the drain short; unfinished workflows were given back
+EXIT_PIPE = 141         # the reader of the output went away (| head): a shell's code for a SIGPIPE death
 
 
 def load_app(target: str) -> App:
@@ -50,10 +51,26 @@ def load_app(target: str) -> App:
                 "add that directory to PYTHONPATH"
             ) from exc
         raise
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}{_apps_in(module)}")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
-        raise ConfigurationError(f"{target!r} is not a pgflow.App (found {type(app).__name__})")
+        raise ConfigurationError(f"{module_name}.{attribute} (from {target!r}) is a {_kind(app)}, not a pgflow.App"
+                                 f"{_apps_in(module)}")
     return app
+
+
+def _apps_in(module: Any) -> str:
+    """The Apps a module does hold, for the error that names the wrong attribute: the likely fix."""
+    names = [f"{module.__name__}:{name}" for name, value in vars(module).items() if isinstance(value, App)]
+    return f"; its pgflow.App: {', '.join(names)}" if names else "; it holds no pgflow.App"
+
+
+def _kind(value: Any) -> str:
+    """What was found instead of an App, in words: a class, a module, or an instance of a type."""
+    if isinstance(value, type):
+        return f"class ({value.__name__})"
+    return f"{type(value).__name__}" if value is not None else "None"
 
 
 async def _serve(app: App, concurrency: int, queues: list[str], lease: float, grace: float,
@@ -133,7 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"PGFLOW_LOG_LEVEL is one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
     log_lines.configure(args.log_level)
     try:
-        return int(args.handler(args, load_app))
+        code = int(args.handler(args, load_app))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (ConfigurationError, EmbeddedUnavailable) as exc:  # neither is helped by a traceback
         print(f"pgflow: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,6 +163,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_FORCED
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``pgflow workflows ls | head -1``): what it read was all it
+    wanted, so the command ends quietly, as one killed by SIGPIPE would, and not with a traceback.
+    stdout is pointed at /dev/null first, or the interpreter's flush at exit fails on the pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind stdout (an embedding's stream)
+        pass
+    return EXIT_PIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,12 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_worker(commands)
     migrate = commands.add_parser("migrate", help="create or upgrade the schema")
-    migrate.add_argument("app", nargs="?", help="module:attribute of an App (default: App() from the environment)")
+    add_app_argument(migrate, positional=True)
     migrate.set_defaults(handler=_migrate)
 
     def with_app(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--app", dest="app_target", metavar="MODULE:APP",
-                         help="the App (default: PGFLOW_DSN / PGFLOW_SCHEMA, else the embedded server)")
+        add_app_argument(sub)
         sub.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     add_commands(commands, with_app)
@@ -171,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_worker(commands: Any) -> None:
     worker = commands.add_parser("worker", help="run a worker process")
-    worker.add_argument("app", help="the App to serve, as module:attribute")
+    add_app_argument(worker, positional=True, fallback=False)
     worker.add_argument("--concurrency", type=int, default=16, help="workflows run at once")
     worker.add_argument("--queues", default="default", help="comma-separated queue names")
     worker.add_argument("--lease", type=float, default=10.0,
@@ -197,7 +230,10 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
     if args.loop not in loops.CHOICES:  # (argparse checks choices on the command line, not on defaults)
         raise ConfigurationError(f"PGFLOW_LOOP is one of {', '.join(loops.CHOICES)}, got {args.loop!r}")
     options = loops.backend_options(args.loop)
-    app = load_app(args.app)
+    target = app_target(args)
+    if target is None:
+        raise ConfigurationError("pgflow worker serves the workflows of an App: name it, as --app module:app")
+    app = load_app(target)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     if args.processes < 1 or args.concurrency < 1:
         raise ConfigurationError("--processes and --concurrency must be at least 1")
@@ -208,7 +244,7 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
     if args.health_port is not None and not 0 <= args.health_port <= 65535:
         raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
     if args.processes > 1:
-        return supervise([args.app, "--concurrency", str(args.concurrency), "--queues",
+        return supervise([target, "--concurrency", str(args.concurrency), "--queues",
                           ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace),
                           "--loop", args.loop], args.processes)
     # What importing the app made lives as long as the process: frozen out of the collector's sight, a
@@ -226,7 +262,8 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
 
 
 def _migrate(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
-    app = load_app(args.app) if args.app else App()
+    target = app_target(args)
+    app = load_app(target) if target else App()
     with app:
         version = app.migrate()
     print(f"schema {app.schema!r} is at version {version}")

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
-from ._core.store.management import RECORD_FIELDS, STEP_FIELDS
+from ._core.store.management import CHILD_FIELDS, RECORD_FIELDS, STEP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,44 @@ class WorkflowDetails(msgspec.Struct, frozen=True):
     steps_total: int
     in_progress: list[StepInProgress]
     streams: list[StreamInfo]
+
+
+class ChildInfo(msgspec.Struct, frozen=True):
+    """A workflow that another's body started. ``position`` is the parent's journal position that
+    started it (its id is the parent's, a dot and the position, then a dot and ``index`` for the
+    index-th of one ``start_many``); None for a child started with an id of its own, which takes no
+    position. ``attempt`` is ``pgflow.attempt()``'s count."""
+
+    id: str
+    name: str
+    status: str
+    position: int | None
+    index: int | None
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_type: str | None
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> ChildInfo:
+        """From a row of the store's ``CHILD_COLUMNS`` (store/management.py), which name these fields."""
+        return cls(**dict(zip(CHILD_FIELDS, row, strict=True)))
+
+
+if ChildInfo.__struct_fields__ != CHILD_FIELDS:
+    raise AssertionError(f"ChildInfo's fields are not the store's columns for it: {CHILD_FIELDS}")
+
+
+class Children(msgspec.Struct, frozen=True):
+    """The children of one workflow, from one snapshot: the first ones by position (``children``),
+    how many it has (``total``), and ``journal_positions``, one past the highest position of its
+    journal that a step record or a child took: the positions ``fork(from_step=N)`` counts, a child's
+    start among them though it writes no step record."""
+
+    children: list[ChildInfo]
+    total: int
+    journal_positions: int
 
 
 def _as_text(value: Any) -> str:

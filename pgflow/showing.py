@@ -1,13 +1,24 @@
 """``pgflow workflows show ID`` for people: one workflow's details as text (``--json`` prints the
-WorkflowDetails itself). Values, messages and tracebacks are cut to a screenful by default; ``--full``
-prints them whole. Everything stored is escaped for the terminal (see terminal.py)."""
+WorkflowDetails itself, with its children). The steps table is the journal: step records and the
+children the body started, each at the position it took, so no position seems to be missing. Values,
+messages and tracebacks are cut to a screenful by default; ``--full`` prints them whole. Everything
+stored is escaped for the terminal (see terminal.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ._core.status import Status
-from .records import AttemptError, ErrorDetails, StepDetails, Undecodable, WorkflowDetails
+from .records import (
+    AttemptError,
+    ChildInfo,
+    Children,
+    ErrorDetails,
+    StepDetails,
+    Undecodable,
+    WorkflowDetails,
+    seconds_between,
+)
 from .terminal import cell, json_text, safe, table
 
 VALUE_CHARS = 300  # of an argument, a result or a message, unless --full
@@ -15,7 +26,7 @@ CELL_CHARS = 60  # of a step's outcome in the steps table, unless --full
 TRACEBACK_LINES = 40  # the last lines of a traceback (where it was raised), unless --full
 
 
-def print_details(details: WorkflowDetails, full: bool) -> None:
+def print_details(details: WorkflowDetails, full: bool, children: Children | None = None) -> None:
     record: list[tuple[str, Any]] = [
         ("id", details.id), ("name", details.name), ("queue", details.queue), ("status", details.status),
         ("attempt", f"{details.attempt}" + (f" (at most {details.max_attempts})" if details.max_attempts else "")),
@@ -39,10 +50,12 @@ def print_details(details: WorkflowDetails, full: bool) -> None:
         print_traceback(details.error.traceback, full, indent="  ")
     shown = f" (the first {len(details.steps)} of {details.steps_total})" \
         if details.steps_total > len(details.steps) else ""
-    print(f"steps{shown}:")
-    table([_step_row(step, full) for step in details.steps],
+    print(f"steps{shown}{_journal_line(children)}:")
+    table(_journal_rows(details, children, full),
           ["position", "name", "started_at", "duration_s", "attempts", "outcome"],
           {"duration_s": lambda s: "-" if s is None else f"{s:.3f}", "outcome": str, "name": safe})
+    if children is not None and children.total > len(children.children):
+        print(f"(the first {len(children.children)} of {children.total} children: --children N shows more)")
     retried = [(step.position, step.name, e) for step in details.steps for e in step.attempt_errors]
     retried += [(step.position, "(not recorded)", e) for step in details.in_progress for e in step.attempt_errors]
     if retried:
@@ -89,6 +102,33 @@ def value_text(value: Any, at_most: int, full: bool) -> str:
     if isinstance(value, Undecodable):
         return f"<undecodable, {value.size} bytes: {safe(value.reason)}>"
     return _cut(json_text(value), at_most, full)
+
+
+def _journal_line(children: Children | None) -> str:
+    if children is None or not children.total:
+        return ""
+    return (f" and children (journal positions 0 to {children.journal_positions - 1}; a child's start"
+            " takes a position and writes no step record)")
+
+
+def _journal_rows(details: WorkflowDetails, children: Children | None, full: bool) -> list[dict[str, Any]]:
+    """The step records and the children, by position (children with ids of their own, which take
+    none, last). When the steps are cut, so are the children past the last step shown."""
+    rows = [_step_row(step, full) for step in details.steps]
+    if children is None:
+        return rows
+    cut = details.steps_total > len(details.steps)
+    last = details.steps[-1].position if details.steps else -1
+    rows += [_child_row(child) for child in children.children
+             if not cut or (child.position is not None and child.position < last)]
+    return sorted(rows, key=lambda row: (row["position"] is None, row["position"] or 0))
+
+
+def _child_row(child: ChildInfo) -> dict[str, Any]:
+    outcome = f"child {safe(child.id)}: {child.status}" + (f" ({safe(child.error_type)})" if child.error_type else "")
+    return {"position": child.position, "name": child.name, "started_at": child.started_at,
+            "duration_s": seconds_between(child.started_at, child.finished_at), "attempts": child.attempt,
+            "outcome": outcome}
 
 
 def _step_row(step: StepDetails, full: bool) -> dict[str, Any]:

@@ -10,8 +10,10 @@ line per record or a table cell, whose layout (its own tabs and newlines) stored
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import datetime
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 
@@ -20,6 +22,23 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
 # JSON escapes C0 itself, and msgspec leaves DEL and C1 raw: those can only be inside a string of
 # the document, where \u00NN stands for the same character.
 _JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+
+
+def styled(text: str, style: str, stream: TextIO | None = None) -> str:
+    """``text`` in an SGR ``style`` ("2" dim, "1" bold, "31" red) when ``stream`` (stdout unless
+    given) is a terminal and ``NO_COLOR`` is unset or empty (no-color.org); plain otherwise, for in
+    a file or a pipe escape codes are only noise to whoever reads it next."""
+    out = sys.stdout if stream is None else stream
+    if os.environ.get("NO_COLOR") or not _is_terminal(out):
+        return text
+    return f"\033[{style}m{text}\033[0m"
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a stand-in without isatty, or a closed stream
+        return False
 
 
 def safe(text: str) -> str:

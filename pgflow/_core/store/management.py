@@ -28,6 +28,22 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("finished_at", "finished_at"), ("started_at", "started_at"),
 )
 STEP_FIELDS = tuple(field for field, _ in STEP_COLUMNS)
+# A child's id is its parent's, a dot and the journal position that started it, and for start_many a
+# dot and its index (``workflow.new_id``); a child started with an id of its own takes no position.
+_DERIVED = ("left(id, length(%(id)s) + 1) = %(id)s || '.'"
+            " AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]{1,9})?$'")
+_PART = "split_part(substr(id, length(%(id)s) + 2), '.', {})"
+# A child as ``pgflow workflows show`` lists it (``pgflow.records.ChildInfo``), in the same way.
+CHILD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "id"), ("name", "name"), ("status", "status"),
+    ("position", f"CASE WHEN {_DERIVED} THEN {_PART.format(1)}::int END"),
+    ("index", f"CASE WHEN {_DERIVED} THEN nullif({_PART.format(2)}, '')::int END"),
+    ("attempt", "attempt - attempt_base"), ("created_at", "created_at"), ("started_at", "started_at"),
+    ("finished_at", "finished_at"), ("error_type", "error->>'type'"),
+)
+CHILD_FIELDS = tuple(field for field, _ in CHILD_COLUMNS)
+_CHILDREN = (f"SELECT {', '.join(f'{column} AS {field}' for field, column in CHILD_COLUMNS)}"
+             " FROM {s}.workflows WHERE parent_id = %(id)s")  # by the workflows_parent index
 
 
 class QueueRow(NamedTuple):
@@ -95,6 +111,26 @@ class ManagementStatements(Statements):
                 " WHERE workflow_id = %s GROUP BY key ORDER BY key"), (workflow_id,))
             streams = [(str(k), int(n), bool(c)) for k, n, c in await cur.fetchall()]
             return tuple(record), steps, streams
+
+    async def children(self, workflow_id: str, limit: int) -> tuple[list[tuple[Any, ...]], int, int]:
+        """The workflows ``workflow_id``'s body started, from one snapshot: the first ``limit`` by
+        journal position (those with ids of their own last), how many there are, and how many
+        positions its journal has: one past the highest that a step record or a child took, which
+        is what ``fork(from_step=N)`` counts (a child's start writes no step record)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            params = {"id": workflow_id, "limit": limit}
+            cur = await conn.execute(self._sql(
+                f"SELECT * FROM ({_CHILDREN}) c ORDER BY position NULLS LAST, index NULLS FIRST, created_at, id"
+                " LIMIT %(limit)s"), params)
+            rows = list(await cur.fetchall())
+            cur = await conn.execute(self._sql(
+                f"SELECT count(*), coalesce(max(position), -1),"
+                " coalesce((SELECT max(position) FROM {s}.steps WHERE workflow_id = %(id)s), -1)"
+                f" FROM ({_CHILDREN}) c"), params)
+            counted = await cur.fetchone()
+            total, last_child, last_step = counted if counted else (0, -1, -1)
+            return rows, int(total), max(int(last_child), int(last_step)) + 1
 
     async def resume(self, workflow_id: str) -> tuple[str, str] | None:
         """Queue a failed or cancelled workflow again from its first step without an output: that
