@@ -14,10 +14,17 @@ queue runs it, whether or not it imports the members' code (members run on their
 
 A member that fails fails its canvas with ``WorkflowFailed`` (the members already running go on; a
 chord's callback does not run). Members may nest: a chain inside a group runs as a child canvas.
+
+Each member's arguments are checked against its workflow's type hints at ``start``, as
+``Workflow.start`` checks its own: a bad one raises ``SerializationError`` naming the workflow and the
+argument, before anything is written. (A member's first argument that is an earlier member's result
+is known only when it runs, and checked there.)
 """
 
 from __future__ import annotations
 
+import inspect
+import typing
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
@@ -25,7 +32,9 @@ from typing import TYPE_CHECKING, Any, Union
 import msgspec
 
 from ._core.checks import check_chosen_id, check_queue
-from ._core.registry import DEFAULT_MAX_ATTEMPTS, WorkflowSpec
+from ._core.codec import checked
+from ._core.registry import DEFAULT_MAX_ATTEMPTS, Registry, WorkflowSpec
+from .errors import SerializationError
 from .workflow import Signature, start_by_name
 
 if TYPE_CHECKING:
@@ -91,6 +100,7 @@ class Canvas:
         return replace(self, id=self.id if id is None else id, queue=self.queue if queue is None else queue)
 
     def _starting(self, args: tuple[Any, ...]) -> Callable[[], Awaitable[WorkflowHandle[Any]]]:
+        check_plan(self.plan, list(args), self.client.registry)
         return start_by_name(self.client, CANVAS, (self.plan, list(args)), None, queue=self.queue, id=self.id,
                              priority=None, delay=0.0, max_attempts=None, timeout=None)
 
@@ -102,6 +112,58 @@ class Canvas:
 
 
 Member = Signature | Canvas
+
+_LATER = object()  # stands for a member's first argument that an earlier member's result gives
+
+
+def check_plan(node: Node, given: list[Any] | None, registry: Registry) -> None:
+    """Check every member's arguments against its workflow's hints, with ``given`` prepended, as the
+    canvas will start it; ``given`` None: one value known only when the canvas runs (the previous
+    link's result, or a chord's results) goes first. Raises SerializationError naming the workflow
+    and the argument: at ``start``, not later in the canvas as a failure of a call the user never made."""
+    if isinstance(node, Call):
+        spec = registry.workflows.get(node.name)
+        if spec is not None:  # (a member of this App's canvas is registered in it)
+            _check_call(spec, node, given)
+    elif isinstance(node, Chain):
+        for n, link in enumerate(node.links):
+            check_plan(link, given if n == 0 else None, registry)
+    elif isinstance(node, Group):
+        for member in node.members:
+            check_plan(member, given, registry)
+    else:
+        check_plan(node.header, given, registry)
+        check_plan(node.callback, None, registry)
+
+
+def _check_call(spec: WorkflowSpec, call: Call, given: list[Any] | None) -> None:
+    if given is not None:  # every argument known: the check of Workflow.start itself
+        spec.codec.encode_arguments((*given, *call.args), call.kwargs)
+        return
+    label = f"workflow {spec.name!r}"
+    signature = inspect.signature(spec.fn)
+    try:
+        bound = signature.bind(_LATER, *call.args, **call.kwargs)
+    except TypeError as exc:
+        raise SerializationError(f"{label} (its first argument an earlier member's result): {exc}") from exc
+    hints = _hints(spec.fn)
+    for name, value in bound.arguments.items():
+        kind, hint = signature.parameters[name].kind, hints.get(name, Any)
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            value, hint = tuple(v for v in value if v is not _LATER), tuple[hint, ...]  # type: ignore[valid-type]
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            hint = dict[str, hint]  # type: ignore[valid-type]
+        elif value is _LATER:
+            continue
+        checked(value, hint, f"argument {name!r} of {label}", spec.codec.limit)
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The type hints the workflow's codec checks by (none where they do not resolve, as there)."""
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable forward references: no checking, as the codec does
+        return {}
 
 
 def _nodes(members: Iterable[Member], what: str) -> tuple[list[Node], Client]:

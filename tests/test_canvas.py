@@ -182,3 +182,47 @@ async def test_a_hostile_canvas_plan_fails_its_canvas_and_starts_nothing(app: pg
                 await handle.result_async(timeout=30)
             assert info.value.error_type.endswith(error), (plan, info.value)
     assert {r.name for r in await app.list_workflows_async()} == {"pgflow.canvas"}
+
+
+@pytest.mark.anyio
+async def test_canvas_arguments_are_checked_at_start_naming_the_workflow_and_argument(app: pgflow.App) -> None:
+    """A member's arguments are checked against its workflow's hints when the canvas starts, as
+    ``start`` checks a workflow's: the error names the member's workflow and argument (not
+    ``start_by_name``, which the user never called), and nothing is written."""
+    @app.workflow(name="c.add")
+    async def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.workflow(name="c.listed")
+    async def listed(xs: list[int], *, reverse: bool = False) -> list[int]:
+        return sorted(xs, reverse=reverse)
+
+    @app.workflow(name="c.parent")
+    async def parent() -> int:
+        await pgflow.chain(add.s(1, 2), add.s("two")).start_async()
+        return 0
+
+    refused = [
+        (pgflow.group(add.s(1, "2")), (), "workflow 'c.add': argument 'y'"),  # every argument known
+        (pgflow.group(add.s(1)), ("x",), "workflow 'c.add': argument 'x'"),  # one given to start
+        (pgflow.chain(add.s(1, 2), add.s("two")), (), "argument 'y' of workflow 'c.add'"),  # after a result
+        (pgflow.chain(add.s(1, 2), add.s(3, 4)), (), "workflow 'c.add'"),  # one too many after the result
+        (pgflow.chord([add.s(1, 2)], listed.s(reverse="yes")), (), "argument 'reverse' of workflow 'c.listed'"),
+        (pgflow.group(add.s(1), pgflow.chain(add.s(2), listed.s(reverse=1.5))), (1,),
+         "argument 'reverse' of workflow 'c.listed'"),  # nested
+    ]
+    for canvas, given, named in refused:
+        with pytest.raises(pgflow.SerializationError, match=named) as info:
+            await canvas.start_async(*given)
+        assert "start_by_name" not in str(info.value)
+        with pytest.raises(pgflow.SerializationError, match=named):
+            await anyio_to_thread(lambda c=canvas, g=given: c.start(*g))
+    assert await app.list_workflows_async() == []  # nothing written
+
+    started = await parent.start_async()
+    async with app.worker(concurrency=4):
+        with pytest.raises(pgflow.WorkflowFailed, match="argument 'y' of workflow 'c.add'"):
+            await started.result_async(timeout=30)  # from a body too: its own start fails, naming the member
+        assert [r.name for r in await app.list_workflows_async()] == ["c.parent"]
+        fine = await pgflow.chord([add.s(2), add.s(3)], listed.s(reverse=True)).start_async(4)  # 4 to each
+        assert await fine.result_async(timeout=30) == [7, 6]
