@@ -1,6 +1,8 @@
 """``pgflow check-replay``: before a deploy, would the code now importable replay the journals of the
 workflows still unfinished? Run in CI against the production database (read-only), it exits 1 naming
-every workflow whose journal the new code would meet with ``NonDeterministicWorkflow``.
+every workflow whose journal the new code would meet with ``NonDeterministicWorkflow``, and 2 when it
+could not check at all (bad arguments, an app that cannot be imported, a database that cannot be
+reached or read): a CI step tells "this deploy would break running workflows" from "the check is broken".
 
 ``check_replay(app)`` / ``check_replay_async(app)`` give the same answer to code.
 """
@@ -10,15 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
+
+import psycopg
 
 from ._core.replaycheck import Mismatch, ReplayReport
 from ._core.replaycheck import check_replay as _check
 from ._core.status import UNFINISHED as _UNFINISHED
 from .app import App
-from .errors import ConfigurationError
+from .errors import ConfigurationError, EmbeddedUnavailable
 
 __all__ = ["Mismatch", "ReplayReport", "check_replay", "check_replay_async"]
 
@@ -57,10 +62,19 @@ def check_replay(app: App, statuses: Sequence[str] = UNFINISHED, limit: int = 10
     return app._client.call(lambda: check_replay_async(app, statuses, limit, within))
 
 
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+EXIT_CODES = (f"exit status: {EXIT_OK} when every checked workflow replays, {EXIT_MISMATCH} naming each that would"
+              f" not, {EXIT_ERROR} when the check could not be made (bad arguments, an app that cannot be imported,"
+              " a database that cannot be reached or read)")
+
+
 def add_command(commands: Any, with_app: Callable[[argparse.ArgumentParser], None]) -> None:
     sub = commands.add_parser(
         "check-replay", help="replay unfinished workflows' journals against the code now importable (for CI, "
-                             "before a deploy): exits 1 naming each that would not replay")
+                             f"before a deploy): exits {EXIT_MISMATCH} naming each that would not replay,"
+                             f" {EXIT_ERROR} when it cannot check",
+        description="Replay the journals of unfinished workflows against the code now importable, running no"
+                    " step and writing nothing (for CI, before a deploy).", epilog=EXIT_CODES)
     sub.add_argument("--status", default="running,queued",
                      help="comma-separated statuses to check, among running and queued (default: %(default)s)")
     sub.add_argument("--limit", type=int, default=10_000, help="at most this many workflows, oldest first")
@@ -80,15 +94,52 @@ def run(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
     except ValueError as exc:  # a bad command line, not a journal that fails: exit 2, not 1
         raise ConfigurationError(str(exc).replace("limit is", "--limit is").replace("within is", "--within is")
                                  ) from None
-    with load_app(args.app_target) as app:
-        report = check_replay(app, statuses, args.limit, args.within)
+    with _imported(load_app, args.app_target) as app:
+        report = _checked_report(app, statuses, args.limit, args.within)
     if args.json:
         json.dump({"ok": report.ok, "passed": report.passed, "mismatches": [asdict(m) for m in report.mismatches],
                    "skipped": [{"id": id, "reason": why} for id, why in report.skipped]}, sys.stdout)
         print()
     else:
         _print(report)
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_MISMATCH
+
+
+# Exit code 1 is the verdict alone: every failure to check is a ConfigurationError, which the CLI reports
+# in one line with exit code 2 (an exception left to Python would exit 1 too, as if journals failed).
+
+def _imported(load_app: Callable[[str], App], target: str) -> App:
+    """The App ``target`` names; any failure of its import (a syntax error, an exception at import, a
+    missing dependency) is an error of the check, with its traceback shown for the one who fixes it."""
+    try:
+        return load_app(target)
+    except (ConfigurationError, EmbeddedUnavailable):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the user's module raises at import: exit 2, not 1
+        traceback.print_exc(file=sys.stderr)
+        raise ConfigurationError(f"cannot import the app {target!r}: {type(exc).__name__}: {_first_line(exc)}"
+                                 ) from None
+
+
+def _checked_report(app: App, statuses: list[str], limit: int, within: float) -> ReplayReport:
+    """``check_replay``'s report, or a ConfigurationError saying why there is none."""
+    try:
+        return check_replay(app, statuses, limit, within)
+    except (ConfigurationError, EmbeddedUnavailable):
+        raise
+    except psycopg.errors.UndefinedTable as exc:
+        raise ConfigurationError(f"check-replay cannot read schema {app.schema!r}: {_first_line(exc)}; is it"
+                                 " migrated (pgflow migrate), and is PGFLOW_SCHEMA the right one?") from None
+    except (psycopg.Error, OSError) as exc:
+        raise ConfigurationError(f"check-replay cannot read schema {app.schema!r}: {type(exc).__name__}:"
+                                 f" {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - an unforeseen failure is no verdict either: exit 2, not 1
+        traceback.print_exc(file=sys.stderr)
+        raise ConfigurationError(f"check-replay failed: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
 
 
 def _print(report: ReplayReport) -> None:

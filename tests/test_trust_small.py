@@ -5,12 +5,15 @@ it made, recorded exception names that must stay data, and check-replay's exit c
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -23,6 +26,10 @@ from pgflow.testing import PgflowEnv
 from .helpers import query
 
 WAIT = 30.0
+ROOT = Path(__file__).resolve().parent.parent
+
+if os.environ.get("PGFLOW_TRUST_BROKEN_IMPORT"):  # check-replay's test of an app whose import fails
+    raise RuntimeError("this module fails at import, as the test asked")
 
 
 # -- the user's application_name --------------------------------------------------------------------------
@@ -187,6 +194,58 @@ def test_a_recorded_exception_name_is_looked_up_never_followed(monkeypatch: pyte
     inner = rebuilt(_recorded(f"{here}.Nested.Inner", ["deep"]))
     assert type(inner) is Nested.Inner and inner.args == ("deep",)
     assert type(rebuilt(_recorded("pgflow.errors.WorkflowConflict", ["x"]))) is pgflow.WorkflowConflict
+
+
+# -- check-replay: 1 is a verdict, 2 an error -------------------------------------------------------------
+
+replay_app = pgflow.App()  # configured by the environment of the `pgflow check-replay` process
+
+
+@replay_app.step(name="trust.one")
+async def one(x: int) -> int:
+    return x
+
+
+@replay_app.workflow(name="trust.replayed")
+async def replayed(x: int) -> int:
+    return await one(x)
+
+
+def _check_replay(env: dict[str, str], *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgflow", "check-replay", "--app", f"{__name__}:replay_app", *more],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_check_replay_exits_1_for_a_mismatch_and_2_when_it_cannot_check(
+        dsn: str, schema: str, worker_env: dict[str, str]) -> None:
+    not_migrated = _check_replay(worker_env)
+    assert not_migrated.returncode == 2 and "pgflow migrate" in not_migrated.stderr, not_migrated.stderr
+    with pgflow.App(dsn, schema=schema) as app:
+        app.migrate()
+    unreachable = _check_replay({**worker_env, "PGFLOW_DSN": "postgresql://nobody:s3cret@127.0.0.1:1/nothing"})
+    assert unreachable.returncode == 2 and "cannot connect" in unreachable.stderr, unreachable.stderr
+    assert "s3cret" not in unreachable.stderr + unreachable.stdout
+    broken = _check_replay({**worker_env, "PGFLOW_TRUST_BROKEN_IMPORT": "1"})
+    assert broken.returncode == 2 and "cannot import the app" in broken.stderr, broken.stderr
+    for args in (["--limit", "0"], ["--status", "failed"], ["--within", "nan"]):
+        bad = _check_replay(worker_env, *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+    inputs = msgspec.msgpack.encode([[5], {}])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs) VALUES'
+                     " ('fresh', 'trust.replayed', 'default', %s)", (inputs,))
+    assert _check_replay(worker_env).returncode == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs) VALUES'
+                     " ('changed', 'trust.replayed', 'default', %s)", (inputs,))
+        conn.execute(f'INSERT INTO "{schema}".steps (workflow_id, position, name, attempts, attempt)'
+                     " VALUES ('changed', 0, 'trust.other', 1, 1)")
+    mismatch = _check_replay(worker_env)
+    assert mismatch.returncode == 1 and "'changed'" in mismatch.stdout, (mismatch.stdout, mismatch.stderr)
+    described = subprocess.run([sys.executable, "-m", "pgflow", "check-replay", "--help"], env=worker_env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+    assert described.returncode == 0
+    assert "2 when the check could not be made" in " ".join(described.stdout.split())
 
 
 async def _noop() -> None:

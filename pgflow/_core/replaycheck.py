@@ -20,7 +20,7 @@ import anyio.lowlevel
 import psycopg
 
 from ..errors import ExecutionInterrupted, NonDeterministicWorkflow, Suspended
-from .connecting import linked
+from .connecting import linked, unconnectable
 from .execution import Execution, current_execution
 from .outcomes import replay
 from .registry import Registry, StepSpec, WorkflowSpec
@@ -146,7 +146,10 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
                        statuses: Sequence[str], limit: int, within: float = 30.0) -> ReplayReport:
     """Replay up to ``limit`` unfinished workflows in ``statuses`` against ``registry``'s code."""
     report = ReplayReport()
-    conn = await psycopg.AsyncConnection.connect(linked(dsn, query_timeout), autocommit=False)
+    try:
+        conn = await psycopg.AsyncConnection.connect(linked(dsn, query_timeout), autocommit=False)
+    except (psycopg.ProgrammingError, psycopg.OperationalError) as exc:
+        raise unconnectable(dsn, exc) from None  # an error of the check, not a verdict on the journals
     try:
         await conn.set_read_only(True)
         await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
