@@ -77,9 +77,10 @@ def reader(dsn: str, schema: str) -> Iterator[dict[str, str]]:
     them (and by default privileges), one a member of pg_read_all_data; and, for contrast, a role
     that may start workflows. Their DSNs by name."""
     names = {kind: f"{kind}_{uuid.uuid4().hex[:8]}" for kind in ("granted", "readall", "writer")}
+    with pgflow.App(dsn, schema=schema) as app:
+        app.migrate()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        pgflow.App(dsn, schema=schema).migrate()
-        for kind, name in names.items():
+        for name in names.values():
             conn.execute(f'CREATE ROLE "{name}" LOGIN')
             conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{name}"')
         conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{names["granted"]}"')
