@@ -129,7 +129,12 @@ class FunctionCodec:
     def decode_arguments(self, data: bytes) -> tuple[list[Any], dict[str, Any]]:
         """Rebuild the positional and keyword arguments of a call from their stored form. Arguments
         stored unchecked by ``start_by_name`` are checked here, on the worker that knows the function:
-        a call that does not fit raises SerializationError, which fails the workflow."""
+        a call that does not fit raises SerializationError, which fails the workflow. So do stored
+        arguments over this worker's limit, before they are decoded: a row is data from whoever could
+        write it, and decoding multiplies its size in memory."""
+        if self.limit is not None and len(data) > self.limit:
+            raise SerializationError(f"the stored arguments of {self._label} are {len(data)} bytes; this worker's"
+                                     f" limit is {self.limit} (App(max_value_bytes=...))")
         if data[:1] and (0x90 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD)):
             given, by_name = _untyped.decode(data)
             try:
