@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import importlib
 import logging
@@ -10,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,15 +111,38 @@ async def _serve(app: App, concurrency: int, queues: list[str], lease: float, gr
 def _exit_despite_abandoned_threads(code: int) -> None:
     """A sync step or workflow interrupted at shutdown keeps its thread (threads cannot be stopped),
     and Python would wait for it before exiting. Its workflow is already back in the queue and
-    fencing refuses its writes, so the process exits without it."""
-    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    fencing refuses its writes, so the process exits without it, after running the exit hooks (an
+    embedded server's stop among them) that ``os._exit`` would skip.
+
+    Only threads that are still there after ``LEAVING`` seconds count: the idle threads of the
+    loop's pool were told to stop when the loop ended and leave a moment later. Counted at once,
+    they made an idle worker warn of step threads still running, and leave by ``os._exit``."""
+    stuck = _threads_still_running(LEAVING)
     if stuck:
-        log.warning("exiting with %d step threads still running; their workflows were handed back",
-                    len(stuck))
+        log.warning("exiting with %d step threads still running (%s); their workflows were handed back",
+                    len(stuck), ", ".join(sorted({t.name for t in stuck})))
+        atexit._run_exitfuncs()
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+LEAVING = 2.0  # seconds the threads on their way out get to leave before a stopped worker exits
+
+
+def _threads_still_running(within: float) -> list[threading.Thread]:
+    """The threads that would keep the process alive (not daemons, not this one) and are still
+    running ``within`` seconds from now; returns as soon as none is left."""
+    deadline = time.monotonic() + within
+    for thread in _non_daemon_threads():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return _non_daemon_threads()
+
+
+def _non_daemon_threads() -> list[threading.Thread]:
+    current = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()]
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
