@@ -7,6 +7,7 @@ import atexit
 import gc
 import importlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import anyio
 
 from ._commands import add_app_argument, add_commands, app_target, explain, on_app
 from ._core import log_lines, loops
-from ._supervisor import supervise
+from ._supervisor import Backoff, supervise
 from .app import App
 from .checkreplay import add_command as add_check_replay
 from .dashboard.command import add_parser as add_dashboard
@@ -236,8 +237,26 @@ def _add_worker(commands: Any) -> None:
                         help="seconds a crashed worker's workflows stay claimed before another takes them")
     worker.add_argument("--grace", type=float, default=25.0,
                         help="seconds SIGTERM waits for running workflows before giving them back")
-    worker.add_argument("--processes", type=int, default=1,
-                        help="run this many worker processes under a supervisor that restarts them")
+    worker.add_argument("--processes", type=int, metavar="N",
+                        help="run N worker processes (1 included) under a supervisor: it restarts one that exits"
+                             " on its own after a wait that doubles with each exit in a row (--restart-delay,"
+                             " up to --restart-delay-max) and starts over once the process has lived"
+                             " --restart-reset seconds, while the others serve on; it passes SIGTERM and SIGINT"
+                             " on and exits with the worst of its workers' drains (0: all drained), or 2 when"
+                             " one reports a usage error. Without it the one worker (default: 1) is this"
+                             " process, unsupervised: systemd or Kubernetes restarts it")
+    worker.add_argument("--restart-delay", type=_seconds, metavar="SECONDS",
+                        default=os.environ.get("PGFLOW_RESTART_DELAY", "1"),
+                        help="with --processes: the wait before restarting a worker process that exited on its"
+                             " own (default: %(default)s, from $PGFLOW_RESTART_DELAY when set)")
+    worker.add_argument("--restart-delay-max", type=_seconds, metavar="SECONDS",
+                        default=os.environ.get("PGFLOW_RESTART_DELAY_MAX", "10"),
+                        help="with --processes: the longest that wait grows to (default: %(default)s, from"
+                             " $PGFLOW_RESTART_DELAY_MAX when set)")
+    worker.add_argument("--restart-reset", type=_seconds, metavar="SECONDS",
+                        default=os.environ.get("PGFLOW_RESTART_RESET", "30"),
+                        help="with --processes: a worker process that has lived this long starts its wait over"
+                             " (default: %(default)s, from $PGFLOW_RESTART_RESET when set)")
     worker.add_argument("--health-port", type=int, metavar="PORT",
                         help="serve this worker's liveness probe, GET /healthz (200 while its loop, heartbeat and"
                              " listener are alive, 503 once one has failed for longer than --lease), on PORT;"
@@ -260,18 +279,16 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
         raise ConfigurationError("pgflow worker serves the workflows of an App: name it, as --app module:app")
     app = load_app(target)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-    if args.processes < 1 or args.concurrency < 1:
+    if (args.processes is not None and args.processes < 1) or args.concurrency < 1:
         raise ConfigurationError("--processes and --concurrency must be at least 1")
-    if args.health_port is not None and args.processes > 1:
+    if args.health_port is not None and args.processes is not None and args.processes > 1:
         raise ConfigurationError("--health-port probes one worker process: with --processes N, the"
                                  " processes could not share the port; run one process per container"
                                  " (scale with replicas) or drop --health-port")
     if args.health_port is not None and not 0 <= args.health_port <= 65535:
         raise ConfigurationError(f"--health-port is a TCP port, 0 to 65535, got {args.health_port}")
-    if args.processes > 1:
-        return supervise([target, "--concurrency", str(args.concurrency), "--queues",
-                          ",".join(queues), "--lease", str(args.lease), "--grace", str(args.grace),
-                          "--loop", args.loop], args.processes)
+    if args.processes is not None:
+        return _supervise(args, target, queues)
     # What importing the app made lives as long as the process: frozen out of the collector's sight, a
     # full collection scans only what the worker makes afterwards (4 ms rather than 21 ms in the
     # streams benchmark, where every chunk written meanwhile waited behind it: benchmarks/README.md).
@@ -284,6 +301,32 @@ def _worker(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
         app.close()
     _exit_despite_abandoned_threads(code)
     return code
+
+
+def _supervise(args: argparse.Namespace, target: str, queues: list[str]) -> int:
+    """``--processes N``: N children, each a plain ``pgflow worker`` with the same options (one child
+    serves the probe: the option is refused for more)."""
+    probe = [] if args.health_port is None else ["--health-port", str(args.health_port),
+                                                 "--health-host", args.health_host]
+    worker_args = [target, "--concurrency", str(args.concurrency), "--queues", ",".join(queues), "--lease",
+                   str(args.lease), "--grace", str(args.grace), "--loop", args.loop, *probe]
+    if args.restart_delay_max < args.restart_delay:
+        raise ConfigurationError(f"--restart-delay-max ({args.restart_delay_max:g}) is less than --restart-delay"
+                                 f" ({args.restart_delay:g})")
+    backoff = Backoff(args.restart_delay, args.restart_delay_max, args.restart_reset)
+    return supervise(worker_args, args.processes, backoff, args.log_level)
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, finite and > 0 (argparse applies it to the defaults from the environment
+    too, so a bad $PGFLOW_RESTART_* is a usage error that names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"seconds, a number > 0, got {text!r}")
+    return value
 
 
 def _migrate(args: argparse.Namespace, load_app: Callable[[str], App]) -> int:
