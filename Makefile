@@ -8,9 +8,10 @@ PY := $(VENV)/bin/python
 # Re-install only when pyproject.toml (dependencies, extras) changes, not on every run.
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
+DOCS_STAMP := $(VENV)/.installed-docs
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs fleet prune clean install-check
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs fleet prune clean install-check docs
 
 help:
 	@echo "pgflow development targets:"
@@ -23,6 +24,8 @@ help:
 	@echo "  make screenshot  rewrite examples/web/screenshot.png from the browser test (needs chromium)"
 	@echo "  make dashboard-screenshots  rewrite docs/dashboard/*.png from the dashboard's browser test (needs chromium)"
 	@echo "  make lint    ruff check pgflow tests, then mypy --strict on pgflow"
+	@echo "  make docs    install the [docs] extra and build the documentation site (mkdocs.yml, docs/) into"
+	@echo "               build/docs-site, in strict mode: a broken link or API reference fails it"
 	@echo "  make bench   install the [bench] extra (the peers) and run python -m benchmarks BENCH (default tasks;"
 	@echo "               BENCH=streams|latency|recovery, BENCH_ARGS='--quick --json')"
 	@echo "  make longtx  benchmarks/long_transaction.py: a steady load through three overlapping 120 s REPEATABLE READ"
@@ -47,6 +50,10 @@ $(STAMP): pyproject.toml | $(PY)
 
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install -e '.[dev,bench]'
+	@touch $@
+
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -e '.[dev,docs]'
 	@touch $@
 
 venv .venv: $(STAMP)
@@ -95,6 +102,12 @@ dashboard-screenshots: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgflow tests
 	$(PY) -m mypy
+
+# The site (mkdocs.yml): the tutorial and guides, whose marked code blocks tests/test_docs.py runs in make
+# test; the reference pages for the CLI, the settings and the errors are generated from the code by
+# docs/_hooks/reference.py. Strict: a broken link, a missing page or an unresolved reference fails.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/docs-site
 
 BENCH ?= tasks
 bench: $(BENCH_STAMP)

@@ -58,6 +58,11 @@ ENVIRONMENT = {
     "PGFLOW_LOG_LEVEL": "The CLI's log level (`--log-level`): DEBUG, INFO (default), WARNING, ERROR or "
                         "CRITICAL.",
     "PGFLOW_LOOP": "`pgflow worker --loop`: `auto` (uvloop where installed; default), `uvloop` or `asyncio`.",
+    "PGFLOW_RESTART_DELAY": "`pgflow worker --processes N --restart-delay`: seconds before a child that exited on "
+                            "its own is restarted (default 1), doubling with each exit in a row.",
+    "PGFLOW_RESTART_DELAY_MAX": "`--restart-delay-max`: the longest that wait grows to (default 10).",
+    "PGFLOW_RESTART_RESET": "`--restart-reset`: a child that has lived this many seconds starts its wait over "
+                            "(default 30).",
     "PGFLOW_SCHEMA_OWNERS": "Comma-separated roles, besides the migrating one, that may own the schema and "
                             "the objects in it; `migrate` refuses anything owned by another role.",
     "PGFLOW_DASHBOARD_TOKEN": "The dashboard's token (at least 16 characters): asked of every request, and "
@@ -141,7 +146,7 @@ def settings_page() -> str:
         parameter = signature.parameters[name]
         default = "required" if parameter.default is inspect.Parameter.empty else repr(parameter.default)
         rows.append(f"| `{name}` | `{_cell(default)}` | {_cell(SETTINGS.get(name) or described[name])} |")
-    variables = sorted(set(re.findall(r"PGFLOW_[A-Z_]+[A-Z]", "\n".join(
+    variables = sorted(set(re.findall(r"\bPGFLOW_[A-Z_]*[A-Z]\b", "\n".join(
         path.read_text(encoding="utf-8") for path in (ROOT / "pgflow").rglob("*.py")))))
     missing += [v for v in variables if v not in ENVIRONMENT]
     stale += [v for v in ENVIRONMENT if v not in variables]
