@@ -150,27 +150,28 @@ class StreamStatements(Statements):
 
     async def read_streams(
         self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
-        limit: int, budget: int,
-    ) -> tuple[list[list[tuple[int, bytes | None]]], dict[int, int], dict[int, tuple[str | None, bool]]]:
+        limit: int, budget: int, whole: int,
+    ) -> tuple[list[list[tuple[int, bytes | None]]], set[int], dict[int, int], dict[int, tuple[str | None, bool]]]:
         """For each (stream id if known, workflow, key, offset) asked, in one query: up to ``limit``
-        chunks and ``budget`` bytes (one chunk at least) from the offset on; the ids learnt of streams
-        whose id was not known (by index asked); and for the streams with no chunks found, the
-        workflow's status (None when there is no such workflow) and whether the stream is closed (by
-        index asked).
+        chunks and ``budget`` bytes from the offset on (a first chunk up to ``whole`` bytes, however
+        big ``budget`` is); the streams cut short (by index asked: chunks beyond were left for another
+        read); the ids learnt of streams whose id was not known (by index asked); and for the streams
+        with no chunks found, the workflow's status (None when there is no such workflow) and whether
+        the stream is closed (by index asked).
 
         Status and chunks come from one snapshot: a workflow seen ended has every chunk it wrote
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
         known = None not in stream_ids
+        sizes = {"limit": limit, "budget": budget, "whole": whole}
         async with self.pool.connection() as conn:
             if known:  # the usual read, of streams read before: by id alone
                 rows = await wire.fetch(conn, READING_BY_ID, self._s, {
-                    "sids": stream_ids, "starts": offsets, "limit": limit, "budget": budget},
-                    prepare=self.pool.prepares)
+                    "sids": stream_ids, "starts": offsets, **sizes}, prepare=self.pool.prepares)
             else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
                 rows = await wire.fetch(conn, READING_BY_NAME, self._s, {
                     "sids": [sid or 0 for sid in stream_ids], "workflow_ids": workflow_ids, "keys": keys,
-                    "starts": offsets, "limit": limit, "budget": budget}, prepare=self.pool.prepares)
+                    "starts": offsets, **sizes}, prepare=self.pool.prepares)
         return _sorted_reads(rows, len(stream_ids), learn=not known)
 
 
@@ -180,16 +181,20 @@ class StreamStatements(Statements):
 _READ_ENDED = (
     " CASE WHEN c.position IS NULL THEN coalesce((SELECT value IS NULL FROM {s}.chunks"
     "  WHERE stream_id = r.sid ORDER BY position DESC LIMIT 1), false) ELSE false END,"
-    " c.position, c.value"
+    " c.position, c.value, c.cut"
 )
-# Up to ``limit`` chunks and ``budget`` bytes of each stream (its first chunk whatever its size: a chunk
-# may be 8 MiB), so a reader holds one bounded batch however big its stream's chunks are.
+# Up to ``limit`` chunks and ``budget`` bytes of each stream, a first chunk up to ``whole`` bytes (a chunk
+# may be 8 MiB: a read of one stream takes it whole, a read of many leaves it for one of its own), so one
+# query holds a bounded batch however big the chunks of its streams are. The first chunk left out comes
+# as a row of its own, ``cut``, without its value: the reader reads again from there, at once.
 _READ_CHUNKS = (
-    " LEFT JOIN LATERAL (SELECT w.position, w.value FROM (SELECT position, value,"
-    "   sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
-    "    - coalesce(octet_length(value), 0) AS before FROM {s}.chunks"
-    "   WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %(limit)s) w"
-    "  WHERE w.before < %(budget)s) c ON true"
+    " LEFT JOIN LATERAL (SELECT f.position, CASE WHEN f.fits THEN f.value END AS value, NOT f.fits AS cut"
+    "  FROM (SELECT w.position, w.value, w.fits, lag(w.fits, 1, true) OVER (ORDER BY w.position) AS went"
+    "   FROM (SELECT position, value, sum(coalesce(octet_length(value), 0)) OVER (ORDER BY position)"
+    "     <= %(budget)s OR (row_number() OVER (ORDER BY position) = 1"
+    "      AND coalesce(octet_length(value), 0) <= %(whole)s) AS fits"
+    "    FROM {s}.chunks WHERE stream_id = r.sid AND position >= r.start ORDER BY position LIMIT %(limit)s) w) f"
+    "  WHERE f.went) c ON true"
     " ORDER BY r.i, c.position"
 )
 _READ_BY_ID = (
@@ -206,23 +211,27 @@ _READ_BY_NAME = (
     "  FROM unnest(%(sids)s::int8[], %(workflow_ids)s::text[], %(keys)s::text[], %(starts)s::int[])"
     "   WITH ORDINALITY AS q(sid, workflow_id, key, start, i)) r" + _READ_CHUNKS
 )
-_READ_PARAMS = {"sids": wire.INT8S, "starts": wire.INT4S, "limit": wire.INT8, "budget": wire.INT8}
+_READ_PARAMS = {"sids": wire.INT8S, "starts": wire.INT4S, "limit": wire.INT8, "budget": wire.INT8, "whole": wire.INT8}
 READING_BY_ID = wire.Statement(_READ_BY_ID, **_READ_PARAMS)
 READING_BY_NAME = wire.Statement(_READ_BY_NAME, workflow_ids=wire.TEXTS, keys=wire.TEXTS, **_READ_PARAMS)
 
 
 def _sorted_reads(rows: list[tuple[Any, ...]], asked: int, learn: bool) -> tuple[
-        list[list[tuple[int, bytes | None]]], dict[int, int], dict[int, tuple[str | None, bool]]]:
-    """The rows of a read, by index asked (the rows count from 1): the chunks found, the stream ids
-    learnt (only when ``learn``: some were asked by name), and the status of the streams that had none."""
+        list[list[tuple[int, bytes | None]]], set[int], dict[int, int], dict[int, tuple[str | None, bool]]]:
+    """The rows of a read, by index asked (the rows count from 1): the chunks found, the reads cut
+    short, the stream ids learnt (only when ``learn``: some were asked by name), and the status of
+    the streams that had none."""
     found: list[list[tuple[int, bytes | None]]] = [[] for _ in range(asked)]
+    cut: set[int] = set()
     learnt: dict[int, int] = {}
     states: dict[int, tuple[str | None, bool]] = {}
-    for i, sid, status, closed, position, value in rows:
-        if position is not None:
+    for i, sid, status, closed, position, value, left_out in rows:
+        if left_out:
+            cut.add(i - 1)
+        elif position is not None:
             found[i - 1].append((position, value))
         else:
             states[i - 1] = (status, closed)
         if learn and sid is not None:
             learnt[i - 1] = sid
-    return found, learnt, states
+    return found, cut, learnt, states

@@ -37,7 +37,9 @@ log = logging.getLogger("pgflow.streams")
 
 READ_BATCH = 1000  # chunks of one stream per read, at most
 STREAMS_PER_READ = 1000  # streams one query reads at most
-READ_BYTES = 1024 * 1024  # bytes of one stream per read, at most (its first chunk whatever its size)
+READ_BYTES = 1024 * 1024  # bytes of one stream per read, at most (but a first chunk read alone, whatever its size)
+QUERY_BYTES = 64 * 1024 * 1024  # bytes of one query's chunks, at most: what a shared read of many streams holds
+WHOLE = 1 << 62  # the first chunk of a stream read alone is taken whatever its size
 Chunks = list[tuple[int, bytes | None]]
 # ``StreamRead.step``'s answer when the reader's next chunk is the one in ``handed`` (known by its
 # identity: never filled)
@@ -89,7 +91,7 @@ class StreamRead:
     when its answer is in (or when it is the one to run the query)."""
 
     __slots__ = ("workflow_id", "key", "sid", "offset", "_fetcher", "_waiters", "_loop", "_signal", "state",
-                 "again", "runs_fetch", "chunks", "handed", "kept_at", "kept", "error", "outage")
+                 "again", "alone", "runs_fetch", "chunks", "handed", "kept_at", "kept", "error", "outage")
 
     def __init__(self, fetcher: ChunkFetcher, waiters: Waiters | None, workflow_id: str, key: str,
                  offset: int) -> None:
@@ -103,6 +105,7 @@ class StreamRead:
         self._signal: asyncio.Future[None] | None = None
         self.state = _NEW
         self.again = False  # pinged since its query began: ask again once the answer is taken
+        self.alone = False  # its next chunk is too big to share a query: the next one reads it alone
         self.runs_fetch = False  # this reader's task is to run the query for everyone asked
         self.chunks: Chunks | None = None  # READY: fetched, not yet taken by the reader (None: ``handed``)
         self.handed: bytes | None = None  # READY without chunks: the one a ping carried, at ``offset - 1``
@@ -286,7 +289,7 @@ class ChunkFetcher:
                 # be, so one query answers them all.
                 await asyncio.sleep(0)
                 while self._asked:
-                    batch, self._asked = self._asked[:STREAMS_PER_READ], self._asked[STREAMS_PER_READ:]
+                    batch = self._next_batch()
                     for read in batch:
                         read.state = _FETCHING
                     try:
@@ -298,6 +301,17 @@ class ChunkFetcher:
         finally:
             self._busy = False
 
+    def _next_batch(self) -> list[StreamRead]:
+        """A read whose next chunk is too big to share a query, alone; else the next asked, up to
+        ``STREAMS_PER_READ``."""
+        for read in self._asked:
+            if read.alone:
+                self._asked.remove(read)
+                read.alone = False
+                return [read]
+        batch, self._asked = self._asked[:STREAMS_PER_READ], self._asked[STREAMS_PER_READ:]
+        return batch
+
     async def _answer(self, batch: list[StreamRead]) -> None:
         """Answer a batch in one query. When it fails, the halves are tried apart, so a read that
         breaks the query (whatever slipped past the checks) fails alone and the others are answered.
@@ -307,9 +321,10 @@ class ChunkFetcher:
 
     async def _read(self, batch: list[StreamRead]) -> None:
         store = await self._store()
-        found, learnt, states = await store.read_streams(
+        budget = min(READ_BYTES, QUERY_BYTES // len(batch))
+        found, cut, learnt, states = await store.read_streams(
             [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
-            [r.offset for r in batch], READ_BATCH, READ_BYTES)
+            [r.offset for r in batch], READ_BATCH, budget, WHOLE if len(batch) == 1 else budget)
         self.queries += 1
         for n, read in enumerate(batch):
             if read.state is _CLOSED:
@@ -322,11 +337,16 @@ class ChunkFetcher:
                 read.offset = chunks[-1][0] + 1
                 read.chunks = chunks
                 read.state = _READY
-                if len(chunks) >= READ_BATCH or sum(len(v) for _, v in chunks if v) >= READ_BYTES:
-                    read.again = True  # more may be waiting (cut by count or by size): no need for a ping
+                if len(chunks) >= READ_BATCH or n in cut:
+                    read.again = True  # more is waiting (cut by count or by size): no need for a ping
                 signal = read._signal
                 if signal is not None and not signal.done():
                     signal.set_result(None)
+                continue
+            if n in cut:  # its next chunk alone is over the share of a query of many: one of its own
+                read.alone = True
+                read.state = _WAITING
+                self.ask(read)
                 continue
             status, closed = states[n]
             if status is None:
