@@ -106,6 +106,10 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     tail.add_argument("key", help="the stream key")
     tail.add_argument("--offset", type=int, default=0, help="the first position (default: %(default)s)")
     add(tail, _tail)
+    from .durable_streams.command import add_parser as add_streams
+    from .durable_streams.command import run as run_streams
+
+    add_streams(commands, with_app).set_defaults(handler=on_app(run_streams))
 
 
 def _add_workflows(commands: Any,
