@@ -18,7 +18,7 @@ from ._core.connecting import redact, split_password
 from ._core.status import Status
 from .app import STATUSES, App
 from .errors import ConfigurationError, PgflowError
-from .records import ChildInfo, Children, Health
+from .records import MAX_WAIT, ChildInfo, Children, Health
 from .showing import print_details
 from .terminal import json_text, safe, table
 
@@ -76,10 +76,17 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
     _add_workflows(commands, add)
     add(commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows and limits"), _queues)
     add(commands.add_parser("workers", help="live workers, their heartbeat's age and what each runs"), _workers)
-    status = commands.add_parser("status", help="health probe: exits 1 when unhealthy")
+    status = commands.add_parser("status", help="the fleet's health: exits 1 when unhealthy, one line per problem"
+                                                " (no live worker, work on a queue or under a name no live worker"
+                                                " serves, a queue waiting over --max-wait, a dead worker while work"
+                                                " waits on its queues, a stalled NOTIFY queue, stuck sessions, a"
+                                                " maintenance lock held by a stranger)")
     status.add_argument("app", nargs="?", metavar="MODULE:APP", help="the same as --app")
     status.add_argument("--stuck-after", type=float, default=60.0,
                         help="seconds idle in a transaction that make a session count as stuck (default: %(default)s)")
+    status.add_argument("--max-wait", type=duration, default=MAX_WAIT, metavar="DURATION",
+                        help="unhealthy once a queue's oldest due workflow has waited this long: 5m, 30s or"
+                             " seconds (default: %(default)s s)")
     add(status, _status)
     prune = commands.add_parser("prune", help="delete finished workflows, their steps and streams, now")
     prune.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
@@ -161,30 +168,24 @@ def _workers(app: App, args: argparse.Namespace) -> int:
 
 
 def _status(app: App, args: argparse.Namespace) -> int:
-    health = app.health(stuck_after=args.stuck_after)
+    health = app.health(stuck_after=args.stuck_after, max_wait=args.max_wait)
     if args.json:
-        _print_json({**asdict(health), "ok": health.ok})
+        _print_json({**asdict(health), "ok": health.ok, "problems": health.problems})
     else:
         _print_health(health)
     return 0 if health.ok else 1
 
 
 def _print_health(health: Health) -> None:
+    """The verdict, then each problem on a line of its own (escaped: any role chooses the names and
+    application names in them), and the NOTIFY queue's likely holders while it fills up."""
     print(f"{'healthy' if health.ok else 'UNHEALTHY'}: {health.live_workers} live workers, NOTIFY queue "
           f"{health.notification_queue_usage:.1%} full")
-    for name, count in health.unserved.items():
-        print(f"  {count} queued workflows named {name!r}: no live worker runs that name")
-    # (Any role chooses its sessions' application names: they are printed escaped.)
-    for session in health.stuck_sessions:
-        print(f"  session {session.pid} idle in a transaction for {session.transaction_age_s:.0f} s"
-              f" ({safe(session.application_name or 'no application name')}): a LISTEN connection in"
-              " a transaction stalls every NOTIFY of the cluster")
-    for holder in health.maintenance:
-        if not holder.worker:
-            print(f"  maintenance lock {safe(holder.describe())}")
+    for problem in health.problems:
+        print(f"  {safe(problem)}")
     if health.notification_queue_usage > 0.5:
-        print("  the NOTIFY queue is filling up; the oldest open transactions of the cluster (whichever"
-              " of them ran LISTEN holds it back):")
+        print("  the oldest open transactions of the cluster (whichever of them ran LISTEN holds the NOTIFY"
+              " queue back):")
         for session in health.queue_holders:
             print(f"    {safe(session.describe())}")
 

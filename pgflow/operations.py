@@ -21,6 +21,7 @@ from ._core.store.management import WorkerRow
 from ._core.twins import blocking
 from .errors import UnknownWorkflow
 from .records import (
+    MAX_WAIT,
     SILENT_AFTER,
     AttemptError,
     ErrorDetails,
@@ -111,20 +112,32 @@ class Operations:
 
     workers_info = blocking(workers_info_async)
 
-    async def health_async(self, stuck_after: float = 60.0) -> Health:
+    async def health_async(self, stuck_after: float = 60.0, max_wait: float = MAX_WAIT) -> Health:
         """A health probe (``pgflow status``): see Health for what counts as unhealthy. A worker is
-        live while its heartbeat is younger than 30 s."""
+        live while its heartbeat is younger than its lease (as ``pgflow workers`` has it); a queue
+        fails once its oldest due workflow has waited over ``max_wait`` seconds."""
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait >= 0:
+            raise ValueError(f"max_wait is a number of seconds >= 0, got {max_wait!r}")
         runtime = self._client.runtime()
-        usage, unserved, stuck, holders = await runtime.db(lambda store: store.health(30.0, stuck_after))
-        workers = [w for w in await self.workers_info_async() if w.heartbeat_age_s < 30.0]
+        workers = await self.workers_info_async()
+        live = [w for w in workers if not w.dead]
+        names = sorted({name for w in live for name in w.names})
+        read = await runtime.db(lambda store: store.health(names, stuck_after))
         schedules = [cron_service(spec.name) for spec in self.registry.workflows.values() if spec.schedule is not None]
         services = [REAPER, RETENTION, PARTITIONS, NAMES, KEYS, *schedules]
         by_lock = {lock_name(self.schema, service): service for service in services}
         locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
-        return Health(len(workers), usage, dict(unserved), [Session.of(s) for s in stuck],
-                      [Session.of(s) for s in holders],
+        served = {queue for w in live for queue in w.queues}
+        waiting = {row.queue: row for row in read.waiting}
+        return Health(len(live), read.notification_queue_usage, dict(read.unserved),
+                      [Session.of(s) for s in read.stuck], [Session.of(s) for s in read.holders],
                       [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
-                       for name, pid, user, app, age in locks])
+                       for name, pid, user, app, age in locks],
+                      unserved_queues={q: r.due + r.orphaned for q, r in waiting.items() if q not in served},
+                      overdue={q: r.oldest_due_waited for q, r in waiting.items()
+                               if r.oldest_due_waited is not None and r.oldest_due_waited > max_wait},
+                      dead_workers=[w for w in workers if w.dead and any(q in waiting for q in w.queues)],
+                      max_wait_s=float(max_wait))
 
     health = blocking(health_async)
 

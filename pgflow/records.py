@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -172,14 +172,26 @@ class LockHolder:
                 f" role {self.user}, up {self.session_age_s:.0f} s), {who}")
 
 
+MAX_WAIT = 300.0  # seconds the oldest due workflow of a queue may wait before ``pgflow status`` fails
+
+
 @dataclass(frozen=True)
 class Health:
-    """What ``pgflow status`` reports. Unhealthy: no live worker, queued workflows whose name no live
-    worker runs (they would wait forever), the NOTIFY queue over half full, sessions idle in a
-    transaction for long (a LISTEN connection in a transaction stalls every NOTIFY of the cluster), or
-    a maintenance service's lock held by a session that is not a worker's (cron, retention and the
-    reaper stop while it holds them).
-    While the queue holds anything, ``queue_holders`` are the oldest open transactions of the
+    """What ``pgflow status`` reports; ``problems`` says, one line each, what makes it unhealthy:
+
+    - no live worker (a worker is live while its heartbeat is younger than its lease);
+    - work waiting on a queue that no live worker serves (due queued workflows, and running ones whose
+      lease ran out), or queued workflows whose name no live worker runs: they would wait for ever;
+    - a queue whose oldest due workflow has waited longer than ``max_wait_s`` (the fleet does not keep
+      up, a queue's limits hold it back, or its workers are stuck);
+    - a registered worker that is dead (its heartbeat older than its lease) while work waits on one of
+      its queues: its workflows wait for a live worker of that queue to take them;
+    - the NOTIFY queue over half full, sessions idle in a transaction for long (a LISTEN connection in
+      a transaction stalls every NOTIFY of the cluster), or a maintenance service's lock held by a
+      session that is not a worker's (cron, retention and the reaper stop while it holds them).
+
+    A delayed or sleeping workflow waits for its time, not for a worker: it counts once it is due.
+    While the NOTIFY queue holds anything, ``queue_holders`` are the oldest open transactions of the
     cluster: whichever of them has run LISTEN holds the queue back (PostgreSQL does not say which)."""
 
     live_workers: int
@@ -188,11 +200,37 @@ class Health:
     stuck_sessions: list[Session]  # of this database, idle in a transaction for long
     queue_holders: list[Session]
     maintenance: list[LockHolder]  # who holds each maintenance service's lock (unheld ones are not listed)
+    unserved_queues: dict[str, int] = field(default_factory=dict)  # waiting workflows per queue nobody serves
+    overdue: dict[str, float] = field(default_factory=dict)  # per queue, its oldest due one's wait, past max_wait_s
+    dead_workers: list[WorkerInfo] = field(default_factory=list)  # dead while work waits on their queues
+    max_wait_s: float = MAX_WAIT
 
     @property
     def ok(self) -> bool:
-        return (self.live_workers > 0 and not self.unserved and not self.stuck_sessions
-                and self.notification_queue_usage <= 0.5 and all(h.worker for h in self.maintenance))
+        return not self.problems
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per problem, each naming it (names and ids as Python literals: any role that can
+        start a workflow chose them). Empty: healthy."""
+        found = [] if self.live_workers else ["no live worker: nothing runs queued workflows"]
+        found += [f"{n} workflows waiting on queue {queue!r}: no live worker serves that queue"
+                  for queue, n in self.unserved_queues.items()]
+        found += [f"{count} queued workflows named {name!r}: no live worker runs that name"
+                  for name, count in self.unserved.items()]
+        found += [f"the oldest due workflow on queue {queue!r} has waited {waited:.0f} s (more than the"
+                  f" {self.max_wait_s:g} s allowed)" for queue, waited in self.overdue.items()]
+        found += [f"worker {w.id!r} is dead (heartbeat {w.heartbeat_age_s:.0f} s old, lease"
+                  f" {w.lease_s if w.lease_s is not None else SILENT_AFTER:g} s) while work waits on its"
+                  f" queues {', '.join(map(repr, w.queues))}" for w in self.dead_workers]
+        found += [f"session {s.pid} idle in a transaction for {s.transaction_age_s:.0f} s"
+                  f" ({s.application_name or 'no application name'}): a LISTEN connection in a transaction"
+                  " stalls every NOTIFY of the cluster" for s in self.stuck_sessions]
+        found += [f"maintenance lock {h.describe()}" for h in self.maintenance if not h.worker]
+        if self.notification_queue_usage > 0.5:
+            found.append(f"the NOTIFY queue is {self.notification_queue_usage:.1%} full: an open transaction that"
+                         " ran LISTEN holds it back (queue_holders: the oldest open transactions of the cluster)")
+        return found
 
 
 # -- One workflow in full (``app.workflow_details``): what ``pgflow workflows show`` prints and the

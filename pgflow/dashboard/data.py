@@ -341,8 +341,9 @@ class Reader:
         return Throughput(window, estimated, per)
 
     async def _read_health(self) -> tuple[Health | None, str | None]:
-        # pgflow status's own probe: the NOTIFY queue, unserved names, stuck sessions, lock holders.
-        self.statements += 6
+        # pgflow status's own probe: the workers, the NOTIFY queue, unserved names, stuck sessions, the
+        # NOTIFY queue's holders, the queues' waiting work, lock holders.
+        self.statements += 7
         try:
             return await self.app.health_async(), None
         except Exception as exc:  # noqa: BLE001 - e.g. a role that may not read pg_locks: shown, not fatal

@@ -101,6 +101,7 @@ def _health(health: Health | None, error: str | None, listener: dict[str, Any]) 
     for name, n in health.unserved.items():
         items.append(tag("li", f"{n:,} queued workflows named ", tag("code", name), ": no live worker runs that name",
                          class_="bad"))
+    items += _waiting_problems(health)
     for session in health.stuck_sessions:
         items.append(tag("li", f"session {session.pid} ({session.application_name or 'no application name'}) idle in"
                                f" a transaction for {seconds(session.transaction_age_s)}", class_="bad"))
@@ -118,6 +119,21 @@ def _health(health: Health | None, error: str | None, listener: dict[str, Any]) 
     verdict = tag("strong", "healthy" if health.ok else "UNHEALTHY", class_="ok" if health.ok else "bad")
     return tag("section", tag("h2", "Health: ", verdict), tag("ul", *items, id="health"),
                tag("p", "What pgflow status checks; it exits non-zero when this says UNHEALTHY.", class_="note"))
+
+
+def _waiting_problems(health: Health) -> list[Html]:
+    """The problems of work that waits (the lines ``pgflow status`` prints for them): a queue no live
+    worker serves, a queue whose oldest due workflow waited too long, a dead worker while its queues
+    have work."""
+    items = [tag("li", f"{n:,} workflows waiting on queue ", tag("code", queue), ": no live worker serves that queue",
+                 class_="bad") for queue, n in health.unserved_queues.items()]
+    items += [tag("li", "the oldest due workflow on queue ", tag("code", queue), f" has waited {seconds(waited)}"
+                  f" (more than the {seconds(health.max_wait_s)} allowed)", class_="bad")
+              for queue, waited in health.overdue.items()]
+    items += [tag("li", "worker ", tag("code", w.id), f" is dead (heartbeat {seconds(w.heartbeat_age_s)} old) while"
+                  " work waits on its queues ", tag("code", ", ".join(w.queues)), class_="bad")
+              for w in health.dead_workers]
+    return items
 
 
 # -- the list ---------------------------------------------------------------------------------------------

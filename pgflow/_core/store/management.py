@@ -73,6 +73,28 @@ class WorkerRow(NamedTuple):
     lease_seconds: float | None  # None: a worker of a version that did not record it
 
 
+class WaitingRow(NamedTuple):
+    """A queue with work waiting for a worker now, as ``health`` reads it."""
+
+    queue: str
+    due: int  # queued workflows that are due
+    orphaned: int  # running ones whose lease ran out
+    oldest_due_waited: float | None  # seconds since the oldest due one fell due
+
+
+class HealthRead(NamedTuple):
+    """What ``health`` reads: the NOTIFY queue's usage, queued workflow names that no live worker runs
+    with their counts, sessions of this database idle in a transaction for long, the oldest open
+    transactions of the cluster while the NOTIFY queue holds anything (one of them that listens holds
+    it back), and the queues with work waiting."""
+
+    notification_queue_usage: float
+    unserved: list[tuple[str, int]]
+    stuck: list[tuple[Any, ...]]
+    holders: list[tuple[Any, ...]]
+    waiting: list[WaitingRow]
+
+
 class ManagementStatements(Statements):
     async def list_workflows(self, status: str | None, name: str | None, queue: str | None,
                              created_after: datetime | None, created_before: datetime | None, limit: int,
@@ -246,19 +268,19 @@ class ManagementStatements(Statements):
                 " w.names, w.lease FROM {s}.workers w ORDER BY w.started_at"))
             return [WorkerRow._make(row) for row in await cur.fetchall()]
 
-    async def health(self, silent_after: float, stuck_after: float) -> tuple[
-            float, list[tuple[str, int]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        """(NOTIFY queue usage, queued workflow names no live worker runs with their counts,
-        sessions of this database idle in a transaction for over ``stuck_after`` seconds, and, while
-        the queue holds anything, the oldest open transactions of the whole cluster: one of them
-        that listens holds the queue back). Sessions are (pid, database, application name, state,
-        seconds the transaction has been open); a role without pg_read_all_stats sees the
-        transactions of its own sessions only."""
+    async def health(self, served_names: list[str], stuck_after: float) -> HealthRead:
+        """What ``pgflow status`` reads in one checkout (see HealthRead): ``served_names`` are the
+        workflow names the live workers run, as the caller found them. Sessions are (pid, database,
+        application name, state, seconds the transaction has been open); a role without
+        pg_read_all_stats sees the transactions of its own sessions only."""
         async with self.pool.connection() as conn:
             cur = await conn.execute("SELECT pg_notification_queue_usage()")
             row = await cur.fetchone()
             usage = float(row[0]) if row else 0.0
-            orphans = await self._unserved(conn, silent_after)
+            cur = await conn.execute(self._sql(
+                "SELECT name, count(*) FROM {s}.workflows WHERE status = 'queued' AND name <> ALL(%s::text[])"
+                " GROUP BY name ORDER BY name"), (served_names,))
+            orphans = [(str(n), int(c)) for n, c in await cur.fetchall()]
             sessions = ("SELECT pid, datname, application_name, state,"
                         " extract(epoch FROM now() - xact_start)::float8 FROM pg_stat_activity"
                         " WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()"
@@ -271,7 +293,20 @@ class ManagementStatements(Statements):
             if usage > 0:
                 cur = await conn.execute(sessions + " ORDER BY xact_start LIMIT 5")
                 holders = list(await cur.fetchall())
-            return usage, orphans, stuck, holders
+            return HealthRead(usage, orphans, stuck, holders, await self._waiting(conn))
+
+    async def _waiting(self, conn: AsyncConnection[Any]) -> list[WaitingRow]:
+        """The queues with work waiting for a worker now: due queued workflows (a delayed or sleeping
+        one waits for its time, not for a worker), and running ones whose lease ran out (their worker
+        died, and the next live worker of the queue takes them)."""
+        cur = await conn.execute(self._sql(
+            "SELECT queue, count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'running'),"
+            " extract(epoch FROM {s}.clock_now() - min(due_at) FILTER (WHERE status = 'queued'))::float8"
+            " FROM {s}.workflows WHERE (status = 'queued' AND due_at <= {s}.clock_now())"
+            "  OR (status = 'running' AND lease_expires_at < now())"
+            " GROUP BY queue ORDER BY queue"))
+        return [WaitingRow(str(q), int(d), int(o), None if w is None else float(w))
+                for q, d, o, w in await cur.fetchall()]
 
     async def lock_holders(self, locks: list[str]) -> list[tuple[Any, ...]]:
         """Who holds each of these advisory locks (``pg_advisory_lock(hashtext(name))``) in this
