@@ -1,6 +1,7 @@
 """``pgflow worker --health-port``: one worker's liveness probe, served by real worker processes,
 answering 200 while the worker works and 503 once its loop, heartbeat or listener has failed for longer
-than its lease; a queued workflow nobody serves does not make it unhealthy."""
+than its lease; a queued workflow nobody serves (its name or its queue) does not make it unhealthy:
+that is ``pgflow status``'s business, the fleet's (see pgflow/_core/health.py)."""
 
 from __future__ import annotations
 
@@ -65,9 +66,14 @@ def test_the_probe_says_ok_ignores_unserved_names_refuses_junk_and_fails_without
                          " VALUES ('orphan', 'nobody.runs.this', 'default', '\\x80')")
         wait_until(lambda: "named 'nobody.runs.this', which no live worker runs" in worker.output(),
                    "the worker to see the unserved name", procs, worker)
+        # And a workflow this worker runs, on a queue no live worker serves: the same.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs)'
+                         " VALUES ('elsewhere', 'probed.noop', 'elsewhere', '\\x80')")
         status = subprocess.run([sys.executable, "-m", "pgflow", "status"], env=worker_env, capture_output=True,
                                 text=True, timeout=WAIT)
         assert status.returncode == 1 and "nobody.runs.this" in status.stdout
+        assert "1 workflows waiting on queue 'elsewhere': no live worker serves that queue" in status.stdout
         assert probe(port) == (200, "ok\n")
 
         # Anyone may reach the port: only GET/HEAD /healthz is answered, junk gets an HTTP error, and

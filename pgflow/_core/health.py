@@ -2,9 +2,11 @@
 worker's event loop turns, its heartbeat is renewed and its listener is connected, 503 (with the
 reasons) once any of them has been wrong for longer than the worker's lease.
 
-It is per worker on purpose. ``pgflow status`` is the fleet's health, and one queued workflow whose
-name no live worker serves makes it fail: used as every pod's liveness probe, that would restart every
-pod of a healthy fleet. This probe says only whether this process does its job.
+It is per worker on purpose. ``pgflow status`` is the fleet's health: it fails for work that waits on
+a queue or under a name no live worker serves, for a queue whose oldest due workflow waited too long,
+for a dead worker while its queues have work. Used as every pod's liveness probe, any of those would
+restart every pod of the fleet at once, and a restart cures none of them (a busy queue gets worse,
+its workers gone while they start again). This probe says only whether this process does its job.
 
 The server runs on a thread of its own, not on the worker's loop: a loop that is blocked (a step that
 calls ``time.sleep`` in an ``async def``) must be reported as such, not only time the probe out. What
