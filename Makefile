@@ -11,7 +11,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 DOCS_STAMP := $(VENV)/.installed-docs
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs fleet prune clean install-check docs
+.PHONY: help venv .venv test chaos soak demo web screenshot dashboard-screenshots lint bench longtx costs fleet prune clean install-check docs conformance
 
 help:
 	@echo "pgflow development targets:"
@@ -81,6 +81,13 @@ install-check: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
+
+# The public Durable Streams conformance suite (npm, pinned in conformance/package.json) against
+# `pgflow streams serve` on $$PGFLOW_DSN and, for comparison, the reference server, both on this machine:
+# conformance/run.mjs prints both pass counts. Needs node and npm; the packages are installed once.
+conformance: $(STAMP)
+	cd conformance && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; } \
+		&& PYTHON=$(CURDIR)/$(PY) node run.mjs
 
 SOAK_MINUTES ?= 5
 FAULTS ?= kill,stop,terminate,cancel,restart,freeze,reset,refuse

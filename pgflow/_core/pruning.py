@@ -82,7 +82,24 @@ async def prune(store: Prunable, older_than: float, batch: int = PRUNE_BATCH) ->
     deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
     if deleted:
         log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    await prune_expired_streams(store, batch)
     return deleted
+
+
+async def prune_expired_streams(store: object, batch: int = PRUNE_BATCH) -> int:
+    """Free-standing Durable Streams whose Stream-TTL or Stream-Expires-At has passed, by their own
+    clock (not ``older_than``), paced as the workflows are. A request that finds one expired deletes it
+    too; this keeps streams nobody asks for again from staying forever."""
+    pool, schema = getattr(store, "pool", None), getattr(store, "schema", None)
+    if pool is None or schema is None:  # (a store of the tests' making)
+        return 0
+    from .store.free_streams import FreeStreams
+
+    streams = FreeStreams(pool, schema)
+    gone = await prune_paced(lambda: streams.delete_expired(batch), batch)
+    if gone:
+        log.info("retention: deleted %d expired free-standing streams", gone)
+    return gone
 
 
 async def tend_chunk_partitions(store: Prunable) -> None:

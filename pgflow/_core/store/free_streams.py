@@ -239,9 +239,10 @@ class FreeStreams(Statements):
                 return Created("conflict", reason="created concurrently")
             stream_id = int(row[0])
             tail = await self._write(conn, stream_id, tail, json_mode, units, closed, None, None)
-            found = await self._find(conn, path, lock=False)
+            cur = await conn.execute(self._sql(_SOURCE), {"id": stream_id})  # (even if it expires at once)
+            found = await cur.fetchone()
             assert found is not None
-            return Created("created", found)
+            return Created("created", _row(found)[0])
 
     async def _boundary(self, conn: AsyncConnection[Any], stream: FreeStream, position: int) -> int | None:
         """Where the append that holds ``position`` ends (None: nothing there)."""
@@ -297,7 +298,9 @@ class FreeStreams(Statements):
             if producer is not None:
                 await conn.execute(self._sql(_SET_PRODUCER), {"id": stream.id, "producer": producer.id,
                                                               "epoch": producer.epoch, "seq": producer.seq})
-            after = await self._find(conn, path, lock=False)
+            cur = await conn.execute(self._sql(_SOURCE), {"id": stream.id})
+            found = await cur.fetchone()
+            after = _row(found)[0] if found else None
             return Appended("ok", after, producer.epoch if producer else 0, producer.seq if producer else 0)
 
     async def read(self, stream: FreeStream, start: int, rows: int, budget: int) -> list[Chunk]:
