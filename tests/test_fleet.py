@@ -296,7 +296,7 @@ def test_workflow_whose_worker_dies_max_attempts_times_is_failed_without_running
     fleet_worker(procs, "worker-C", worker_env)
     failure = failure_of(handle, procs)
     assert failure.error_type == "pgflow.errors.MaxAttemptsExceeded"
-    assert "given up after 2 interrupted runs" in failure.message
+    assert "its worker process died 2 times while running it alone" in failure.message
     assert workflow_row(dsn, schema, handle.id)[:2] == ("failed", 3)
     assert [line.split()[:2] for line in lines(effects)] == [["held", "start"]] * 2
     assert handle.steps() == []

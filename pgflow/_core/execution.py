@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -32,6 +33,7 @@ from ..errors import (
     SerializationError,
     StepTimeout,
     StoreUnavailable,
+    Suspended,
 )
 from . import codec, telemetry
 from .attempt_errors import keep_attempt_error
@@ -40,12 +42,14 @@ from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
+from .status import ENDED
 from .step_body import StepRun, inside_step, run_step_body
 from .store import Fenced, StepRecord, StepStart, Store, WorkflowRow, retrying, unreachable
 from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
+SUSPECT_LOOKS_AGAIN = 0.5  # seconds until a suspect waiting for a child is run again to look
 T = TypeVar("T")
 
 # The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
@@ -115,6 +119,10 @@ class Execution:
     fence_cut: str | None = None  # a batch of its chunks under this worker's fence was cut off
     poisoned: bool = False  # a chunk of its was not written (the writer's mark: none after it may be)
     settled: asyncio.Future[None] | None = None  # the writer's, once the run's end waits for them
+    alone: bool = False  # a suspect of a crash, run alone by its worker (see worker.py)
+    # Per journal position not recorded, the step attempts that earlier runs began there: this run's
+    # tries go on from them (``pgflow.step_attempt()`` counts every try of the step).
+    tries_before: dict[int, int] = field(default_factory=dict)
 
     @property
     def suspend_after(self) -> float:
@@ -166,13 +174,17 @@ class Execution:
             for key, end in (record.stream_ends or {}).items():
                 self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
             return replay(record, step)
-        step_attempt = 1
+        # Tries are counted over every run: those that earlier runs began here (cut short by a crash or
+        # a stop) come first. The step's retries are spent by the tries of this run only, so a try that
+        # another workflow's crash cut short costs this one no retry.
+        before = self.tries_before.get(position, 0)
+        step_attempt = before + 1
         while True:
             try:
-                output = await self._attempt(step, position, step_attempt, args, kwargs)
+                output = await self._attempt(step, position, step_attempt, args, kwargs, before)
             except Exception as exc:
-                if step.retry.should_retry(exc, step_attempt):
-                    delay = step.retry.delay(step_attempt)
+                if step.retry.should_retry(exc, step_attempt - before):
+                    delay = step.retry.delay(step_attempt - before)
                     log.info("step %s of %s failed (%s), step attempt %d of workflow attempt %d; retrying in"
                              " %.2fs", step.name, self.workflow_id, exc, step_attempt, self.run, delay)
                     await keep_attempt_error(self, step.name, position, step_attempt, exc)
@@ -192,29 +204,25 @@ class Execution:
             # The workflow gets the value as decoded from the record, exactly what a replay returns.
             return output
 
-    async def _attempt(self, step: StepSpec, position: int, step_attempt: int, args: Any, kwargs: Any) -> Any:
-        """One attempt of a step, noted as it starts so that one cut short by a crash still counts.
-        The note goes out before the attempt begins and its answer is awaited beside it, so a step
-        costs no round trip more than its record."""
-        failure: BaseException | None = None
-        async with anyio.create_task_group() as noting:
-            noting.start_soon(self._note_start, step.name, position, step_attempt)
-            await anyio.lowlevel.checkpoint()  # the note's statement is sent before the attempt starts
-            try:
-                with telemetry.step(step.name, self.workflow_id, position, step_attempt):
-                    output = await run_step_body(step, StepRun(step_attempt), self.workflow_id, args, kwargs)
-            except BaseException as exc:  # noqa: BLE001 - raised once the note is in, outside the group
-                failure = exc
-        if failure is not None:
-            raise failure
-        return output
+    async def _attempt(self, step: StepSpec, position: int, step_attempt: int, args: Any, kwargs: Any,
+                       before: int = 0) -> Any:
+        """One attempt of a step, noted before it starts, so that each is counted once, one cut short by
+        a crash included: a note sent beside the body could be lost with a step that kills its process
+        at once (os._exit, a fatal signal), and a journal counted 19 tries of a step that ran 20 times.
+        The notes of a worker's concurrent steps go out together (``StepStarts``). ``before``: the tries
+        that earlier runs began here; the note holds this run's."""
+        await self._note_start(step.name, position, step_attempt - before)
+        self.check_interrupt()  # (a lost lease or a cancellation the note learnt of: the step does not run)
+        with telemetry.step(step.name, self.workflow_id, position, step_attempt):
+            return await run_step_body(step, StepRun(step_attempt), self.workflow_id, args, kwargs)
 
-    async def _note_start(self, name: str, position: int, step_attempt: int) -> None:
-        """Note an attempt of a step. Shielded, and bounded: a worker stopping under the step must not
-        cancel the note that counts it, nor wait long for it. A lost lease or a cancellation it learns
-        of is left in ``interrupt``, for the attempt's end to act on."""
+    async def _note_start(self, name: str, position: int, tries: int) -> None:
+        """Note an attempt of a step (``tries``: this run's count of them there). Shielded, and bounded:
+        a worker stopping as the step starts must not cancel the note that counts it, nor wait long for
+        it. A lost lease or a cancellation it learns of is left in ``interrupt``, for the attempt to act
+        on."""
 
-        start = StepStart(self.workflow_id, self.attempt, self.claim_token, position, step_attempt)
+        start = StepStart(self.workflow_id, self.attempt, self.claim_token, position, tries)
 
         async def note() -> Fenced[None]:
             if self.starts is not None:  # the worker's batch of notes
@@ -274,8 +282,19 @@ class Execution:
 
     async def child_outcome(self, id: str) -> WorkflowRow | None:
         """Called as the body awaits a child's result: a row to answer with instead of waiting (a
-        replay check reads it once), or None to wait as any caller does."""
-        return None
+        replay check reads it once), or None to wait as any caller does.
+
+        A suspect of a crash runs alone, so it must not hold its worker while it waits for another
+        workflow: the child, a suspect too when it ran beside it, could only run on a worker that
+        runs nothing else. So a suspect's wait for a child that has not ended gives the slot back and
+        looks again a moment later (``Suspended``), as a long sleep does."""
+        if not self.alone:
+            return None
+        row = await self.store.workflow(id)
+        if row is not None and row.status in ENDED:
+            return row
+        until = datetime.now(UTC) + timedelta(seconds=SUSPECT_LOOKS_AGAIN)
+        raise Suspended(until, f"waiting alone for child {id!r} (a suspect of a crash gives its worker back)")
 
     async def _fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T:
         """Run a write made on behalf of this execution, fenced by its claim and tried again while

@@ -114,6 +114,9 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
     its streams ends. A first attempt has nothing recorded yet, so only a run before it is read."""
     first = claimed.attempt == 1
     journal, horizon = ({}, -1) if first else await slot.store.journal(claimed.id)
+    # Tries of steps that earlier runs began and did not record: only a run after a crash, a stop or a
+    # lost lease has any (a run that waits or is retried leaves its steps recorded or their notes gone).
+    tries = {} if first or claimed.uncounted and not claimed.suspect else await slot.store.tries_begun(claimed.id)
     # After the read, not before it: the journal's time left until a wake-up was computed on the server
     # meanwhile, and a clock started before the read would end a replayed sleep early.
     loaded_at = slot.runtime.hub.clock.monotonic()
@@ -122,7 +125,7 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
         claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,
         starts=slot.starts, stream_ends={} if first else await slot.store.stream_ends(claimed.id),
         run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit, fence=claimed.fence,
-        cancels=slot.cancels,
+        cancels=slot.cancels, alone=claimed.suspect, tries_before=tries,
     )
 
 

@@ -19,6 +19,7 @@ from . import codec, log_lines
 from .registry import StepSpec
 from .status import Status
 from .store import Claimed, StepRecord
+from .store.claims import CRASHES_ALONE
 
 runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 
@@ -165,15 +166,25 @@ def refused(claimed: Claimed) -> Outcome | None:
     if claimed.expired:
         return Outcome(Status.CANCELLED, None, describe(WorkflowExpired(
             f"workflow {claimed.id!r} had not started by its expiry time (expires=), so it never ran")))
-    if claimed.max_attempts is not None and claimed.attempt > claimed.max_attempts:
-        runs = claimed.max_attempts - (claimed.attempt - claimed.run)  # its max_attempts
-        return Outcome.failed(MaxAttemptsExceeded(
-            f"workflow {claimed.id!r} was given up after {runs} interrupted runs: each was cut short (its"
-            " worker crashed, was stopped or lost its lease) before it finished. Fix what kills it, then"
-            " resume it (pgflow workflows resume ID), or give it a higher max_attempts"))
+    if claimed.give_up:
+        return Outcome.failed(MaxAttemptsExceeded(given_up(claimed)))
     if claimed.seconds_left is not None and claimed.seconds_left <= 0:
         return Outcome.failed(WorkflowTimeout(f"workflow {claimed.id!r} ran out of time"))
     return None
+
+
+def given_up(claimed: Claimed) -> str:
+    """Why a workflow was given up: what it did, and what to do about it."""
+    resume = "then resume it (pgflow workflows resume ID)"
+    if claimed.crashes and claimed.max_attempts is not None \
+            and claimed.crashes >= min(claimed.max_attempts, CRASHES_ALONE):
+        return (f"workflow {claimed.id!r} was given up at attempt {claimed.run}: its worker process died"
+                f" {claimed.crashes} times while running it alone (nothing else ran beside it), so something it"
+                " does kills the process (os._exit, a fatal signal, the OOM killer, a crash in native code)."
+                f" Fix what kills it, {resume}")
+    return (f"workflow {claimed.id!r} was given up after {claimed.run} attempts (its max_attempts): each run"
+            " was cut short before it finished (its worker was stopped, lost its lease, or died while running"
+            f" it alone). Fix what interrupts it, {resume}, or give it a higher max_attempts")
 
 
 def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> None:

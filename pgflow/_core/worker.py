@@ -4,6 +4,11 @@ The worker sleeps until something can change what it would claim: an enqueue pin
 queues, a slot freeing up, the next delayed workflow falling due, or the slow poll that also finds
 workflows whose lease expired because their worker died.
 
+Those are suspects (see migration 0028): one of them may have killed its worker, and nothing tells
+which. So each is run again alone: a worker that learns that suspects wait stops claiming, and once
+it runs nothing it claims one suspect and nothing beside it until that run ends. A crash then kills
+only the suspect's run, and is charged to it alone.
+
 Stopping is two-phase. ``stop(grace)`` stops claiming and lets running workflows finish for up to
 ``grace`` seconds; whatever still runs then is interrupted and given back to the queue at once, so
 another worker resumes it from its journal without waiting for the lease to run out.
@@ -104,6 +109,10 @@ class Worker:
         self.running: collections.Counter[str] = collections.Counter()
         self._cancellers: dict[str, Callable[[], None]] = {}
         self._slot_wanted = True
+        # Suspects of a crash wait to be run alone (as the last full claim saw), and the one this
+        # worker runs alone now, if any: while it runs, nothing else is claimed.
+        self._suspects_wait = False
+        self._alone: str | None = None
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._parts: _Parts | None = None
@@ -274,12 +283,18 @@ class Worker:
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             on.wake.arm()
-            free = self.concurrency - len(self.running)
+            # Nothing beside a suspect, and nothing new while suspects wait for this worker to empty
+            # (its claims then take none, but still rescue expired leases and look for suspects).
+            draining = self._alone is not None or self._suspects_wait
+            free = 0 if draining else self.concurrency - len(self.running)
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
             # workflow may have work waiting for it.
             self._slot_wanted = True
-            if free > 0:
+            if self._suspects_wait and self._alone is None and not self.running:
+                free = await self._claim_suspect(names)
+                draining = free == 0
+            if free > 0 or draining:
                 try:
                     # Shielded: a claim cancelled halfway would leave rows leased to nobody.
                     with anyio.CancelScope(shield=True):
@@ -294,29 +309,62 @@ class Worker:
                     if unrun:  # (the worker is stopping)
                         await give_back_unrun(on.slot, unrun)
                         return
-                    wait = self._next_look(poll, free, len(claimed), due, refill)
+                    wait = self._next_look(poll, free, len(claimed), due, refill) if free > 0 else poll
+                    if self._suspects_wait and not self.running:
+                        wait = 0.0  # empty: a suspect can be claimed now
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
             if wait > 0:
                 await on.wake.wait(wait)
 
+    async def _claim_suspect(self, names: list[str]) -> int:
+        """With nothing running: claim one suspect of a crash and run it alone. Returns the free slots
+        left to claim normally: none when a suspect was claimed (or the claim failed), all of them when
+        no suspect was left to claim."""
+        on = self._on
+        try:
+            with anyio.CancelScope(shield=True):
+                suspect = await on.store.claim_suspect(self.id, self.queues, names, self.lease_seconds)
+        except (psycopg.Error, OSError) as exc:
+            log.warning("claim of a suspect failed, trying again later: %s", exc)
+            return 0
+        if suspect is None:
+            self._suspects_wait = False
+            return self.concurrency
+        if self._claiming.cancel_called:
+            await give_back_unrun(on.slot, [suspect])
+            return 0
+        log.info("worker %s runs workflow %s alone: its worker died under it (%s)", self.id, suspect.id,
+                 f"{suspect.crashes} times while running it alone" if suspect.crashes else "beside others")
+        self._alone = suspect.id
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        if not self._start(suspect):
+            await give_back_unrun(on.slot, [suspect])
+        return 0
+
     async def _claim(self, unlimited: list[str], limited: list[str], names: list[str],
                      free: int) -> tuple[list[Claimed], float | None, float | None]:
         """Claim up to ``free``; also say when the next delayed workflow falls due and when a
-        rate-limited queue's bucket next has a token."""
+        rate-limited queue's bucket next has a token. Notes whether suspects wait."""
         store = self._on.store
         claimed: list[Claimed] = []
         due: float | None = None
         refill: float | None = None
+        looked: list[bool] = []
         if unlimited:
-            claimed, due = await store.claim(self.id, unlimited, names, free, self.lease_seconds)
+            found = await store.claim_round(self.id, unlimited, names, free, self.lease_seconds)
+            claimed, due = found.claimed, found.due
+            looked += [] if found.suspects is None else [found.suspects]
         for queue in limited:
             if len(claimed) < free:
-                more, more_due, wait = await store.claim_limited(self.id, queue, names, free - len(claimed),
-                                                                       self.lease_seconds)
-                claimed += more
-                due = _earliest(due, more_due)
-                refill = _earliest(refill, wait)
+                more = await store.claim_limited(self.id, queue, names, free - len(claimed), self.lease_seconds)
+                claimed += more.claimed
+                due = _earliest(due, more.due)
+                refill = _earliest(refill, more.refill)
+                looked += [] if more.suspects is None else [more.suspects]
+        if looked and self._alone is None:  # (a full claim looked: what it saw replaces what was known)
+            self._suspects_wait = any(looked)
         return claimed, due, refill
 
     @staticmethod
@@ -341,6 +389,9 @@ class Worker:
         self.running[id] -= 1
         if self.running[id] <= 0:
             del self.running[id]
+            if self._alone == id:  # its run alone is over: look for the next suspect, or claim as usual
+                self._alone = None
+                self._suspects_wait = True
         if not self.running:
             self._idle.set()
 
@@ -361,7 +412,7 @@ class Worker:
             # Look again only when the freed slot can matter: the last claim left work unclaimed for
             # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
-            if self._slot_wanted or freed:
+            if self._slot_wanted or freed or self._suspects_wait:
                 on.wake.wake()
 
     async def _heartbeat_loop(self) -> None:

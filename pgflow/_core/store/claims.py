@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
@@ -30,41 +30,81 @@ from .statements import Statements
 # A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
 #
-# The workflows a full claim takes over from workers whose lease ran out, and the fences of those
-# workers, locked in one order (the trigger of migration 0026 moves them on in the order of the rows:
-# two claims taking over the workflows of the same two workers could each wait for the other).
-_TAKING_OVER = (
-    " expired AS (SELECT id, priority, due_at, lease_expires_at AS ready_at, lease_owner FROM {s}.workflows"
+# A full claim also rescues the workflows whose lease ran out (their worker died, or lost them): they
+# are not run by the claim but queued again as suspects (migration 0028), to be run alone. A run that
+# was alone when its worker died (a suspect, which only runs alone; or the one workflow its worker
+# held) is charged: its crashes count up, and its next claim is a new attempt. One that died beside
+# others is charged nothing. The rows, and the fences of their workers, are locked in one order (the
+# trigger of migration 0026 moves the fences on in the order of the rows: two claims rescuing the
+# workflows of the same two workers could each wait for the other).
+RESCUE_AT_MOST = 256  # expired leases a full claim rescues (a dead worker's all, in one pass)
+CRASHES_ALONE = 3  # deaths of its worker while running it alone that give a workflow up (at most max_attempts)
+_RESCUING = (
+    " expired AS (SELECT id, lease_owner AS owner, crashes FROM {s}.workflows"
     "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-    "   AND name = ANY(%(names)s)"
-    "   ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),"
-    " chosen AS (SELECT id, ready_at, owner FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) c"
-    "   ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+    f"   AND name = ANY(%(names)s) ORDER BY lease_expires_at LIMIT {RESCUE_AT_MOST} FOR UPDATE SKIP LOCKED),"
     " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
-    "   WHERE worker = ANY(ARRAY(SELECT owner FROM chosen WHERE owner IS NOT NULL))"
+    "   WHERE worker = ANY(ARRAY(SELECT owner FROM expired WHERE owner IS NOT NULL))"
     "   ORDER BY worker FOR NO KEY UPDATE),"
+    # How many workflows each dead worker still held: one alone was the only one it ran.
+    " crews AS (SELECT lease_owner AS owner, count(*) AS held FROM {s}.workflows"
+    "   WHERE status = 'running' AND lease_owner = ANY(ARRAY(SELECT owner FROM expired)) GROUP BY lease_owner),"
+    " rescued AS (UPDATE {s}.workflows w SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,"
+    # (a new token: the trigger of migration 0026 fences the old owner off, and its writes are refused)
+    "   lease_token = NULL, due_at = {s}.clock_now(),"
+    "   crashes = coalesce(w.crashes, 0) + (e.crashes IS NOT NULL OR c.held = 1)::int,"
+    "   uncounted = NOT (e.crashes IS NOT NULL OR c.held = 1)"
+    "   FROM expired e LEFT JOIN crews c ON c.owner = e.owner"
+    "   WHERE w.id = e.id AND (SELECT count(*) FROM fenced) >= 0 RETURNING w.id),"
 )
-# (Only a full claim, once a second, takes workflows over: the others carry none of its parts, which
-# the executor would set up for every claim even where they ran no scan.)
-_QUEUED_ONLY = " chosen AS (SELECT id, ready_at, owner FROM queued ORDER BY priority DESC, due_at LIMIT %(limit)s),"
+# Whether the claim begins a new attempt (``uncounted`` since a run began: no; a resume() moves the
+# base to the attempt, and its next claim begins attempt 1), and whether the workflow is given up
+# instead of run: its worker died under it alone CRASHES_ALONE times (at most max_attempts), or its
+# attempts are spent (runs cut short by stops count too). A claim that gives up begins no attempt: the
+# attempt shown stays the last one run, never above max_attempts. (Read from the row the scan locked.)
+_FREE = "(uncounted AND attempt > attempt_base)"
+_VERDICT = (
+    f"{_FREE} AS free, (max_attempts IS NOT NULL AND (crashes >= least(max_attempts, {CRASHES_ALONE})"
+    f" OR (NOT {_FREE} AND attempt - attempt_base >= max_attempts))) IS TRUE AS give_up"
+)
 
 
-def _claim(full: bool) -> str:
-    """The claim statement: a full one also takes over workflows whose lease ran out."""
+def _claim(full: bool, suspect: bool = False) -> str:
+    """The claim statement: a full one also rescues workflows whose lease ran out, and says whether
+    suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else."""
+    if suspect:
+        queued = (
+            "WITH queued AS (SELECT id, priority, due_at, due_at AS ready_at, " + _VERDICT + " FROM {s}.workflows"
+            "   WHERE status = 'queued' AND crashes IS NOT NULL AND queue = ANY(%(queues)s)"
+            "   AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+            "   ORDER BY priority DESC, due_at LIMIT 1 FOR UPDATE SKIP LOCKED),"
+        )
+    else:
+        queued = (
+            "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, c.free, c.give_up"
+            "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
+            "   CROSS JOIN LATERAL (SELECT id, priority, due_at, " + _VERDICT + " FROM {s}.workflows"
+            "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+            # (suspects are skipped with a look at the row the scan fetches anyway, to lock it)
+            "    AND due_at >= coalesce(q.floor, '-infinity') AND crashes IS NULL"
+            "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
+        )
+    # Suspects wait (due, in these queues, for these names): the full claim's answer, beside the due time.
+    waiting = ("EXISTS (SELECT FROM rescued) OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
+               "  AND crashes IS NOT NULL AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
+               "  AND due_at <= {s}.clock_now())") if full else "NULL::bool"
     return (
-        "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, NULL::text AS owner"
-        "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
-        "   CROSS JOIN LATERAL (SELECT id, priority, due_at FROM {s}.workflows"
-        "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
-        "    AND due_at >= coalesce(q.floor, '-infinity')"
-        "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
-        + (_TAKING_OVER if full else _QUEUED_ONLY)
+        queued
+        + (_RESCUING if full else "")
+        + " chosen AS (SELECT id, ready_at, free, give_up FROM queued ORDER BY priority DESC, due_at LIMIT "
+        + ("1" if suspect else "%(limit)s") + "),"
         # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
         # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
         # new with every claim; the attempt number is handed out again). A limited queue's claim does
         # wait, for its token bucket's sake.
-        + " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
+        " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
         " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
+        "  attempt_base = w.attempt_base + (ch.free OR ch.give_up)::int, uncounted = false,"
         "  lease_token = %(token)s,"
         "  lease_owner = %(owner)s, lease_expires_at = now() + make_interval(secs => %(lease)s),"
         "  started_at = coalesce(w.started_at, {s}.clock_now()),"
@@ -75,8 +115,7 @@ def _claim(full: bool) -> str:
         # claim for as long as the connection kept the plan: a claim of one workflow read 5,000 rows
         # after 5,000 runs.
         "  FROM chosen ch WHERE w.id = ch.id AND EXISTS (SELECT FROM lazy)"
-        + ("  AND (SELECT count(*) FROM fenced) >= 0" if full else "")
-        + "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts + w.attempt_base AS max_attempts,"
+        "  RETURNING w.id, w.name, w.inputs, w.attempt, w.max_attempts,"
         "   extract(epoch FROM w.deadline_at - {s}.clock_now())::float8 AS seconds_left,"
         "   w.attempt - w.attempt_base AS run, w.queue, w.traceparent,"
         "   (extract(epoch FROM w.created_at) * 1000000)::int8 AS born,"
@@ -84,15 +123,17 @@ def _claim(full: bool) -> str:
         "   (w.expires_at <= {s}.clock_now() AND w.started_at = {s}.clock_now()) IS TRUE AS expired, w.retries,"
         # What this claim set rather than kept (for ``unclaim``).
         "   (w.started_at = {s}.clock_now()) IS TRUE AS set_start, ch.ready_at,"
-        "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline)"
+        "   (w.deadline_at = {s}.clock_now() + make_interval(secs => w.timeout)) IS TRUE AS set_deadline,"
+        "   ch.give_up, w.crashes, ch.free)"
         # (with each claimed row, the claimer's fence epoch: see migration 0026)
         " SELECT c.id, name, inputs, attempt, max_attempts, seconds_left, run, queue, traceparent,"
         "  extract(epoch FROM {s}.clock_now() - c.ready_at)::float8 AS waited, born, expired, retries, set_start,"
-        "  set_deadline, (SELECT epoch FROM {s}.worker_fences WHERE worker = %(owner)s), NULL::float8"
+        "  set_deadline, give_up, crashes, free, (SELECT epoch FROM {s}.worker_fences WHERE worker = %(owner)s),"
+        "  NULL::float8, NULL::bool"
         "  FROM claimed c"
         " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-        "  NULL, extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8"
-        "  FROM unnest(%(queues)s::text[]) AS q(queue)"
+        "  NULL, NULL, NULL, NULL, extract(epoch FROM min(d.due_at) - {s}.clock_now())::float8, " + waiting
+        + "  FROM unnest(%(queues)s::text[]) AS q(queue)"
         "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
         "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
     )
@@ -100,10 +141,13 @@ def _claim(full: bool) -> str:
 
 CLAIM = _claim(full=False)
 FULL_CLAIM = _claim(full=True)
+SUSPECT_CLAIM = _claim(full=False, suspect=True)
 _PARAMETERS = {"queues": wire.TEXTS, "floors": wire.TIMESTAMPTZS, "names": wire.TEXTS, "limit": wire.INT4,
                "owner": wire.TEXT, "lease": wire.FLOAT8, "token": wire.INT8, "commit": wire.TEXT}
 CLAIMING = wire.Statement(CLAIM, **_PARAMETERS)
 FULL_CLAIMING = wire.Statement(FULL_CLAIM, **_PARAMETERS)
+SUSPECT_CLAIMING = wire.Statement(SUSPECT_CLAIM, **{name: kind for name, kind in _PARAMETERS.items()
+                                                   if name not in ("floors", "limit")})
 
 FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
 FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
@@ -131,7 +175,7 @@ class Claimed:
     name: str
     inputs: bytes
     attempt: int
-    max_attempts: int | None
+    max_attempts: int | None  # its max_attempts (None: no cap)
     seconds_left: float | None  # until the workflow's timeout; None without one
     queue: str
     traceparent: str | None  # the caller's trace, when it had one
@@ -147,6 +191,40 @@ class Claimed:
     set_deadline: bool = False  # its deadline_at (the first start's, or a rerun's): ``unclaim`` clears them
     # The claimer's fence (worker id, epoch) when it had one: chunk batches are fenced by it, not by the row.
     fence: tuple[str, int] | None = None
+    # Given up instead of run (no new attempt begun): its worker died while running it alone
+    # ``crashes`` times, or its attempts are spent (see _VERDICT).
+    give_up: bool = False
+    # None: no suspect. Otherwise a suspect (run alone), whose worker died that many times while
+    # running it alone (0: it was caught in another workflow's crash).
+    crashes: int | None = None
+    uncounted: bool = False  # this claim began no new attempt (a wake-up, a retry, a rerun after a crash)
+
+    @property
+    def suspect(self) -> bool:
+        """Claimed as a suspect of a crash: its worker runs nothing beside it."""
+        return self.crashes is not None
+
+
+class Round(NamedTuple):
+    """What one claim found: the workflows claimed, the seconds until the next delayed one falls due
+    (None: none waits), whether suspects wait to be run alone (as a full claim saw), and, for a
+    rate-limited queue whose bucket ran dry, the seconds until its next token."""
+
+    claimed: list[Claimed]
+    due: float | None
+    suspects: bool | None = None  # None: this claim did not look (only full claims do)
+    refill: float | None = None
+
+
+def _claimed(rows: Sequence[tuple[Any, ...]], owner: str, token: int) -> list[Claimed]:
+    """The claimed workflows of a claim's rows (all but its last, which says when the next falls due)."""
+    return [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
+                    seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
+                    waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
+                    retries=retries, set_start=set_start, set_deadline=set_deadline, give_up=bool(give_up),
+                    crashes=crashes, uncounted=bool(free), fence=None if epoch is None else (owner, epoch))
+            for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
+            retries, set_start, set_deadline, give_up, crashes, free, epoch, _, _ in rows]
 
 
 class ClaimStatements(Statements):
@@ -168,16 +246,33 @@ class ClaimStatements(Statements):
         Only workflows named in ``names`` are taken: a worker never claims one it cannot run. Also
         returns in how many seconds the next delayed one falls due (None when none waits).
         """
+        found = await self.claim_round(owner, queues, names, limit, lease_seconds)
+        return found.claimed, found.due
+
+    async def claim_round(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
+                          lease_seconds: float) -> Round:
+        """``claim``, also telling whether suspects wait to be run alone (see ``claim_suspect``)."""
         async with self.pool.connection() as conn:
             return await self._claim(conn, owner, queues, names, limit, lease_seconds)
 
+    async def claim_suspect(self, owner: str, queues: Sequence[str], names: Sequence[str],
+                            lease_seconds: float) -> Claimed | None:
+        """Claim one suspect of a crash (migration 0028), for a worker that runs nothing else and will
+        claim nothing beside it until its run ends; None when no suspect is due. A queue's limits are
+        not consulted: the suspect held its place in them when its worker died."""
+        async with self.pool.connection() as conn:
+            rows = await wire.fetch(conn, SUSPECT_CLAIMING, self._s, {
+                "queues": queues, "names": names, "owner": owner, "lease": lease_seconds,
+                "token": (token := secrets.randbits(63)), "commit": "off"}, prepare=self.pool.prepares)
+        claimed = _claimed(rows[:-1], owner, token)
+        return claimed[0] if claimed else None
+
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
-                            lease_seconds: float) -> tuple[list[Claimed], float | None, float | None]:
+                            lease_seconds: float) -> Round:
         """Claim from a queue with limits, holding its row lock so the limits hold across workers:
         at most ``concurrency`` live leases at once, and starts paced by a token bucket.
 
-        Returns the claimed workflows, the seconds until the next delayed one falls due (see
-        ``claim``), and, when the bucket ran dry, the seconds until its next token.
+        Returns what ``claim_round`` does, and, when the bucket ran dry, the seconds until its next token.
         """
         async with self.pool.connection() as conn, conn.transaction():
             # Lock first, count after: the count's snapshot must include the claims of whoever held
@@ -189,7 +284,7 @@ class ClaimStatements(Statements):
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
-                return (*await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True), None)
+                return await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
             concurrency, rate_limit, period, tokens = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
@@ -200,19 +295,19 @@ class ClaimStatements(Statements):
                 limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            claimed, due = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
-                            if limit > 0 else ([], None))
+            found = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
+                     if limit > 0 else Round([], None))
             if rate_limit is None:
-                return claimed, due, None
-            left = float(tokens) - len(claimed)
+                return found
+            left = float(tokens) - len(found.claimed)
             await conn.execute(self._sql(
                 "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
             ), (left, queue))
-            return claimed, due, (1 - left) * float(period) / rate_limit if left < 1 else None
+            return found._replace(refill=(1 - left) * float(period) / rate_limit if left < 1 else None)
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
                      names: Sequence[str], limit: int, lease_seconds: float,
-                     durable: bool = False) -> tuple[list[Claimed], float | None]:
+                     durable: bool = False) -> Round:
         """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
         workflow of these queues falls due (None when none waits), in the same round trip.
 
@@ -232,15 +327,8 @@ class ClaimStatements(Statements):
             "queues": queues, "floors": [None if full else floors[queue, served] for queue in queues],
             "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
             "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
-        due = rows[-1][-1]
-        claimed = [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
-                           seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
-                           waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
-                           retries=retries, set_start=set_start, set_deadline=set_deadline,
-                           fence=None if epoch is None else (owner, epoch))
-                   for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
-                   retries, set_start, set_deadline, epoch, _ in rows[:-1]]
-        return claimed, None if due is None else max(0.0, float(due))
+        due, suspects = rows[-1][-2:]
+        return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
     async def unclaim(self, claimed: Sequence[Claimed]) -> list[str]:
         """Undo claims whose workflows were not run (their worker began to stop while the claim ran):
@@ -250,11 +338,14 @@ class ClaimStatements(Statements):
             cur = await conn.execute(self._sql(
                 "UPDATE {s}.workflows w SET status = 'queued', attempt = w.attempt - 1, lease_owner = NULL,"
                 "  lease_expires_at = NULL, started_at = CASE WHEN u.set_start THEN NULL ELSE w.started_at END,"
-                "  deadline_at = CASE WHEN u.set_deadline THEN NULL ELSE w.deadline_at END"
-                " FROM unnest(%s::text[], %s::int8[], %s::bool[], %s::bool[]) AS u(id, lease, set_start, set_deadline)"
+                "  deadline_at = CASE WHEN u.set_deadline THEN NULL ELSE w.deadline_at END,"
+                # (a claim that began no attempt moved the base with the attempt: both go back)
+                "  attempt_base = w.attempt_base - (u.free OR u.give_up)::int, uncounted = u.free"
+                " FROM unnest(%s::text[], %s::int8[], %s::bool[], %s::bool[], %s::bool[], %s::bool[])"
+                "  AS u(id, lease, set_start, set_deadline, free, give_up)"
                 " WHERE w.id = u.id AND w.lease_token = u.lease AND w.status = 'running' RETURNING w.id"
             ), ([c.id for c in claimed], [c.claim_token for c in claimed], [c.set_start for c in claimed],
-                [c.set_deadline for c in claimed]))
+                [c.set_deadline for c in claimed], [c.uncounted for c in claimed], [c.give_up for c in claimed]))
             return [str(row[0]) for row in await cur.fetchall()]
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,

@@ -147,6 +147,15 @@ class DetailStatements(Statements):
         assert row is not None
         return Fence(row[0] is not None, bool(row[0]))
 
+    async def tries_begun(self, workflow_id: str) -> dict[int, int]:
+        """Per journal position not recorded, the step attempts that earlier runs began there (their
+        notes): a run that calls the step again counts its tries on from these."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "SELECT position, sum(tries)::int FROM {s}.step_attempts WHERE workflow_id = %s GROUP BY position"
+            ), (workflow_id,))
+            return {int(position): int(tries) for position, tries in await cur.fetchall()}
+
     async def details(self, workflow_id: str, steps_limit: int) -> DetailsRead | None:
         """One workflow from one snapshot: its row, its first ``steps_limit`` step records, how many
         it has in all, the kept errors of their failed attempts, the steps begun and not recorded,

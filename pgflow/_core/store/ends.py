@@ -13,7 +13,8 @@ from .statements import Statements
 
 _ERRORS = msgspec.json.Encoder()
 
-# Every end of a batch, recorded while its claim still holds the workflow (see ``finish_many``).
+# Every end of a batch, recorded while its claim still holds the workflow (see ``finish_many``). An end
+# clears the crashes a suspect was charged (migration 0028): a resume() starts it afresh.
 FINISH = (
     "WITH ends AS (SELECT * FROM unnest(%(ids)s::text[], %(leases)s::int8[], %(statuses)s::text[],"
     "   %(outputs)s::bytea[], %(errors)s::text[]) AS e(id, lease, status, output, error)),"
@@ -21,7 +22,7 @@ FINISH = (
     # own end: joined to ``ends`` again, a generic plan scanned every end for every row)
     " " + held("owned", "(SELECT * FROM ends ORDER BY id)", "a.*", lock=" FOR UPDATE") + ","
     " done AS (UPDATE {s}.workflows w SET status = e.status, output = e.output, error = e.error::jsonb,"
-    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
+    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL, crashes = NULL"
     "   FROM owned e WHERE w.id = e.id AND w.lease_token = e.lease"
     "   RETURNING w.id, w.lease_token)"
     " SELECT id, lease_token FROM done"
@@ -39,7 +40,7 @@ FINISHING = wire.Statement(FINISH, ids=wire.TEXTS, leases=wire.INT8S, statuses=w
 # ``status = 'running'`` sent the lookup through the index of running workflows instead of the key.
 FINISH_ONE = (
     "WITH done AS (UPDATE {s}.workflows w SET status = %(status)s, output = %(output)s, error = %(error)s::jsonb,"
-    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL"
+    "   finished_at = {s}.clock_now(), lease_owner = NULL, lease_expires_at = NULL, crashes = NULL"
     "   WHERE w.id = %(id)s AND w.lease_token = %(lease)s AND (w.status = 'running') IS TRUE"
     "   RETURNING w.id, w.lease_token)"
     " SELECT id, lease_token FROM done"

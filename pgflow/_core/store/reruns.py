@@ -47,7 +47,7 @@ class RerunStatements(Statements):
                 " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
                 " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
                 " due_at = least({s}.clock_now() + make_interval(secs => %(delay)s), deadline_at),"
-                " retries = retries + 1, attempt_base = attempt_base + 1, error = %(error)s,"
+                " retries = retries + 1, uncounted = true, error = %(error)s,"
                 " lease_owner = NULL, lease_expires_at = NULL"
                 " WHERE id = %(id)s RETURNING queue, status, retries"),
                 {"id": workflow_id, "delay": delay,

@@ -40,7 +40,7 @@ class WaitStatements(Statements):
                       topic: str | None = None) -> Requeued | None:
         """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
         comes first, when the claim fails it): queued again, due then, its lease released; its
-        next claim does not count against its attempt budget (``attempt_base`` moves with it).
+        next claim begins no new attempt (``uncounted``: migration 0028).
         A workflow waiting for a message on ``topic`` that is already there is due at once,
         and a cancellation asked for meanwhile ends it as cancelled instead. Returns its queue and
         status now, or None when ``claim_token`` no longer holds the workflow.
@@ -60,7 +60,7 @@ class WaitStatements(Statements):
                 " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
                 "  AND topic = %(topic)s AND consumed_at IS NULL) THEN {s}.clock_now()"
                 "  ELSE least(%(until)s, deadline_at) END,"
-                " waiting_for = %(topic)s, attempt_base = attempt_base + 1,"
+                " waiting_for = %(topic)s, uncounted = true,"
                 " lease_owner = NULL, lease_expires_at = NULL"
                 " WHERE id = %(id)s RETURNING queue, status"
             ), {"id": workflow_id, "topic": topic, "until": until})
