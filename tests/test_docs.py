@@ -234,6 +234,14 @@ def test_every_page_names_real_marks() -> None:
     assert marked >= 20, f"only {marked} marked blocks in the tutorial and guides"
 
 
+def test_the_changelog_names_every_migration() -> None:
+    """CHANGELOG.md lists the migrations, one line each: a new one gets its line."""
+    changelog = (DOCS.parent / "CHANGELOG.md").read_text(encoding="utf-8")
+    sql = DOCS.parent / "pgflow" / "_core" / "store" / "sql"
+    missing = [path.stem for path in sorted(sql.glob("*.sql")) if f"`{path.stem}`" not in changelog]
+    assert missing == [], f"migrations without their line in CHANGELOG.md's Migrations: {missing}"
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_runs_as_written(page: str, dsn: str, schema: str, tmp_path: Path) -> None:
     page_blocks = blocks(page)

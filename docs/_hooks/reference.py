@@ -69,6 +69,10 @@ ENVIRONMENT = {
                               "needed for `--allow-actions` and any address but 127.0.0.1.",
     "PGFLOW_DASHBOARD_ALLOWED_HOSTS": "Comma-separated host names the dashboard answers to besides loopback "
                                       "and its bound address (`--allowed-host`).",
+    "PGFLOW_STREAMS_TOKEN": "`pgflow streams serve`'s token (at least 16 characters; `--token-file` reads it "
+                            "from a file): needed for any address but 127.0.0.1.",
+    "PGFLOW_STREAMS_ALLOWED_HOSTS": "Comma-separated host names `pgflow streams serve` answers to besides "
+                                    "loopback and `--host` (`--allowed-host`).",
     "PGFLOW_TEST_DSN": "The server the pytest plugin's schemas are made on; unset: the project's embedded "
                        "PostgreSQL.",
 }
@@ -102,9 +106,10 @@ WHAT_TO_DO = {
                        "shorter; `resume()` runs it again.",
     "StepTimeout": "A step attempt ran past `@app.step(timeout=)`; it is retried under the step's policy "
                    "(`retry_on` decides). Keep blocking calls in `def` steps.",
-    "MaxAttemptsExceeded": "The workflow's runs were cut short `max_attempts` times (default 20): something "
-                           "kills its worker (a segfault, the OOM killer). Read the worker's log, fix it, then "
-                           "`resume()`.",
+    "MaxAttemptsExceeded": "The workflow's runs were cut short too often (`max_attempts`, default 20; a "
+                           "workflow that kills its worker while it runs alone, after min(max_attempts, 3) "
+                           "crashes): something kills its worker (a segfault, the OOM killer, `os._exit`). Read "
+                           "the error and the worker's log, fix it, then `resume()`.",
     "EmbeddedUnavailable": "No DSN and no embedded PostgreSQL on this platform: set `PGFLOW_DSN` (or pass "
                            "`dsn=`) to a server of your own.",
     "ExecutionInterrupted": "Internal: stops an execution that must not go on writing. A `BaseException`, "
