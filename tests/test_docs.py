@@ -234,6 +234,18 @@ def test_every_page_names_real_marks() -> None:
     assert marked >= 20, f"only {marked} marked blocks in the tutorial and guides"
 
 
+@pytest.mark.parametrize("page", ["README.md", "benchmarks/README.md"])
+def test_the_pages_outside_the_site_link_to_files_that_exist(page: str) -> None:
+    """``make docs`` checks the site's links; these pages are read on the repository's host, where a relative
+    link (a doc page, a plot, a result file) must name a file of the tree."""
+    path = DOCS.parent / page
+    targets = re.findall(r"\]\(([^)\s]+)\)", path.read_text(encoding="utf-8"))
+    local = [t.split("#")[0] for t in targets if "://" not in t and not t.startswith(("#", "mailto:"))]
+    missing = [t for t in local if t and not (path.parent / t).exists()]
+    assert local, f"{page} links to nothing in the tree"
+    assert missing == [], f"{page} links to files that do not exist: {missing}"
+
+
 def test_the_changelog_names_every_migration() -> None:
     """CHANGELOG.md lists the migrations, one line each: a new one gets its line."""
     changelog = (DOCS.parent / "CHANGELOG.md").read_text(encoding="utf-8")
