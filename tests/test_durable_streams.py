@@ -299,6 +299,24 @@ async def test_hostile_requests_are_4xx(app: pgflow.App) -> None:
     assert head["access-control-allow-origin"] == "https://app.example"
 
 
+async def test_streams_survive_a_postgres_restart(app: pgflow.App, restartable: Any) -> None:
+    asgi = asgi_app(app)
+    assert (await call(asgi, "PUT", "/kept", JSON, b"[1,2]"))[0] == 201
+    producer = [*JSON, ("producer-id", "p"), ("producer-epoch", "0"), ("producer-seq", "0")]
+    assert (await call(asgi, "POST", "/kept", producer, b"3"))[0] == 200
+    await anyio.to_thread.run_sync(restartable.restart)
+    with anyio.fail_after(30):  # the pool reconnects; requests during the restart may fail, none half-writes
+        while True:
+            status, _, body = await call(asgi, "GET", "/kept")
+            if status == 200:
+                break
+            await anyio.sleep(0.2)
+    assert json.loads(body) == [1, 2, 3]
+    assert (await call(asgi, "POST", "/kept", producer, b"3"))[0] == 204  # the producer's state survived too
+    status, _, body = await call(asgi, "GET", "/kept")
+    assert json.loads(body) == [1, 2, 3]
+
+
 async def test_expired_streams_answer_404_and_are_pruned(app: pgflow.App) -> None:
     asgi = asgi_app(app)
     assert (await call(asgi, "PUT", "/short", [("stream-ttl", "1")]))[0] == 201
