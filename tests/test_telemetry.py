@@ -140,7 +140,8 @@ def test_the_callers_trace_continues_in_the_worker_process_and_after_a_takeover(
     assert (first["name"], first["trace_id"], first["attributes"]["pgflow.step.position"]) == (
         f"pgflow.step {wf.first.name}", trace_id, 0)
     # Worker B read the caller's traceparent with its claim: its workflow span (attempt 2) is a child
-    # of the start span, and the steps it ran are children of its workflow span.
+    # of the start span, and the steps it ran are children of its workflow span. Step 2's try in B is
+    # its second (the one A's death cut short is counted).
     spans = read_spans(spans_b)
     [workflow] = [s for s in spans if s["name"] == f"pgflow.workflow {wf.async_flow.name}"]
     assert (workflow["trace_id"], workflow["parent_id"]) == (trace_id, start_id)
@@ -150,7 +151,7 @@ def test_the_callers_trace_continues_in_the_worker_process_and_after_a_takeover(
     assert first["parent_id"] != workflow["span_id"]  # A's workflow span: another attempt's
     steps = [s for s in spans if s["name"].startswith("pgflow.step ")]
     assert [(s["name"], s["attributes"]["pgflow.step.position"], s["attributes"]["pgflow.step.attempt"])
-            for s in steps] == [(f"pgflow.step {wf.second_async.name}", 1, 1), (f"pgflow.step {wf.third.name}", 2, 1)]
+            for s in steps] == [(f"pgflow.step {wf.second_async.name}", 1, 2), (f"pgflow.step {wf.third.name}", 2, 1)]
     assert {(s["trace_id"], s["parent_id"]) for s in steps} == {(trace_id, workflow["span_id"])}
 
 

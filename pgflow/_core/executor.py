@@ -66,7 +66,7 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
     execution: Execution | None = None
     try:
         execution = await _open(slot, workflow, claimed)
-        with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.attempt, claimed.traceparent,
+        with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.run, claimed.traceparent,
                                claimed.waited) as span:
             began = time.monotonic()
             # At DEBUG: at INFO (the CLI's default) one line per workflow, its end, is enough and is half
