@@ -18,6 +18,12 @@ from ._core import telemetry
 from ._core.checks import (
     check_call,
     check_chosen_id,
+    check_debounce_combination,
+    check_debounce_complete,
+    check_debounce_expiry,
+    check_debounce_key,
+    check_debounce_max,
+    check_debounce_window,
     check_eta,
     check_expires,
     check_kwargs,
@@ -30,7 +36,8 @@ from ._core.client import Client
 from ._core.codec import encode_unchecked
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
-from ._core.starting import enqueue, enqueue_many, enqueue_named, refuse_children
+from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children
+from ._core.store.debounces import Debounce
 from ._core.store.starts import Timing
 from ._core.sync import on_a_loop
 from ._core.timing import timing
@@ -73,9 +80,25 @@ class StartOptions:
     delay: float = 0.0
     eta: datetime | None = None
     expires: datetime | float | None = None
+    debounce: float | None = None
+    debounce_key: str | None = None
+    debounce_max: float | None = None
 
     def timing(self) -> Timing | None:
+        """The stored timing; for a debounced start its expiry alone, checked to come after the
+        first window (a run that expired before it was due could never run)."""
+        if self.debounce is not None:
+            check_debounce_expiry(self.debounce, self.expires)
+            return timing(0.0, None, self.expires)
         return timing(self.delay, self.eta, self.expires)
+
+    def debounced(self) -> Debounce | None:
+        """How a start with these options is debounced, None when it is not; a ValueError for a
+        debounce half given (what ``with_options`` could not refuse, as a later call may complete it)."""
+        most = check_debounce_complete(window=self.debounce, key=self.debounce_key, most=self.debounce_max)
+        if most is None or self.debounce is None or self.debounce_key is None:
+            return None
+        return Debounce(self.debounce_key, self.debounce, most)
 
 
 @dataclass(frozen=True)
@@ -111,9 +134,12 @@ class Workflow(Generic[P, R]):
 
     def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
                      delay: float | None = None, eta: datetime | None = None,
-                     expires: datetime | timedelta | float | None = None) -> Starter[P, R]:
+                     expires: datetime | timedelta | float | None = None, debounce: float | None = None,
+                     debounce_key: str | None = None, debounce_max: float | None = None) -> Starter[P, R]:
+        """A starter with these options bound; see ``Starter.with_options``."""
         return Starter(self, StartOptions()).with_options(id=id, queue=queue, priority=priority, delay=delay,
-                                                          eta=eta, expires=expires)
+                                                          eta=eta, expires=expires, debounce=debounce,
+                                                          debounce_key=debounce_key, debounce_max=debounce_max)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow with its default options; see ``Starter.start``."""
@@ -148,11 +174,24 @@ class Starter(Generic[P, R]):
 
     def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
                      delay: float | None = None, eta: datetime | None = None,
-                     expires: datetime | timedelta | float | None = None) -> Starter[P, R]:
+                     expires: datetime | timedelta | float | None = None, debounce: float | None = None,
+                     debounce_key: str | None = None, debounce_max: float | None = None) -> Starter[P, R]:
         """Options for the starts made through the result. ``eta`` (a timezone-aware datetime) is
         when it may start, instead of ``delay`` seconds from now; ``expires`` (an aware datetime, or
         seconds from the start call) is when a workflow that has not started yet is cancelled instead
-        of run."""
+        of run.
+
+        ``debounce`` (seconds) with ``debounce_key`` (a string): the starts of this workflow with the
+        same key collapse into one run, with the arguments of the latest, that begins once the key has
+        had no start for ``debounce`` seconds, or at the latest ``debounce_max`` seconds after the
+        burst's first start (default: 10 windows), so a key that never goes quiet still runs. Every
+        start of the burst returns a handle of that run (the same id). A start made once the run was
+        claimed begins the next burst: debouncing trades a run per start for at most one run waiting
+        per key, never for a lost start. The run keeps the queue and priority of the start that
+        created it; its arguments and expiry are the latest start's. Not with ``id``, ``delay`` or
+        ``eta`` (the key names the run, the window says when it is due), not in ``start_many``, and
+        not from a workflow's body (from a step, it is). Every refusal is a ValueError before
+        anything is written."""
         if id is not None:
             check_chosen_id(id)
         check_run_options(queue=queue, priority=priority)
@@ -161,30 +200,56 @@ class Starter(Generic[P, R]):
         if eta is not None:
             eta = check_eta(eta)
         expiry = None if expires is None else check_expires(expires)
+        window = None if debounce is None else check_debounce_window(debounce)
+        key = None if debounce_key is None else check_debounce_key(debounce_key)
+        most = None if debounce_max is None else check_debounce_max(debounce_max)
         changes: dict[str, Any] = {k: v for k, v in
                                    {"id": id, "queue": queue, "priority": priority, "delay": delay, "eta": eta,
-                                    "expires": expiry}.items()
+                                    "expires": expiry, "debounce": window, "debounce_key": key,
+                                    "debounce_max": most}.items()
                                    if v is not None}
         options = replace(self._options, **changes)
+        check_debounce_combination(window=options.debounce, most=options.debounce_max, id=options.id,
+                                   delay=options.delay, eta=options.eta)
         options.timing()  # refuses delay with eta, and an expiry before the start
         return Starter(self._workflow, options)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
-        """Enqueue the workflow; an id that exists returns its handle and starts nothing."""
+        """Enqueue the workflow; an id that exists returns its handle and starts nothing. A
+        debounced start (see ``with_options``) returns the handle of its key's run."""
         # The span is the calling thread's, where the caller's trace is; the insert runs on a loop.
+        debounce = self._debounced()
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
             id, parent = new_id(self._options.id)
             span.set_attribute(telemetry.WORKFLOW_ID, id)
+            if debounce is not None:
+                return self._workflow._client.call(self._enqueue_debounced, id, inputs, debounce,
+                                                   telemetry.traceparent())
             return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Async twin of ``start``."""
+        debounce = self._debounced()
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
             id, parent = new_id(self._options.id)
             span.set_attribute(telemetry.WORKFLOW_ID, id)
+            if debounce is not None:
+                return await self._enqueue_debounced(id, inputs, debounce, telemetry.traceparent())
             return await self._enqueue(id, parent, inputs, telemetry.traceparent())
+
+    def _debounced(self) -> Debounce | None:
+        """The start's debounce, checked; refused in a workflow's body. A body's starts are replayed
+        after a crash, and a child's id comes from its journal position so that the replay finds the
+        child it started; a debounced start's run is whichever the key has pending when the start is
+        made, which a replay cannot find again. In a step the start is an effect like any other,
+        repeated only if the step is (and a repeat joins the pending run, if it is still pending)."""
+        debounce = self._options.debounced()
+        if debounce is not None and journaling() is not None:
+            raise ValueError(f"a debounced start of {self._workflow.name!r} cannot be made from a workflow's "
+                             "body (a replay could not find the run it joined): make it from a step")
+        return debounce
 
     def _queue(self) -> str:
         return self._options.queue or self._workflow.queue
@@ -210,6 +275,10 @@ class Starter(Generic[P, R]):
     def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
         if self._options.id is not None:
             raise ValueError("start_many takes its ids from ids=, not from with_options(id=)")
+        if self._options.debounce is not None or self._options.debounce_key is not None:
+            raise ValueError("start_many cannot debounce: it makes one run per call, and debounced starts of "
+                             "one key collapse into a single run (with the last call's arguments alone); call "
+                             "start() for each item, or start_many without debounce")
         encode = self._workflow.spec.codec.encode_arguments
         inputs: list[bytes] = []
         for call in calls:
@@ -234,6 +303,15 @@ class Starter(Generic[P, R]):
                                priority=options.priority, delay=options.delay, parent=parent,
                                traceparent=traceparent, when=options.timing())
         return [WorkflowHandle(workflow._client, id) for id in ids]
+
+    async def _enqueue_debounced(self, id: str, inputs: bytes, debounce: Debounce, traceparent: str | None,
+                                 ) -> WorkflowHandle[R]:
+        """``id``: the run's, should this start begin one; the handle is of the run the key has."""
+        workflow, options = self._workflow, self._options
+        run = await enqueue_debounced(workflow._client.runtime(), workflow.spec, id, inputs, debounce,
+                                      queue=options.queue, priority=options.priority, traceparent=traceparent,
+                                      when=options.timing())
+        return WorkflowHandle(workflow._client, run)
 
     async def _enqueue(self, id: str, parent: str | None, inputs: bytes, traceparent: str | None,
                        ) -> WorkflowHandle[R]:

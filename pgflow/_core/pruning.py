@@ -35,6 +35,8 @@ class Prunable(Protocol):
 
     async def prune(self, older_than: float, batch: int) -> int: ...
 
+    async def prune_debounces(self, batch: int) -> int: ...
+
     async def add_chunk_partitions(self) -> int: ...
 
     async def drop_chunk_partitions(self) -> list[str]: ...
@@ -83,7 +85,18 @@ async def prune(store: Prunable, older_than: float, batch: int = PRUNE_BATCH) ->
     if deleted:
         log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
     await prune_expired_streams(store, batch)
+    await prune_debounces(store, batch)
     return deleted
+
+
+async def prune_debounces(store: Prunable, batch: int = PRUNE_BATCH) -> int:
+    """The debounce keys whose run has left the queue (claimed, ended, pruned), paced as the
+    workflows are: a key is only needed while its run waits, and a key's next start would replace
+    its row anyway, so this only keeps the table from holding every key ever debounced."""
+    gone = await prune_paced(lambda: store.prune_debounces(batch), batch)
+    if gone:
+        log.info("retention: forgot %d debounce keys whose run has begun", gone)
+    return gone
 
 
 async def prune_expired_streams(store: object, batch: int = PRUNE_BATCH) -> int:

@@ -9,6 +9,7 @@ from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
+from .store.debounces import Debounce
 from .store.starts import NO_TIMING, NewWorkflows, Timing
 
 
@@ -50,6 +51,37 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
         signals.told(news, rode)
         telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: name, telemetry.QUEUE: queue})
     return created
+
+
+async def enqueue_debounced(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, debounce: Debounce, *,
+                            queue: str | None = None, priority: int | None = None, traceparent: str | None = None,
+                            when: Timing | None = None) -> str:
+    """A debounced start (``with_options(debounce=..., debounce_key=...)``): join the pending run of
+    the workflow's name and ``debounce.key`` with these arguments, or begin one under ``id``; the run's
+    id either way, which every starter of the burst hands out.
+
+    The run is a queued workflow whose due time each start pushes on to ``window`` seconds from now
+    (at most ``most`` seconds after the burst's first start), not a timer held in some process: a
+    worker that dies while it waits loses nothing, and the run is claimed as any due workflow is,
+    once. The same queue ping as ``enqueue``'s rides on the commit: a worker that learnt an earlier
+    due time looks again and finds the new one. ``when``: the expiry only (see ``checks``)."""
+    queue = queue or workflow.queue
+    await runtime.store()
+    signals = runtime.signals
+    news = News([signal_keys.queue(queue)])
+    hearing = signals.hearing()
+    new = NewWorkflows(name=workflow.name, queue=queue, priority=workflow.priority if priority is None else priority,
+                       delay=0.0, max_attempts=workflow.max_attempts, timeout=workflow.timeout,
+                       traceparent=traceparent, when=when or NO_TIMING)
+    found, rode = await runtime.db(lambda store: signals.ride(
+        news, lambda pings: store.enqueue_debounced(id, inputs, new, debounce, pings)))
+    # (A joined run was queued and unclaimed under this statement's lock: it ends after the commit,
+    # as a run created here would, so its end news is this loop's to hear either way.)
+    signals.waiters.ends.started([(found.id, found.born)], hearing)
+    if found.created:
+        telemetry.workflows_started.add(1, {telemetry.WORKFLOW_NAME: workflow.name, telemetry.QUEUE: queue})
+    signals.told(news, rode)
+    return found.id
 
 
 async def refuse_children(runtime: Runtime, chosen: list[tuple[str, list[str]]]) -> None:

@@ -25,6 +25,7 @@ from . import migrations
 from .channel import ChannelStatements
 from .claims import ClaimStatements
 from .clock import ClockStatements
+from .debounces import DebounceStatements
 from .details import DetailStatements
 from .ends import EndStatements
 from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, StepStart, held
@@ -111,7 +112,8 @@ def new_fence(worker: str) -> str:
 
 
 class Store(StartStatements, ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
-            ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements):
+            ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements,
+            DebounceStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:
