@@ -134,22 +134,17 @@ class FreeStreamsHttp:
             raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
         if body and media is None:
             raise Refused(400, "an append with a body needs its Content-Type")
-        units: list[bytes] = []
-        if body:
-            assert media is not None
-            stream = await self.db(lambda s: s.get(request.path))
-            if stream is None:
-                raise Refused(404, "no stream at this path: PUT creates one")
-            json_mode = p.is_json(stream.content_type)
-            if json_mode and p.is_json(media):
-                units = p.json_messages(body, allow_empty=False)
-            else:
-                units = [body]
-        else:
-            json_mode = False
-        done: Appended = await self.db(lambda s: s.append(request.path, media, json_mode, units, close, seq,
+
+        def units_of(stream: FreeStream) -> list[bytes]:
+            if not body:
+                return []
+            if p.is_json(stream.content_type) and media is not None and p.is_json(media):
+                return p.json_messages(body, allow_empty=False)
+            return [body]
+
+        done: Appended = await self.db(lambda s: s.append(request.path, media, bool(body), units_of, close, seq,
                                                           producer))
-        await self._appended(request.path, done, producer, send, not units)
+        await self._appended(request.path, done, producer, send, not body)
 
     async def _appended(self, path: str, done: Appended, producer: Producer | None, send: Send,
                         appended_nothing: bool) -> None:

@@ -13,7 +13,8 @@ point and reads the source's rows there (clipped at the point), so nothing is co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -265,15 +266,19 @@ class FreeStreams(Statements):
                                                   "closed_by": closed_by, "stream_seq": stream_seq})
         return tail
 
-    async def append(self, path: str, content_type: str | None, json_mode: bool, units: list[bytes],
-                     close: bool, stream_seq: str | None, producer: Producer | None) -> Appended:
-        """POST: the checks of the protocol in its order (closed first), then the chunks."""
+    async def append(self, path: str, content_type: str | None, has_body: bool,
+                     units_of: Callable[[FreeStream], list[bytes]], close: bool, stream_seq: str | None,
+                     producer: Producer | None) -> Appended:
+        """POST: the checks of the protocol in its order (closed first), then the chunks: the body's
+        units as ``units_of(stream)`` splits them (by the stream's mode; an exception it raises, for a
+        malformed body, rolls the transaction back)."""
         async with self.pool.connection() as conn, conn.transaction():
             stream = await self._find(conn, path, lock=True)
             if stream is None:
                 return Appended("missing")
             if stream.deleted:
                 return Appended("gone", stream)
+            json_mode = base_type(stream.content_type) == "application/json"
             state: tuple[int, int] | None = None
             if producer is not None:
                 cur = await conn.execute(self._sql(_PRODUCER), {"id": stream.id, "producer": producer.id})
@@ -282,9 +287,10 @@ class FreeStreams(Statements):
             if stream.closed:
                 if producer is not None and stream.closed_by == producer.mark():
                     return Appended("duplicate", stream, producer.epoch, producer.seq)
-                if not units:
-                    return Appended("duplicate" if producer is None else "closed_ok", stream)
+                if not has_body:
+                    return Appended("duplicate", stream)
                 return Appended("closed", stream)
+            units = units_of(stream)
             if units and content_type is not None and base_type(content_type) != base_type(stream.content_type):
                 return Appended("type", stream)
             if producer is not None:
@@ -293,14 +299,12 @@ class FreeStreams(Statements):
                     return refused
             if stream_seq is not None and stream.stream_seq is not None and stream_seq <= stream.stream_seq:
                 return Appended("seq", stream)
-            await self._write(conn, stream.id, stream.tail, json_mode, units, close,
-                              producer.mark() if producer is not None else "", stream_seq)
+            tail = await self._write(conn, stream.id, stream.tail, json_mode, units, close,
+                                     producer.mark() if producer is not None else "", stream_seq)
             if producer is not None:
                 await conn.execute(self._sql(_SET_PRODUCER), {"id": stream.id, "producer": producer.id,
                                                               "epoch": producer.epoch, "seq": producer.seq})
-            cur = await conn.execute(self._sql(_SOURCE), {"id": stream.id})
-            found = await cur.fetchone()
-            after = _row(found)[0] if found else None
+            after = replace(stream, tail=tail, closed=stream.closed or close)
             return Appended("ok", after, producer.epoch if producer else 0, producer.seq if producer else 0)
 
     async def read(self, stream: FreeStream, start: int, rows: int, budget: int) -> list[Chunk]:
