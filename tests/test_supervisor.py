@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import pytest
 import pgflow
 
 from .processes import LEASE, Proc, Processes, wait_until
+from .test_worker_health import probe, probe_port
 
 APP = "tests.apps.supervised:app"
 WAIT = 60.0
@@ -73,11 +74,12 @@ class Supervised:
         self.procs, self.env = procs, env
         self.supervisors: list[Proc] = []
 
-    def start(self, processes: int, *, delay: float, most: float, reset: float, **env: str) -> Proc:
+    def start(self, processes: int, *, delay: float, most: float, reset: float, extra: Sequence[str] = (),
+              **env: str) -> Proc:
         environ = {**self.env, "PGFLOW_RESTART_DELAY": str(delay), "PGFLOW_RESTART_DELAY_MAX": str(most),
                    "PGFLOW_RESTART_RESET": str(reset), **env}
         supervisor = self.procs.worker(f"supervisor-{len(self.supervisors)}", APP, environ, concurrency=2,
-                                       lease=LEASE, grace=5.0, extra=["--processes", str(processes)])
+                                       lease=LEASE, grace=5.0, extra=["--processes", str(processes), *extra])
         self.supervisors.append(supervisor)
         return supervisor
 
@@ -181,3 +183,16 @@ def test_a_child_that_keeps_crashing_waits_longer_each_time_and_starts_over_afte
     wait_until(lambda: len(started(supervisor)) == crashes + 2, "the restart", procs, supervisor)
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait_exit(STOP_WAIT) == 0, supervisor.describe()
+
+
+
+def test_one_supervised_child_serves_the_probe(supervised: Supervised, procs: Processes) -> None:
+    """``--health-port`` with ``--processes 1``: the one child serves it (more could not share the port)."""
+    supervisor = supervised.start(1, delay=1.0, most=1.0, reset=30.0,
+                                  extra=("--health-port", "0", "--health-host", "127.0.0.1"))
+    port = probe_port(supervisor, procs)
+    wait_until(lambda: probe(port)[0] == 200, "the child's probe to say ok", procs, supervisor)
+    [(_, _, child)] = started(supervisor)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait_exit(STOP_WAIT) == 0, supervisor.describe()
+    assert not alive(child)
