@@ -281,17 +281,15 @@ class FreeStreamsHttp:
         async with anyio.create_task_group() as group:
             group.start_soon(until_disconnect, receive, group.cancel_scope)
             with anyio.move_on_after(SSE_SECONDS):
-                current: FreeStream | None = stream
-                while current is not None and not current.deleted:
-                    snapshot = current
-                    chunks = await self.db(functools.partial(_read, snapshot, position))
+                chunks = await self.db(functools.partial(_read, stream, position))
+                while True:
                     data = b""  # sent with its control event, in one write: a reader sees both or neither
                     if chunks:
                         data = sse_data(_body(chunks, json_mode), mode)
                         position = chunks[-1].end
-                    at_tail = position >= snapshot.tail
+                    at_tail = position >= stream.tail
                     control: dict[str, object] = {"streamNextOffset": p.offset_text(position)}
-                    if snapshot.closed and at_tail:
+                    if stream.closed and at_tail:
                         control.update(streamClosed=True, upToDate=True)
                         await event(data + sse_control(control))
                         break
@@ -300,11 +298,22 @@ class FreeStreamsHttp:
                         control["upToDate"] = True
                     if chunks or at_tail:
                         await event(data + sse_control(control))
-                    if at_tail:
-                        found = await self._wait(path, position, SSE_SECONDS)
-                        current = found[0] if found is not None else await self.db(lambda s: s.get(path))
-                    else:
-                        current = await self.db(lambda s: s.get(path))
+                    if at_tail:  # wait for more (the wait's own read brings it)
+                        try:
+                            found = await self._wait(path, position, SSE_SECONDS)
+                        except Refused:  # deleted meanwhile: the answer ends
+                            break
+                        if found is None:
+                            break
+                        stream, chunks = found
+                    else:  # a page cut short: the next one at once
+                        latest = await self.db(lambda s: s.get(path))
+                        if latest is None:
+                            break
+                        stream = latest
+                        chunks = await self.db(functools.partial(_read, stream, position))
+                    if stream.deleted:
+                        break
             group.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

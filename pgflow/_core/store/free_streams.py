@@ -28,6 +28,11 @@ _EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds I
             " AND touched_at + ttl_seconds * interval '1 second' <= now()))")
 _FIND = f"SELECT {_COLUMNS}, {_EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
 _LOCK = _FIND + " FOR UPDATE"
+# The stream locked, with a producer's state when one is named (one round trip).
+_LOCK_WITH_PRODUCER = (
+    f"SELECT {_COLUMNS}, {_EXPIRED}, p.epoch, p.seq FROM {{s}}.free_streams s LEFT JOIN {{s}}.free_producers p"
+    " ON p.stream_id = s.id AND p.producer = %(producer)s WHERE s.path = %(path)s FOR UPDATE OF s"
+)
 _HAS_FORKS = "SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)"
 _INSERT = (
     "INSERT INTO {s}.free_streams (path, content_type, closed, ttl_seconds, expires_at, forked_from,"
@@ -40,15 +45,23 @@ _CHUNKS = (
     " SELECT %(id)s, e, n, %(batch_end)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
     " %(datas)s::bytea[]) AS u(e, n, d)"
 )
+# An append's writes in one statement: its chunks, the stream's new tail (and closure), and the
+# producer's state when there is one.
+_APPEND = (
+    "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
+    "  SELECT %(id)s, e, n, %(tail)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
+    "  %(datas)s::bytea[]) AS u(e, n, d)),"
+    " producer AS (INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq)"
+    "  SELECT %(id)s, %(producer)s, %(epoch)s, %(seq)s WHERE %(producer)s::text IS NOT NULL"
+    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq)"
+    " UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
+    " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
+    " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
+)
 _SET_TAIL = (
     "UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
     " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
-)
-_PRODUCER = "SELECT epoch, seq FROM {s}.free_producers WHERE stream_id = %(id)s AND producer = %(producer)s"
-_SET_PRODUCER = (
-    "INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq) VALUES (%(id)s, %(producer)s, %(epoch)s,"
-    " %(seq)s) ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq"
 )
 _TOUCH = "UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL"
 # The rows that hold positions from %(start)s on, below %(stop)s, at most %(rows)s of them and
@@ -189,8 +202,16 @@ class FreeStreams(Statements):
 
     async def get(self, path: str) -> FreeStream | None:
         """The stream at ``path`` (soft-deleted ones too: ``deleted``), or None."""
-        async with self.pool.connection() as conn, conn.transaction():
-            return await self._find(conn, path, lock=False)
+        async with self.pool.connection() as conn:  # one statement, no transaction: the usual case
+            cur = await conn.execute(self._sql(_FIND), {"path": path})
+            found = await cur.fetchone()
+            if found is None:
+                return None
+            stream, expired = _row(found)
+            if not expired or stream.deleted:
+                return stream
+            async with conn.transaction():  # expired: deleted under its lock, if it still is
+                return await self._find(conn, path, lock=True)
 
     async def create(self, path: str, content_type: str, ttl: int | None, expires_at: datetime | None,
                      closed: bool, json_mode: bool, units: list[bytes], fork: Fork | None) -> Created:
@@ -273,17 +294,19 @@ class FreeStreams(Statements):
         units as ``units_of(stream)`` splits them (by the stream's mode; an exception it raises, for a
         malformed body, rolls the transaction back)."""
         async with self.pool.connection() as conn, conn.transaction():
-            stream = await self._find(conn, path, lock=True)
-            if stream is None:
+            cur = await conn.execute(self._sql(_LOCK_WITH_PRODUCER), {
+                "path": path, "producer": producer.id if producer is not None else None})
+            row = await cur.fetchone()
+            if row is None:
+                return Appended("missing")
+            stream, expired = _row(row)
+            if expired and not stream.deleted:
+                await self._remove(conn, stream.id)
                 return Appended("missing")
             if stream.deleted:
                 return Appended("gone", stream)
             json_mode = base_type(stream.content_type) == "application/json"
-            state: tuple[int, int] | None = None
-            if producer is not None:
-                cur = await conn.execute(self._sql(_PRODUCER), {"id": stream.id, "producer": producer.id})
-                found = await cur.fetchone()
-                state = (int(found[0]), int(found[1])) if found else None
+            state = (int(row[15]), int(row[16])) if producer is not None and row[15] is not None else None
             if stream.closed:
                 if producer is not None and stream.closed_by == producer.mark():
                     return Appended("duplicate", stream, producer.epoch, producer.seq)
@@ -299,11 +322,17 @@ class FreeStreams(Statements):
                     return refused
             if stream_seq is not None and stream.stream_seq is not None and stream_seq <= stream.stream_seq:
                 return Appended("seq", stream)
-            tail = await self._write(conn, stream.id, stream.tail, json_mode, units, close,
-                                     producer.mark() if producer is not None else "", stream_seq)
-            if producer is not None:
-                await conn.execute(self._sql(_SET_PRODUCER), {"id": stream.id, "producer": producer.id,
-                                                              "epoch": producer.epoch, "seq": producer.seq})
+            sizes = [1 if json_mode else len(u) for u in units]
+            ends, tail = [], stream.tail
+            for size in sizes:
+                tail += size
+                ends.append(tail)
+            await conn.execute(self._sql(_APPEND), {
+                "id": stream.id, "ends": ends, "sizes": sizes, "datas": units, "tail": tail, "close": close,
+                "closed_by": producer.mark() if producer is not None else "", "stream_seq": stream_seq,
+                "producer": producer.id if producer is not None else None,
+                "epoch": producer.epoch if producer is not None else None,
+                "seq": producer.seq if producer is not None else None})
             after = replace(stream, tail=tail, closed=stream.closed or close)
             return Appended("ok", after, producer.epoch if producer else 0, producer.seq if producer else 0)
 

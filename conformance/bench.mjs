@@ -1,0 +1,94 @@
+// Throughput and write-to-read latency with the official client: STREAMS JSON streams, PRODUCERS producer
+// loops (each owning STREAMS/PRODUCERS streams, one IdempotentProducer per stream, batching and pipelining
+// as the client does), and a live SSE reader per stream. Each message carries its send time; a reader
+// records now - sent. Closed loop: a producer appends BURST messages to each of its streams, then waits
+// for their acknowledgement, and goes again, for SECONDS.
+//
+//   node bench.mjs URL [--streams 64] [--producers 8] [--seconds 10] [--burst 20] [--pids 123,456]
+//
+// Prints one JSON line: messages/s read, latency percentiles (ms), and the CPU seconds of this process
+// and of the --pids given (the server, PostgreSQL), to say where the time goes.
+import { readFileSync } from "node:fs"
+import { DurableStream, IdempotentProducer, stream } from "@durable-streams/client"
+
+const args = process.argv.slice(2)
+const url = args[0]
+const opt = (name, fallback) => (args.includes(`--${name}`) ? args[args.indexOf(`--${name}`) + 1] : fallback)
+const STREAMS = Number(opt("streams", 64))
+const PRODUCERS = Number(opt("producers", 8))
+const SECONDS = Number(opt("seconds", 10))
+const BURST = Number(opt("burst", 20))
+const pids = opt("pids", "").split(",").filter(Boolean).map(Number)
+const run = `${Date.now().toString(36)}`
+const ticks = 100 // USER_HZ
+
+function cpu(pid) {  // seconds of CPU of a process and its children that have been waited for
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ")
+    return (Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14])) / ticks
+  } catch { return NaN }
+}
+function groupCpu(pid) {  // the process and every descendant (PostgreSQL's backends are children of it)
+  let total = cpu(pid)
+  try {
+    const children = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/).filter(Boolean)
+    for (const child of children) total += groupCpu(Number(child))
+  } catch { /* gone */ }
+  return total
+}
+
+const latencies = []
+let received = 0
+let measuring = false
+const handles = []
+for (let i = 0; i < STREAMS; i++) {
+  handles.push(await DurableStream.create({ url: `${url}/bench-${run}/s${i}`, contentType: "application/json" }))
+}
+const readers = await Promise.all(handles.map((h) => stream({ url: h.url, offset: "-1", live: "sse", json: true,
+  warnOnHttp: false })))
+for (const res of readers) {
+  res.subscribeJson((batch) => {
+    const now = performance.timeOrigin + performance.now()
+    for (const item of batch.items) {
+      if (!measuring) continue
+      received++
+      latencies.push(now - item.t)
+    }
+  })
+}
+const producers = handles.map((h, i) => new IdempotentProducer(h, `bench-${i}`, { epoch: 0, lingerMs: 1, maxInFlight: 4 }))
+await new Promise((r) => setTimeout(r, 500))  // the readers are connected and waiting
+
+const cpuBefore = { client: process.cpuUsage(), others: pids.map(groupCpu) }
+measuring = true
+const started = performance.now()
+const deadline = started + SECONDS * 1000
+let sent = 0
+await Promise.all(Array.from({ length: PRODUCERS }, async (_, p) => {
+  const mine = producers.filter((_, i) => i % PRODUCERS === p)
+  while (performance.now() < deadline) {
+    for (const producer of mine) {
+      for (let k = 0; k < BURST; k++) {
+        producer.append(JSON.stringify({ t: performance.timeOrigin + performance.now(), p, k }))
+        sent++
+      }
+    }
+    await Promise.all(mine.map((producer) => producer.flush()))
+  }
+}))
+await new Promise((r) => setTimeout(r, 1000))  // the last messages reach their readers
+measuring = false
+const elapsed = (performance.now() - started) / 1000 - 1
+const used = process.cpuUsage(cpuBefore.client)
+const others = pids.map((pid, i) => +(groupCpu(pid) - cpuBefore.others[i]).toFixed(2))
+latencies.sort((a, b) => a - b)
+const pct = (q) => +(latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? NaN).toFixed(1)
+console.log(JSON.stringify({
+  url, streams: STREAMS, producers: PRODUCERS, seconds: +elapsed.toFixed(1), sent, received,
+  messages_per_s: Math.round(received / elapsed),
+  latency_ms: { p50: pct(0.5), p90: pct(0.9), p99: pct(0.99), max: pct(1) },
+  cpu_s: { client: +((used.user + used.system) / 1e6).toFixed(2), ...Object.fromEntries(pids.map((pid, i) => [pid, others[i]])) },
+}))
+for (const res of readers) res.cancel()
+await Promise.all(producers.map((p) => p.detach().catch(() => {})))
+process.exit(0)
