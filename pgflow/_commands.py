@@ -74,7 +74,13 @@ def add_commands(commands: Any, with_app: Callable[[argparse.ArgumentParser], No
         return parser
 
     _add_workflows(commands, add)
-    add(commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows and limits"), _queues)
+    queues = commands.add_parser("queues", help="each queue's depth, oldest wait, running workflows, limits and"
+                                                " pause; or pause NAME / resume NAME")
+    queues.add_argument("action", nargs="?", choices=("pause", "resume"),
+                        help="pause: the fleet claims none of the queue's workflows until resumed (running ones"
+                             " finish, starts still queue); resume: it claims them again")
+    queues.add_argument("name", nargs="?", help="the queue to pause or resume")
+    add(queues, _queues)
     add(commands.add_parser("workers", help="live workers, their heartbeat's age and what each runs"), _workers)
     status = commands.add_parser("status", help="the fleet's health: exits 1 when unhealthy, one line per problem"
                                                 " (no live worker, work on a queue or under a name no live worker"
@@ -150,8 +156,19 @@ def _add_workflows(commands: Any,
 
 
 def _queues(app: App, args: argparse.Namespace) -> int:
-    _show(args, app.queues_info(), ["name", "queued", "due", "oldest_due_waited_s", "running", "concurrency",
-                                    "rate_limit", "rate_period_s"])
+    if args.action is None:
+        if args.name is not None:
+            raise ConfigurationError(f"pgflow queues takes pause NAME or resume NAME, not {args.name!r} alone")
+        _show(args, app.queues_info(), ["name", "queued", "due", "oldest_due_waited_s", "running", "concurrency",
+                                        "rate_limit", "rate_period_s", "paused_since"])
+        return 0
+    if args.name is None:
+        raise ConfigurationError(f"pgflow queues {args.action} needs the queue's name:"
+                                 f" pgflow queues {args.action} NAME")
+    if args.action == "pause":
+        _done(args, {"queue": args.name, "paused_since": app.pause_queue(args.name).isoformat()})
+    else:
+        _done(args, {"queue": args.name, "resumed": app.resume_queue(args.name)})
     return 0
 
 
@@ -170,7 +187,7 @@ def _workers(app: App, args: argparse.Namespace) -> int:
 def _status(app: App, args: argparse.Namespace) -> int:
     health = app.health(stuck_after=args.stuck_after, max_wait=args.max_wait)
     if args.json:
-        _print_json({**asdict(health), "ok": health.ok, "problems": health.problems})
+        _print_json({**asdict(health), "ok": health.ok, "problems": health.problems, "notes": health.notes})
     else:
         _print_health(health)
     return 0 if health.ok else 1
@@ -183,6 +200,8 @@ def _print_health(health: Health) -> None:
           f"{health.notification_queue_usage:.1%} full")
     for problem in health.problems:
         print(f"  {safe(problem)}")
+    for note in health.notes:
+        print(f"  (note) {safe(note)}")
     if health.notification_queue_usage > 0.5:
         print("  the oldest open transactions of the cluster (whichever of them ran LISTEN holds the NOTIFY"
               " queue back):")

@@ -15,6 +15,8 @@ from ._core.client import Client
 from ._core.maintenance import KEYS, NAMES, PARTITIONS, REAPER, RETENTION, ROTATION_OVERLAP, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
+from ._core.signals import News
+from ._core.signals import keys as signal_keys
 from ._core.status import Status
 from ._core.store.details import DetailsRead
 from ._core.store.management import WorkerRow
@@ -100,7 +102,7 @@ class Operations:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
         rows = await self._client.runtime().db(lambda store: store.queues_overview())
         return [QueueInfo(str(r.queue), int(r.queued), int(r.due), None if r.waited is None else float(r.waited),
-                          int(r.running), r.concurrency, r.rate_limit, r.rate_period) for r in rows]
+                          int(r.running), r.concurrency, r.rate_limit, r.rate_period, r.paused_at) for r in rows]
 
     queues_info = blocking(queues_info_async)
 
@@ -128,7 +130,9 @@ class Operations:
         by_lock = {lock_name(self.schema, service): service for service in services}
         locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
         served = {queue for w in live for queue in w.queues}
-        waiting = {row.queue: row for row in read.waiting}
+        paused = await runtime.db(lambda store: store.paused_queues())
+        # A paused queue's work waits by the operator's choice: a note, not a problem.
+        waiting = {row.queue: row for row in read.waiting if row.queue not in paused}
         return Health(len(live), read.notification_queue_usage, dict(read.unserved),
                       [Session.of(s) for s in read.stuck], [Session.of(s) for s in read.holders],
                       [LockHolder(by_lock[name], int(pid), user, app, float(age or 0.0))
@@ -137,7 +141,7 @@ class Operations:
                       overdue={q: r.oldest_due_waited for q, r in waiting.items()
                                if r.oldest_due_waited is not None and r.oldest_due_waited > max_wait},
                       dead_workers=[w for w in workers if w.dead and any(q in waiting for q in w.queues)],
-                      max_wait_s=float(max_wait))
+                      max_wait_s=float(max_wait), paused=paused)
 
     health = blocking(health_async)
 
@@ -168,6 +172,36 @@ class Operations:
         return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
 
     rotate_signal_key = blocking(rotate_signal_key_async)
+
+    async def pause_queue_async(self, name: str) -> datetime:
+        """Stop the fleet claiming ``name``'s workflows until ``resume_queue``: running ones finish,
+        starts still queue. Pausing a paused queue changes nothing. Returns since when it is paused.
+        A queue the fleet does not know (no work, limits or worker of its, and not this App's) is a
+        ValueError: a misspelt name would stop nothing."""
+        name = check_queue(name)
+        runtime = self._client.runtime()
+        if name not in self._queue_names() and not await runtime.db(lambda store: store.queue_known(name)):
+            raise ValueError(f"no queue {name!r} is known: none of its workflows is queued or running, no worker"
+                             " serves it and it has no limits (pgflow queues lists the queues)")
+        return await runtime.db(lambda store: store.pause_queue(name))
+
+    pause_queue = blocking(pause_queue_async)
+
+    async def resume_queue_async(self, name: str) -> bool:
+        """Let the fleet claim ``name``'s workflows again (its workers hear of it at once); whether it
+        was paused."""
+        name = check_queue(name)
+        runtime = self._client.runtime()
+        resumed = await runtime.db(lambda store: store.resume_queue(name))
+        if resumed:
+            runtime.signals.announce(News([signal_keys.queue(name)]))
+        return resumed
+
+    resume_queue = blocking(resume_queue_async)
+
+    def _queue_names(self) -> set[str]:
+        """The queues this App's workflows and limits name."""
+        return {spec.queue for spec in self.registry.workflows.values()} | set(self.registry.queues)
 
 
 def _worker(r: WorkerRow) -> WorkerInfo:

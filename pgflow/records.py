@@ -90,8 +90,8 @@ class WorkflowInfo:
 
 @dataclass(frozen=True)
 class QueueInfo:
-    """A queue with work or limits: how much waits, how long the oldest due one has waited, how much
-    runs, and its fleet-wide limits."""
+    """A queue with work, limits or a pause: how much waits, how long the oldest due one has waited,
+    how much runs, its fleet-wide limits, and since when it is paused (None: it is not)."""
 
     name: str
     queued: int
@@ -101,6 +101,7 @@ class QueueInfo:
     concurrency: int | None
     rate_limit: int | None
     rate_period_s: float | None
+    paused_since: datetime | None = None
 
 
 # A worker of a version that did not record its lease counts as dead after this long unheard (what
@@ -204,6 +205,13 @@ class Health:
     overdue: dict[str, float] = field(default_factory=dict)  # per queue, its oldest due one's wait, past max_wait_s
     dead_workers: list[WorkerInfo] = field(default_factory=list)  # dead while work waits on their queues
     max_wait_s: float = MAX_WAIT
+    paused: dict[str, datetime] = field(default_factory=dict)  # paused queues, since when (not a problem)
+
+    @property
+    def notes(self) -> list[str]:
+        """What is so by an operator's choice, said beside the problems: the paused queues."""
+        return [f"queue {queue!r} is paused since {since.isoformat(timespec='seconds')}: its workflows wait"
+                f" until pgflow queues resume {queue}" for queue, since in self.paused.items()]
 
     @property
     def ok(self) -> bool:

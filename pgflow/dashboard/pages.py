@@ -102,6 +102,8 @@ def _health(health: Health | None, error: str | None, listener: dict[str, Any]) 
         items.append(tag("li", f"{n:,} queued workflows named ", tag("code", name), ": no live worker runs that name",
                          class_="bad"))
     items += _waiting_problems(health)
+    items += [tag("li", "queue ", tag("code", queue), f" paused since {since.isoformat(timespec='seconds')}:"
+                  " its workflows wait until it is resumed") for queue, since in health.paused.items()]
     for session in health.stuck_sessions:
         items.append(tag("li", f"session {session.pid} ({session.application_name or 'no application name'}) idle in"
                                f" a transaction for {seconds(session.transaction_age_s)}", class_="bad"))

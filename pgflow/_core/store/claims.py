@@ -30,18 +30,23 @@ from .statements import Statements
 # A full claim, without bounds, runs at least every FULL_CLAIM_EVERY seconds per store, after the
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
 #
-# A full claim also rescues the workflows whose lease ran out (their worker died, or lost them): they
-# are not run by the claim but queued again as suspects (migration 0028), to be run alone. A run that
-# was alone when its worker died (a suspect, which only runs alone; or the one workflow its worker
-# held) is charged: its crashes count up, and its next claim is a new attempt. One that died beside
-# others is charged nothing. The rows, and the fences of their workers, are locked in one order (the
-# trigger of migration 0026 moves the fences on in the order of the rows: two claims rescuing the
-# workflows of the same two workers could each wait for the other).
+# A full claim also rescues the workflows whose lease ran out: they are not run by the claim but
+# queued again. Those whose worker died under them (no heartbeat of it since it last renewed or took
+# them) become suspects (migration 0028), to be run alone. A run that was alone when its worker died
+# (a suspect, which only runs alone; or the one workflow its worker held) is charged: its crashes
+# count up, and its next claim is a new attempt. One that died beside others is charged nothing. A
+# workflow whose worker lives on (it let the lease go: a release that failed, a loop stalled past its
+# lease) is no suspect, and its next claim is a new attempt, as any run cut short by a lost lease.
+# The rows, and the fences of their workers, are locked in one order (the trigger of migration 0026
+# moves the fences on in the order of the rows: two claims rescuing the workflows of the same two
+# workers could each wait for the other).
 RESCUE_AT_MOST = 256  # expired leases a full claim rescues (a dead worker's all, in one pass)
 CRASHES_ALONE = 3  # deaths of its worker while running it alone that give a workflow up (at most max_attempts)
+_ALONE = "(e.crashes IS NOT NULL OR c.held = 1) IS TRUE"
 _RESCUING = (
-    " expired AS (SELECT id, lease_owner AS owner, crashes FROM {s}.workflows"
-    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
+    " expired AS (SELECT id, lease_owner AS owner, crashes, NOT EXISTS (SELECT FROM {s}.workers k"
+    "   WHERE k.id = w.lease_owner AND k.heartbeat_at > w.lease_expires_at - make_interval(secs => k.lease)) AS died"
+    "   FROM {s}.workflows w WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
     f"   AND name = ANY(%(names)s) ORDER BY lease_expires_at LIMIT {RESCUE_AT_MOST} FOR UPDATE SKIP LOCKED),"
     " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
     "   WHERE worker = ANY(ARRAY(SELECT owner FROM expired WHERE owner IS NOT NULL))"
@@ -52,8 +57,8 @@ _RESCUING = (
     " rescued AS (UPDATE {s}.workflows w SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,"
     # (a new token: the trigger of migration 0026 fences the old owner off, and its writes are refused)
     "   lease_token = NULL, due_at = {s}.clock_now(),"
-    "   crashes = coalesce(w.crashes, 0) + (e.crashes IS NOT NULL OR c.held = 1)::int,"
-    "   uncounted = NOT (e.crashes IS NOT NULL OR c.held = 1)"
+    f"   crashes = CASE WHEN e.died THEN coalesce(w.crashes, 0) + ({_ALONE})::int ELSE w.crashes END,"
+    f"   uncounted = e.died AND NOT {_ALONE}"
     "   FROM expired e LEFT JOIN crews c ON c.owner = e.owner"
     "   WHERE w.id = e.id AND (SELECT count(*) FROM fenced) >= 0 RETURNING w.id),"
 )
@@ -69,6 +74,12 @@ _VERDICT = (
 )
 
 
+# A paused queue (``pausing.py``) is claimed from by no claim, and its next due time wakes nobody: a
+# probe per queue of a table that is almost always empty. (Its expired leases are still rescued: that
+# queues them again, which is all a pause asks.)
+_NOT_PAUSED = "NOT EXISTS (SELECT FROM {{s}}.paused_queues p WHERE p.name = {queue})"
+
+
 def _claim(full: bool, suspect: bool = False) -> str:
     """The claim statement: a full one also rescues workflows whose lease ran out, and says whether
     suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else."""
@@ -76,7 +87,7 @@ def _claim(full: bool, suspect: bool = False) -> str:
         queued = (
             "WITH queued AS (SELECT id, priority, due_at, due_at AS ready_at, " + _VERDICT + " FROM {s}.workflows"
             "   WHERE status = 'queued' AND crashes IS NOT NULL AND queue = ANY(%(queues)s)"
-            "   AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+            "   AND due_at <= {s}.clock_now() AND name = ANY(%(names)s) AND " + _NOT_PAUSED.format(queue="queue") +
             "   ORDER BY priority DESC, due_at LIMIT 1 FOR UPDATE SKIP LOCKED),"
         )
     else:
@@ -87,12 +98,14 @@ def _claim(full: bool, suspect: bool = False) -> str:
             "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
             # (suspects are skipped with a look at the row the scan fetches anyway, to lock it)
             "    AND due_at >= coalesce(q.floor, '-infinity') AND crashes IS NULL"
-            "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c),"
+            "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
+            "   WHERE " + _NOT_PAUSED.format(queue="q.queue") + "),"
         )
     # Suspects wait (due, in these queues, for these names): the full claim's answer, beside the due time.
     waiting = ("EXISTS (SELECT FROM rescued) OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
                "  AND crashes IS NOT NULL AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
-               "  AND due_at <= {s}.clock_now())") if full else "NULL::bool"
+               "  AND due_at <= {s}.clock_now() AND " + _NOT_PAUSED.format(queue="queue") + ")"
+               ) if full else "NULL::bool"
     return (
         queued
         + (_RESCUING if full else "")
@@ -136,6 +149,7 @@ def _claim(full: bool, suspect: bool = False) -> str:
         + "  FROM unnest(%(queues)s::text[]) AS q(queue)"
         "  CROSS JOIN LATERAL (SELECT due_at FROM {s}.workflows WHERE status = 'queued'"
         "   AND queue = q.queue AND due_at > {s}.clock_now() AND name = ANY(%(names)s) ORDER BY due_at LIMIT 1) d"
+        "  WHERE " + _NOT_PAUSED.format(queue="q.queue")
     )
 
 

@@ -57,6 +57,7 @@ class QueueRow(NamedTuple):
     concurrency: int | None
     rate_limit: int | None
     rate_period: float | None
+    paused_at: datetime | None
 
 
 class WorkerRow(NamedTuple):
@@ -244,7 +245,7 @@ class ManagementStatements(Statements):
             return str(row[0])
 
     async def queues_overview(self) -> list[QueueRow]:
-        """Every queue with work or limits."""
+        """Every queue with work, limits or a pause."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
                 "WITH live AS (SELECT queue, count(*) FILTER (WHERE status = 'queued') AS queued,"
@@ -254,9 +255,10 @@ class ManagementStatements(Statements):
                 "    AS waited,"
                 "   count(*) FILTER (WHERE status = 'running') AS running"
                 "  FROM {s}.workflows WHERE status IN ('queued', 'running') GROUP BY queue)"
-                " SELECT coalesce(l.queue, q.name), coalesce(l.queued, 0), coalesce(l.due, 0), l.waited,"
-                "  coalesce(l.running, 0), q.concurrency, q.rate_limit, q.rate_period"
-                " FROM live l FULL JOIN {s}.queues q ON q.name = l.queue ORDER BY 1"))
+                " SELECT coalesce(l.queue, q.name, p.name), coalesce(l.queued, 0), coalesce(l.due, 0), l.waited,"
+                "  coalesce(l.running, 0), q.concurrency, q.rate_limit, q.rate_period, p.paused_at"
+                " FROM live l FULL JOIN {s}.queues q ON q.name = l.queue"
+                " FULL JOIN {s}.paused_queues p ON p.name = coalesce(l.queue, q.name) ORDER BY 1"))
             return [QueueRow._make(row) for row in await cur.fetchall()]
 
     async def workers_overview(self) -> list[WorkerRow]:

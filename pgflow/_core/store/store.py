@@ -31,6 +31,7 @@ from .ends import EndStatements
 from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, StepStart, held
 from .management import ManagementStatements
 from .partitions import PartitionStatements
+from .pausing import PausingStatements
 from .reruns import RerunStatements
 from .starts import BORN, StartStatements
 from .streams import StreamStatements
@@ -113,7 +114,7 @@ def new_fence(worker: str) -> str:
 
 class Store(StartStatements, ClaimStatements, EndStatements, StreamStatements, ManagementStatements, WaitStatements,
             ChannelStatements, DetailStatements, ClockStatements, RerunStatements, PartitionStatements,
-            DebounceStatements):
+            DebounceStatements, PausingStatements):
     """The SQL layer over one schema, using a pool of autocommit connections."""
 
     async def migrate(self) -> list[migrations.Migration]:

@@ -1,0 +1,114 @@
+"""Pausing a queue: its workflows are not claimed, running ones finish, starts still queue, and
+``pgflow queues`` and ``status`` say it is paused and since when; resuming lets the fleet claim them
+at once. Both APIs, and the command line, against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+import pgflow
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 60.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _paused_rows(dsn: str, schema: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(f'SELECT name FROM "{schema}".paused_queues ORDER BY name')
+        return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def test_a_paused_queue_is_not_claimed_and_runs_when_resumed(dsn: str, schema: str) -> None:
+    release = asyncio.Event()
+
+    async def hold() -> str:
+        await release.wait()
+        return "held"
+
+    async def quick(n: int) -> int:
+        return n
+
+    async with pgflow.App(dsn, schema=schema) as app:
+        held = app.workflow(name="pause.hold", queue="bulk")(hold)
+        bulk = app.workflow(name="pause.bulk", queue="bulk")(quick)
+        other = app.workflow(name="pause.other", queue="default")(quick)
+        running = await held.start_async()
+        async with app.worker(concurrency=4, queues=["bulk", "default"]):
+            with anyio.fail_after(WAIT):
+                while await running.status_async() != "running":
+                    await asyncio.sleep(0.02)
+            since = await app.pause_queue_async("bulk")
+            assert await app.pause_queue_async("bulk") == since  # again: nothing changes
+            waiting = await bulk.start_async(1)  # starts still queue
+            # Queued after the paused one, on a queue the same claims read: it runs, the paused one does not.
+            assert await (await other.start_async(2)).result_async(timeout=WAIT) == 2
+            assert await waiting.status_async() == "queued"
+            release.set()
+            assert await running.result_async(timeout=WAIT) == "held"  # running ones finish
+            assert await waiting.status_async() == "queued"
+            info = {q.name: q for q in await app.queues_info_async()}
+            assert info["bulk"].paused_since == since and "default" not in info  # (no work there now)
+            health = await app.health_async()
+            assert any("'bulk' is paused" in note for note in health.notes)
+            assert not any("bulk" in problem for problem in health.problems)
+            assert await app.resume_queue_async("bulk") is True
+            assert await waiting.result_async(timeout=WAIT) == 1
+            assert await app.resume_queue_async("bulk") is False
+
+
+def test_pausing_from_the_sync_api_and_bad_input(dsn: str, schema: str) -> None:
+    async def quick(n: int) -> int:
+        return n
+
+    with pgflow.App(dsn, schema=schema) as app:
+        app.workflow(name="pause.sync", queue="reports")(quick)
+        app.migrate()
+        with pytest.raises(ValueError, match="no queue 'nope' is known"):
+            app.pause_queue("nope")
+        for bad in ("", 3, None):
+            with pytest.raises((ValueError, TypeError)):
+                app.pause_queue(bad)  # type: ignore[arg-type]
+        assert asyncio.run(_paused_rows(dsn, schema)) == []  # nothing was written
+        since = app.pause_queue("reports")  # this App's own queue: known though nothing ran yet
+        assert [q.paused_since for q in app.queues_info() if q.name == "reports"] == [since]
+        assert app.resume_queue("reports") is True
+
+
+def test_the_command_line_pauses_lists_and_resumes(dsn: str, schema: str) -> None:
+    env = {"PGFLOW_DSN": dsn, "PGFLOW_SCHEMA": schema, "PATH": "/usr/bin:/bin"}
+
+    def pgflow_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pgflow", *args], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT, env=env)
+
+    async def quick() -> None:
+        return None
+
+    with pgflow.App(dsn, schema=schema) as app:
+        app.workflow(name="pause.cli", queue="mail")(quick).start()
+    refused = pgflow_cli("queues", "pause", "nope")
+    assert refused.returncode != 0 and "no queue 'nope' is known" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    paused = pgflow_cli("queues", "pause", "mail", "--json")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["queue"] == "mail"
+    listed = {q["name"]: q for q in json.loads(pgflow_cli("queues", "--json").stdout)}
+    assert listed["mail"]["paused_since"] is not None
+    shown = pgflow_cli("queues")
+    assert "PAUSED_SINCE" in shown.stdout and "mail" in shown.stdout
+    status = pgflow_cli("status")
+    assert "'mail' is paused since" in status.stdout
+    missing = pgflow_cli("queues", "pause")
+    assert missing.returncode != 0 and "needs the queue's name" in missing.stderr
+    resumed = pgflow_cli("queues", "resume", "mail", "--json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout) == {"queue": "mail", "resumed": True}
