@@ -85,8 +85,10 @@ class StepTimeout(PgflowError, TimeoutError):
 
 
 class MaxAttemptsExceeded(PgflowError):
-    """Recorded as a workflow's error when it was claimed ``max_attempts`` times without finishing
-    (its worker died or was stopped each time): a poison workflow stops being retried."""
+    """Recorded as a workflow's error when it is given up instead of run again: its worker process
+    died while running it alone 3 times (``max_attempts`` when that is lower), or its ``max_attempts``
+    runs were all cut short (by such crashes, stops or lost leases). A poison workflow stops being
+    retried; its neighbours in a crash are not charged (see the README's crash attribution)."""
 
 
 class ExecutionInterrupted(BaseException):

@@ -11,14 +11,18 @@ died (as systemd or Kubernetes would), so the test does nothing but start workfl
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 import pgflow
+from pgflow._core.store import Claimed, Store
 
 from .apps import suspects
+from .helpers import query
 from .processes import LEASE, Processes, failure_of, lines, result_of, wait_until
 
 SUSPECTS = "tests.apps.suspects:app"
@@ -96,3 +100,66 @@ def test_a_poison_workflow_is_given_up_within_a_minute_with_the_default_lease_an
     assert (details.attempt, details.max_attempts) == (3, 20)
     print(f"\n[crash attribution] with the defaults, poison given up {failed_after:.1f}s after its start")
     assert failed_after < BOUND, f"the poison workflow took {failed_after:.1f}s to be given up"
+
+
+# -- the rules, claim by claim ---------------------------------------------------------------------------
+
+
+async def _expire(dsn: str, schema: str, *ids: str) -> None:
+    """Their leases ran out (the claims that follow are full ones, which rescue them)."""
+    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\''
+                     ' WHERE id = ANY(%s)', list(ids))
+
+
+async def _full_claim(store: Store, worker: str, names: list[str]) -> list[Claimed]:
+    store._full_claim_at.clear()  # noqa: SLF001 - a full claim now, not in a second
+    claimed, _ = await store.claim(worker, ["default"], names, 8, LEASE)
+    return claimed
+
+
+@pytest.mark.anyio
+async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str) -> None:
+    """Beside others: nobody, each a suspect run alone with its attempt kept. Alone: the one it ran.
+    A worker that lives on and let a lease go: no suspect, charged as a lost lease always was."""
+
+    @app.workflow(name="rules.w", max_attempts=5)
+    async def w() -> None:
+        pass
+
+    await app.migrate_async()
+    store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
+    names = [w.name]
+    await store.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    handles = [await w.start_async() for _ in range(3)]
+    ids = [h.id for h in handles]
+    assert len(await _full_claim(store, "A", names)) == 3
+    # A dies with the three: its heartbeat stops, their leases run out.
+    await query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = now() - interval \'1 hour\' WHERE id = \'A\'')
+    await _expire(dsn, schema, *ids)
+    assert await _full_claim(store, "B", names) == []  # rescued as suspects, none run beside others
+    rows = await query(dsn, f'SELECT status, crashes, uncounted, attempt - attempt_base FROM "{schema}".workflows'
+                            ' WHERE id = ANY(%s)', ids)
+    assert sorted(rows) == [("queued", 0, True, 1)] * 3
+    suspect = await store.claim_suspect("B", ["default"], names, LEASE)
+    assert suspect is not None and suspect.suspect and (suspect.run, suspect.crashes) == (1, 0)
+    assert await store.claim_suspect("B2", ["default"], ["nothing.of.these"], LEASE) is None
+    # B, running it alone (B never registered: no heartbeat at all), dies too: charged.
+    await _expire(dsn, schema, suspect.id)
+    assert await _full_claim(store, "C", names) == []
+    assert await query(dsn, f'SELECT status, crashes, uncounted, attempt - attempt_base FROM "{schema}".workflows'
+                            ' WHERE id = %s', suspect.id) == [("queued", 1, False, 1)]
+    # (the two others, suspects still, are claimed first: they were due before)
+    for _ in range(2):
+        other_suspect = await store.claim_suspect("C", ["default"], names, LEASE)
+        assert other_suspect is not None and other_suspect.id != suspect.id
+    again = await store.claim_suspect("C", ["default"], names, LEASE)
+    assert again is not None and again.id == suspect.id
+    assert (again.run, again.crashes, again.give_up) == (2, 1, False)
+    # A worker that lives on and let a lease go: no suspect; its next run is a new attempt.
+    await store.register_worker("D", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    other = await w.start_async()
+    [held] = [c for c in await _full_claim(store, "D", names) if c.id == other.id]
+    await _expire(dsn, schema, other.id)
+    await _full_claim(store, "E", names)
+    [taken] = [c for c in await _full_claim(store, "E", names) if c.id == other.id]
+    assert (taken.suspect, taken.run) == (False, 2) and held.run == 1
