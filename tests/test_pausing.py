@@ -8,13 +8,17 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psycopg
 import pytest
 
 import pgflow
+
+from .test_dashboard_http import AUTH, TOKEN, csrf_of, form, page, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -112,3 +116,33 @@ def test_the_command_line_pauses_lists_and_resumes(dsn: str, schema: str) -> Non
     assert missing.returncode != 0 and "needs the queue's name" in missing.stderr
     resumed = pgflow_cli("queues", "resume", "mail", "--json")
     assert resumed.returncode == 0 and json.loads(resumed.stdout) == {"queue": "mail", "resumed": True}
+
+
+@pytest.fixture
+def serve(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
+    yield from serving(dsn, schema, app)
+
+
+def test_the_dashboard_pauses_and_resumes_with_actions_on(serve: Any, app: pgflow.App) -> None:
+    """The overview's queue buttons: there only with actions on, forms of this browser, and a queue
+    paused and resumed through them shows so on the page."""
+    off = serve(actions=False, worker=False)
+    handle = app.start_by_name("dash.child", 2, queue="mail")
+    assert 'action="/queue-action"' not in page(off.base, "/").body
+    assert form(off.base, "/queue-action", {"queue": "mail", "action": "pause", "csrf": "x"}).status == 403
+    served = serve(token=TOKEN, actions=True, worker=False)
+    shown = page(served.base, "/", **AUTH)
+    assert 'id="pause-mail"' in shown.body
+    cookies, csrf = shown.cookies(), csrf_of(shown)
+    good = {"queue": "mail", "action": "pause", "csrf": csrf}
+    assert form(served.base, "/queue-action", {**good, "csrf": "f" * 64}, cookies, **AUTH).status == 403
+    assert form(served.base, "/queue-action", {**good, "action": "drop"}, cookies, **AUTH).status == 400
+    assert form(served.base, "/queue-action", {**good, "queue": "nope"}, cookies, **AUTH).status == 400
+    assert [q.paused_since for q in app.queues_info() if q.name == "mail"] == [None]  # nothing changed yet
+    assert form(served.base, "/queue-action", good, cookies, **AUTH).status == 303
+    shown = page(served.base, "/", **AUTH)
+    assert "paused since" in shown.body and 'id="resume-mail"' in shown.body
+    resumed = form(served.base, "/queue-action", {**good, "action": "resume"}, cookies, **AUTH)
+    assert resumed.status == 303
+    assert [q.paused_since for q in app.queues_info() if q.name == "mail"] == [None]
+    assert handle.status() == "queued"

@@ -257,6 +257,10 @@ class _Cached:
         self.at = -float("inf")
         self.lock = anyio.Lock()
 
+    def stale(self) -> None:
+        """Read anew on the next ``get`` (after an action changed what it holds)."""
+        self.at = -float("inf")
+
     async def get(self, read: Callable[[], Awaitable[T]]) -> T:
         if time.monotonic() - self.at < self.every:
             return self.value  # type: ignore[no-any-return]
@@ -293,6 +297,11 @@ class Reader:
 
         return await runtime.db(run)
 
+    def changed(self) -> None:
+        """An action of this dashboard changed the queues: the next overview reads them anew."""
+        self._overview.stale()
+        self._health.stale()
+
     def rate(self) -> float:
         """Statements per second since the server started."""
         return self.statements / max(1.0, time.monotonic() - self.started)
@@ -302,7 +311,7 @@ class Reader:
             queues = await self._db(lambda d: d.queues(MAX_QUEUES, COUNT_CAP))
             workers = await self._db(lambda d: d.workers(MAX_WORKERS, MAX_RUNNING))
             return ([QueueRow(str(q.queue), int(q.queued), int(q.due), q.waited, int(q.running), q.concurrency,
-                              q.rate_limit, q.rate_period) for q in queues],
+                              q.rate_limit, q.rate_period, q.paused_at) for q in queues],
                     [WorkerRow(str(w.id), str(w.host), int(w.pid), list(w.queues), str(w.version), list(w.names),
                                float(w.up), float(w.heartbeat_age), int(w.running), int(w.expired),
                                list(zip(w.running_names, w.running_counts, strict=True)),

@@ -35,20 +35,21 @@ def workflow_link(workflow_id: str, text: str | None = None) -> Html:
 # -- the overview -----------------------------------------------------------------------------------------
 
 
-def overview_page(view: Overview) -> Html:
-    body = tag("div", overview_parts(view), id="overview", data_live="/live/overview")
+def overview_page(view: Overview, csrf: str | None = None) -> Html:
+    """``csrf``: this browser's token when actions are on (each queue then has a pause or resume button)."""
+    body = tag("div", overview_parts(view, csrf), id="overview", data_live="/live/overview")
     return page("Overview", body, nav="overview",
                 refresh_note=f"Live: the queues and workers are read every {OVERVIEW_EVERY:g} s, health every"
                              f" {HEALTH_EVERY:g} s, for all open pages together. Without JavaScript, reload.")
 
 
-def overview_parts(view: Overview) -> Html:
-    return join([_queues(view), _workers(view), _health(view.health, view.health_error, view.listener),
+def overview_parts(view: Overview, csrf: str | None = None) -> Html:
+    return join([_queues(view, csrf), _workers(view), _health(view.health, view.health_error, view.listener),
                  tag("p", f"About {max(0, view.estimated_workflows):,.0f} workflows in the table (the planner's"
                           " estimate).", class_="note") if view.estimated_workflows >= 0 else ""])
 
 
-def _queues(view: Overview) -> Html:
+def _queues(view: Overview, csrf: str | None) -> Html:
     t = view.throughput
     span = "the last hour" if not t.estimated else f"the last hour (scaled from the last {seconds(t.window_s)})"
     rows: list[list[object]] = []
@@ -62,13 +63,27 @@ def _queues(view: Overview) -> Html:
                      count(q.due, COUNT_CAP), seconds(q.oldest_due_waited_s), count(q.running, COUNT_CAP),
                      ", ".join(limits) or "-",
                      f"{'~' if t.estimated else ''}{q.finished_last_hour:,.0f}",
-                     f"{'~' if t.estimated else ''}{q.failed_last_hour:,.0f}"])
+                     f"{'~' if t.estimated else ''}{q.failed_last_hour:,.0f}",
+                     "-" if q.paused_since is None else tag(
+                         "span", "paused since ", q.paused_since.isoformat(timespec="seconds"), class_="bad"),
+                     *([_pause_button(q.name, q.paused_since is None, csrf)] if csrf is not None else [])])
     return tag("section", tag("h2", "Queues"),
                table(["queue", "queued", "due now", "oldest due waited", "running", "limits",
-                      "finished, last hour", "failed, last hour"], rows, "no queue has work or limits",
-                     id="queues"),
+                      "finished, last hour", "failed, last hour", "paused", *(["action"] if csrf else [])],
+                     rows, "no queue has work or limits", id="queues"),
                tag("p", f"Counts stop at {COUNT_CAP:,} (shown as {COUNT_CAP:,}+); throughput over {span}.",
                    class_="note"))
+
+
+def _pause_button(queue: str, pause: bool, csrf: str) -> Html:
+    """A form that pauses (or resumes) ``queue``: the fleet stops (or starts again) claiming its work."""
+    action = "pause" if pause else "resume"
+    return tag("form", tag("input", type="hidden", name="queue", value=queue),
+               tag("input", type="hidden", name="action", value=action),
+               tag("input", type="hidden", name="csrf", value=csrf),
+               tag("button", action.capitalize(), type="submit", class_="button" + (" danger" if pause else ""),
+                   id=f"{action}-{queue}"),
+               method="post", action="/queue-action", class_="inline")
 
 
 def _workers(view: Overview) -> Html:

@@ -144,15 +144,21 @@ class Dashboard:
     # -- pages -------------------------------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        return HTMLResponse(overview_page(await self.reader.overview()))
+        return HTMLResponse(overview_page(await self.reader.overview(), self._action_csrf(request)))
+
+    def _action_csrf(self, request: Request) -> str | None:
+        """This browser's CSRF token for the overview's queue buttons; None when actions are off."""
+        return self.csrf(request) if self.allow_actions else None
 
     async def live_overview(self, request: Request) -> Response:
+        csrf = self._action_csrf(request)
+
         async def events() -> AsyncIterator[str]:
             yield "retry: 3000\n\n"
             while True:
                 await anyio.sleep(OVERVIEW_EVERY)
                 view = await self.reader.overview()
-                yield f"event: overview\ndata: {json.dumps(str(overview_parts(view)))}\n\n"
+                yield f"event: overview\ndata: {json.dumps(str(overview_parts(view, csrf)))}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -309,6 +315,24 @@ class Dashboard:
             raise HTTPException(409, str(exc)) from None
         return RedirectResponse(path("workflow", id=handle.id), status_code=303)
 
+    async def queue_act(self, request: Request) -> Response:
+        """Pause or resume a queue (the overview's buttons)."""
+        self._actions_on()
+        form = await self._form(request)
+        self._checked_post(request, form)
+        action, queue = form.get("action"), form.get("queue", "")
+        if action not in ("pause", "resume"):
+            raise HTTPException(400, "action is pause or resume")
+        try:
+            if action == "pause":
+                await self.app.pause_queue_async(queue)
+            else:
+                await self.app.resume_queue_async(queue)
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(400, str(exc)) from None
+        self.reader.changed()
+        return RedirectResponse("/", status_code=303)
+
     # -- access ------------------------------------------------------------------------------------------
 
     async def login(self, request: Request) -> Response:
@@ -425,6 +449,7 @@ def create_app(app: App, *, token: str | None = None, allow_actions: bool = Fals
         Route("/live/stream", dashboard.live_stream),
         Route("/confirm", dashboard.confirm),
         Route("/action", dashboard.act, methods=["POST"]),
+        Route("/queue-action", dashboard.queue_act, methods=["POST"]),
         Route("/login", dashboard.login, methods=["GET", "POST"]),
         Route("/logout", dashboard.logout, methods=["GET", "POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

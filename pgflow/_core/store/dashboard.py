@@ -63,7 +63,7 @@ def edge_statement(schema: str, since: bool) -> str:
 
 QUEUES = (
     # The queues with queued or running workflows, found by skipping along the partial indexes one
-    # queue at a time (never reading a queue's rows), and those with limits; at most %(queues)s.
+    # queue at a time (never reading a queue's rows), and those with limits or paused; at most %(queues)s.
     "WITH RECURSIVE waiting AS ("
     "  (SELECT queue, 1 AS n FROM {s}.workflows WHERE status = 'queued' ORDER BY queue LIMIT 1)"
     "  UNION ALL SELECT (SELECT w.queue FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue > waiting.queue"
@@ -74,7 +74,8 @@ QUEUES = (
     "   ORDER BY w.queue LIMIT 1), n + 1 FROM busy WHERE busy.queue IS NOT NULL AND n < %(queues)s),"
     " named AS (SELECT queue FROM waiting WHERE queue IS NOT NULL UNION SELECT queue FROM busy"
     "  WHERE queue IS NOT NULL UNION SELECT name FROM (SELECT name FROM {s}.queues ORDER BY name"
-    "  LIMIT %(queues)s) limited)"
+    "  LIMIT %(queues)s) limited UNION SELECT name FROM (SELECT name FROM {s}.paused_queues ORDER BY name"
+    "  LIMIT %(queues)s) paused)"
     # Counts read in index order, so each stops after %(cap)s entries (a bitmap scan would gather
     # every entry of a deep backlog before its limit applied).
     " SELECT n.queue,"
@@ -86,9 +87,9 @@ QUEUES = (
     "   WHERE w.status = 'queued' AND w.queue = n.queue AND w.due_at <= {s}.clock_now() ORDER BY w.due_at LIMIT 1),"
     "  (SELECT count(*) FROM (SELECT FROM {s}.workflows w WHERE w.status = 'running' AND w.queue = n.queue"
     "   ORDER BY w.queue LIMIT %(cap)s) c),"
-    "  q.concurrency, q.rate_limit, q.rate_period"
+    "  q.concurrency, q.rate_limit, q.rate_period, p.paused_at"
     " FROM (SELECT queue FROM named ORDER BY queue LIMIT %(queues)s) n"
-    " LEFT JOIN {s}.queues q ON q.name = n.queue ORDER BY n.queue"
+    " LEFT JOIN {s}.queues q ON q.name = n.queue LEFT JOIN {s}.paused_queues p ON p.name = n.queue ORDER BY n.queue"
 )
 
 
