@@ -8,6 +8,7 @@ table is the only truth.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -19,7 +20,7 @@ import anyio
 
 from .._core.signals import News
 from .._core.store import Store
-from .._core.store.free_streams import Appended, Chunk, Created, Fork, FreeStream, FreeStreams, Producer
+from .._core.store.free_streams import Append, Appended, Chunk, Created, Fork, FreeStream, FreeStreams, Producer
 from ..app import App
 from . import protocol as p
 from .http import Receive, Request, Send, answer, read_body, sse_control, sse_data, until_disconnect
@@ -29,7 +30,65 @@ T = TypeVar("T")
 READ_ROWS = 1000  # rows of one answer, at most
 READ_BYTES = 1024 * 1024  # bytes of one answer, at most (its first chunk whatever its size)
 SSE_SECONDS = 60.0  # an SSE answer ends after this long, so that clients reconnect (PROTOCOL.md 10.2)
+BATCH = 256  # appends in one transaction, at most
 _KEY_PERSON = b"pgflow.freestrm"
+
+
+class AppendBatcher:
+    """Group commit of appends: the appends that arrive while a batch is being written go together in
+    the next one, one transaction for all of them (``FreeStreams.append_many``), each request awaiting
+    its own answer. Under load that is one commit (one WAL flush) for many requests instead of one
+    each; alone, an append waits for nobody. A batch that fails as a whole is tried again one append
+    at a time, so an append that breaks it fails alone."""
+
+    def __init__(self, db: Callable[[Callable[[FreeStreams], Awaitable[list[Appended | Exception]]]],
+                                    Awaitable[list[Appended | Exception]]]) -> None:
+        self._db = db
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[Append, asyncio.Future[Appended]]]] = {}
+        self._flushers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self.batches = 0
+
+    async def submit(self, append: Append) -> Appended:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Appended] = loop.create_future()
+        self._pending.setdefault(loop, []).append((append, future))
+        if loop not in self._flushers:
+            self._flushers[loop] = loop.create_task(self._flush(loop))
+        return await future
+
+    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while self._pending.get(loop):
+                pending = self._pending[loop]
+                batch, self._pending[loop] = pending[:BATCH], pending[BATCH:]
+                self.batches += 1
+                try:
+                    results = await self._db(functools.partial(_append_many, [a for a, _ in batch]))
+                except Exception as exc:  # noqa: BLE001 - each one alone, so that only the culprit fails
+                    if len(batch) == 1:
+                        results = [exc]
+                    else:
+                        results = []
+                        for append, _ in batch:
+                            try:
+                                results += await self._db(functools.partial(_append_many, [append]))
+                            except Exception as alone:  # noqa: BLE001 - this append's own failure
+                                results.append(alone)
+                for (_, future), result in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            del self._flushers[loop]
+            if not self._pending.get(loop):
+                self._pending.pop(loop, None)
+
+
+async def _append_many(appends: list[Append], statements: FreeStreams) -> list[Appended | Exception]:
+    return await statements.append_many(appends)
 
 
 def ping_key(path: str) -> str:
@@ -46,6 +105,7 @@ class FreeStreamsHttp:
         self.long_poll = long_poll
         self.max_body = max_body
         self._statements: dict[int, FreeStreams] = {}
+        self.batcher = AppendBatcher(self.db)
 
     async def db(self, fn: Callable[[FreeStreams], Awaitable[T]]) -> T:
         runtime = self.app._client.runtime()
@@ -142,8 +202,7 @@ class FreeStreamsHttp:
                 return p.json_messages(body, allow_empty=False)
             return [body]
 
-        done: Appended = await self.db(lambda s: s.append(request.path, media, bool(body), units_of, close, seq,
-                                                          producer))
+        done = await self.batcher.submit(Append(request.path, media, bool(body), units_of, close, seq, producer))
         await self._appended(request.path, done, producer, send, not body)
 
     async def _appended(self, path: str, done: Appended, producer: Producer | None, send: Send,

@@ -2,8 +2,9 @@
 
 Each method is one transaction. A write locks its stream's row first (``FOR UPDATE``): appends to one
 stream are serialised, so the producer checks, the chunks and the new tail commit together or not at
-all (a retried request finds either everything or nothing). The chunks of one request go in one
-multi-row INSERT. Expiry is decided by the server's clock (``now()``), so every process agrees; an
+all (a retried request finds either everything or nothing). Appends are group-committed: a batch of
+them, to any streams, is one transaction of three statements (``append_many``), however many chunks
+and streams it holds. Expiry is decided by the server's clock (``now()``), so every process agrees; an
 expired stream is deleted by the first request that finds it (or by the prune), and answers as if it
 had never been.
 
@@ -28,11 +29,6 @@ _EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds I
             " AND touched_at + ttl_seconds * interval '1 second' <= now()))")
 _FIND = f"SELECT {_COLUMNS}, {_EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
 _LOCK = _FIND + " FOR UPDATE"
-# The stream locked, with a producer's state when one is named (one round trip).
-_LOCK_WITH_PRODUCER = (
-    f"SELECT {_COLUMNS}, {_EXPIRED}, p.epoch, p.seq FROM {{s}}.free_streams s LEFT JOIN {{s}}.free_producers p"
-    " ON p.stream_id = s.id AND p.producer = %(producer)s WHERE s.path = %(path)s FOR UPDATE OF s"
-)
 _HAS_FORKS = "SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)"
 _INSERT = (
     "INSERT INTO {s}.free_streams (path, content_type, closed, ttl_seconds, expires_at, forked_from,"
@@ -45,23 +41,30 @@ _CHUNKS = (
     " SELECT %(id)s, e, n, %(batch_end)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
     " %(datas)s::bytea[]) AS u(e, n, d)"
 )
-# An append's writes in one statement: its chunks, the stream's new tail (and closure), and the
-# producer's state when there is one.
-_APPEND = (
-    "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
-    "  SELECT %(id)s, e, n, %(tail)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
-    "  %(datas)s::bytea[]) AS u(e, n, d)),"
-    " producer AS (INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq)"
-    "  SELECT %(id)s, %(producer)s, %(epoch)s, %(seq)s WHERE %(producer)s::text IS NOT NULL"
-    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq)"
-    " UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
-    " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
-    " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
-)
 _SET_TAIL = (
     "UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
     " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
+)
+# Group commit: the streams of a batch of appends locked in id order (so two batches cannot deadlock),
+# with the state of every producer the batch names; then every write of the batch in one statement.
+_LOCK_MANY = (
+    f"SELECT {_COLUMNS}, {_EXPIRED}, p.producer, p.epoch, p.seq FROM {{s}}.free_streams s"
+    " LEFT JOIN {s}.free_producers p ON p.stream_id = s.id AND p.producer = ANY(%(producers)s::text[])"
+    " WHERE s.path = ANY(%(paths)s::text[]) ORDER BY s.id FOR UPDATE OF s"
+)
+_APPEND_MANY = (
+    "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
+    "  SELECT * FROM unnest(%(c_ids)s::bigint[], %(c_ends)s::bigint[], %(c_sizes)s::bigint[],"
+    "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[])),"
+    " producers AS (INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq)"
+    "  SELECT * FROM unnest(%(p_ids)s::bigint[], %(p_names)s::text[], %(p_epochs)s::bigint[], %(p_seqs)s::bigint[])"
+    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq)"
+    " UPDATE {s}.free_streams s SET tail = u.tail, closed = u.closed, closed_by = u.closed_by,"
+    " stream_seq = u.stream_seq, touched_at = now() FROM unnest(%(s_ids)s::bigint[], %(s_tails)s::bigint[],"
+    " %(s_closed)s::boolean[], %(s_closed_by)s::text[], %(s_seqs)s::text[])"
+    " AS u(id, tail, closed, closed_by, stream_seq)"
+    " WHERE s.id = u.id"
 )
 _TOUCH = "UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL"
 # The rows that hold positions from %(start)s on, below %(stop)s, at most %(rows)s of them and
@@ -145,6 +148,20 @@ class Appended:
     epoch: int = 0
     seq: int = 0
     expected: int = 0
+
+
+@dataclass(frozen=True)
+class Append:
+    """One POST: its body's units as ``units_of(stream)`` splits them (by the stream's mode; it may raise,
+    for a body the stream's mode refuses), and what its headers ask."""
+
+    path: str
+    content_type: str | None
+    has_body: bool
+    units_of: Callable[[FreeStream], list[bytes]]
+    close: bool
+    stream_seq: str | None
+    producer: Producer | None
 
 
 @dataclass(frozen=True)
@@ -287,54 +304,71 @@ class FreeStreams(Statements):
                                                   "closed_by": closed_by, "stream_seq": stream_seq})
         return tail
 
-    async def append(self, path: str, content_type: str | None, has_body: bool,
-                     units_of: Callable[[FreeStream], list[bytes]], close: bool, stream_seq: str | None,
-                     producer: Producer | None) -> Appended:
-        """POST: the checks of the protocol in its order (closed first), then the chunks: the body's
-        units as ``units_of(stream)`` splits them (by the stream's mode; an exception it raises, for a
-        malformed body, rolls the transaction back)."""
+    async def append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+        """Group commit: a batch of appends (to any streams) in one transaction of three statements, each
+        judged as ``append`` judges it, in the order given, on the state the ones before it left. An
+        append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
+        the others are unaffected."""
         async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(_LOCK_WITH_PRODUCER), {
-                "path": path, "producer": producer.id if producer is not None else None})
-            row = await cur.fetchone()
-            if row is None:
-                return Appended("missing")
-            stream, expired = _row(row)
-            if expired and not stream.deleted:
-                await self._remove(conn, stream.id)
-                return Appended("missing")
-            if stream.deleted:
-                return Appended("gone", stream)
-            json_mode = base_type(stream.content_type) == "application/json"
-            state = (int(row[15]), int(row[16])) if producer is not None and row[15] is not None else None
-            if stream.closed:
-                if producer is not None and stream.closed_by == producer.mark():
-                    return Appended("duplicate", stream, producer.epoch, producer.seq)
-                if not has_body:
-                    return Appended("duplicate", stream)
-                return Appended("closed", stream)
-            units = units_of(stream)
-            if units and content_type is not None and base_type(content_type) != base_type(stream.content_type):
-                return Appended("type", stream)
-            if producer is not None:
-                refused = _check_producer(stream, state, producer)
-                if refused is not None:
-                    return refused
-            if stream_seq is not None and stream.stream_seq is not None and stream_seq <= stream.stream_seq:
-                return Appended("seq", stream)
-            sizes = [1 if json_mode else len(u) for u in units]
-            ends, tail = [], stream.tail
-            for size in sizes:
-                tail += size
-                ends.append(tail)
-            await conn.execute(self._sql(_APPEND), {
-                "id": stream.id, "ends": ends, "sizes": sizes, "datas": units, "tail": tail, "close": close,
-                "closed_by": producer.mark() if producer is not None else "", "stream_seq": stream_seq,
-                "producer": producer.id if producer is not None else None,
-                "epoch": producer.epoch if producer is not None else None,
-                "seq": producer.seq if producer is not None else None})
-            after = replace(stream, tail=tail, closed=stream.closed or close)
-            return Appended("ok", after, producer.epoch if producer else 0, producer.seq if producer else 0)
+            cur = await conn.execute(self._sql(_LOCK_MANY), {
+                "paths": sorted({a.path for a in appends}),
+                "producers": sorted({a.producer.id for a in appends if a.producer is not None})})
+            streams: dict[str, FreeStream] = {}
+            states: dict[tuple[int, str], tuple[int, int]] = {}
+            for row in await cur.fetchall():
+                stream, expired = _row(row)
+                if expired and not stream.deleted:
+                    await self._remove(conn, stream.id)
+                    continue
+                streams[stream.path] = stream
+                if row[15] is not None:
+                    states[(stream.id, str(row[15]))] = (int(row[16]), int(row[17]))
+            results: list[Appended | Exception] = []
+            chunks: tuple[list[int], list[int], list[int], list[int], list[bytes]] = ([], [], [], [], [])
+            written: dict[int, FreeStream] = {}
+            touched: dict[tuple[int, str], tuple[int, int]] = {}
+            for append in appends:
+                try:
+                    result = _judge(append, streams.get(append.path), states)
+                except Exception as exc:  # noqa: BLE001 - the body's own refusal: this append's answer alone
+                    results.append(exc)
+                    continue
+                if isinstance(result, Appended):
+                    results.append(result)
+                    continue
+                stream, units = result
+                json_mode = base_type(stream.content_type) == "application/json"
+                tail = stream.tail
+                for unit in units:
+                    size = 1 if json_mode else len(unit)
+                    tail += size
+                    chunks[0].append(stream.id)
+                    chunks[1].append(tail)
+                    chunks[2].append(size)
+                    chunks[4].append(unit)
+                chunks[3].extend([tail] * len(units))
+                producer = append.producer
+                closing = append.close and not stream.closed
+                after = replace(stream, tail=tail, closed=stream.closed or append.close,
+                                closed_by=(producer.mark() if producer else "") if closing else stream.closed_by,
+                                stream_seq=append.stream_seq if append.stream_seq is not None else stream.stream_seq)
+                streams[stream.path] = written[stream.id] = after
+                if producer is not None:
+                    states[(stream.id, producer.id)] = touched[(stream.id, producer.id)] = (producer.epoch,
+                                                                                            producer.seq)
+                results.append(Appended("ok", after, producer.epoch if producer else 0,
+                                        producer.seq if producer else 0))
+            if written:
+                ids = list(written)
+                await conn.execute(self._sql(_APPEND_MANY), {
+                    "c_ids": chunks[0], "c_ends": chunks[1], "c_sizes": chunks[2], "c_batch_ends": chunks[3],
+                    "c_datas": chunks[4],
+                    "p_ids": [k[0] for k in touched], "p_names": [k[1] for k in touched],
+                    "p_epochs": [v[0] for v in touched.values()], "p_seqs": [v[1] for v in touched.values()],
+                    "s_ids": ids, "s_tails": [written[i].tail for i in ids],
+                    "s_closed": [written[i].closed for i in ids], "s_closed_by": [written[i].closed_by for i in ids],
+                    "s_seqs": [written[i].stream_seq for i in ids]})
+            return results
 
     async def read(self, stream: FreeStream, start: int, rows: int, budget: int) -> list[Chunk]:
         """The chunks from ``start`` on (a fork's inherited ones first), one bounded page; the read
@@ -398,6 +432,31 @@ class FreeStreams(Statements):
             async with self.pool.connection() as conn, conn.transaction():
                 await self._find(conn, path, lock=True)  # deletes it if it is (still) expired
         return len(paths)
+
+
+def _judge(append: Append, stream: FreeStream | None,
+           states: dict[tuple[int, str], tuple[int, int]]) -> Appended | tuple[FreeStream, list[bytes]]:
+    """The protocol's checks of one append, in its order (closed first): the refusal, or the stream and
+    the units to write."""
+    producer = append.producer
+    if stream is None:
+        return Appended("missing")
+    if stream.deleted:
+        return Appended("gone", stream)
+    if stream.closed:
+        if producer is not None and stream.closed_by == producer.mark():
+            return Appended("duplicate", stream, producer.epoch, producer.seq)
+        return Appended("closed" if append.has_body else "duplicate", stream)
+    units = append.units_of(stream)
+    if units and append.content_type is not None and base_type(append.content_type) != base_type(stream.content_type):
+        return Appended("type", stream)
+    if producer is not None:
+        refused = _check_producer(stream, states.get((stream.id, producer.id)), producer)
+        if refused is not None:
+            return refused
+    if append.stream_seq is not None and stream.stream_seq is not None and append.stream_seq <= stream.stream_seq:
+        return Appended("seq", stream)
+    return stream, units
 
 
 def _same_time(a: datetime | None, b: datetime | None) -> bool:
