@@ -13,7 +13,7 @@ import base64
 import functools
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -27,6 +27,8 @@ from .http import Receive, Request, Send, answer, read_body, sse_control, sse_da
 from .protocol import Refused
 
 T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
 READ_ROWS = 1000  # rows of one answer, at most
 READ_BYTES = 1024 * 1024  # bytes of one answer, at most (its first chunk whatever its size)
 SSE_SECONDS = 60.0  # an SSE answer ends after this long, so that clients reconnect (PROTOCOL.md 10.2)
@@ -34,24 +36,27 @@ BATCH = 256  # appends in one transaction, at most
 _KEY_PERSON = b"pgflow.freestrm"
 
 
-class AppendBatcher:
-    """Group commit of appends: the appends that arrive while a batch is being written go together in
-    the next one, one transaction for all of them (``FreeStreams.append_many``), each request awaiting
-    its own answer. Under load that is one commit (one WAL flush) for many requests instead of one
-    each; alone, an append waits for nobody. A batch that fails as a whole is tried again one append
-    at a time, so an append that breaks it fails alone."""
+class Batcher(Generic[A, R]):
+    """Requests that arrive while a batch is being run go together in the next one (``run`` answers a
+    list of them at once, in order, an exception standing for a request's own failure), each request
+    awaiting its own answer; alone, a request waits for nobody. A batch that fails as a whole is run
+    again one request at a time, so that only the culprit fails.
 
-    def __init__(self, db: Callable[[Callable[[FreeStreams], Awaitable[list[Appended | Exception]]]],
-                                    Awaitable[list[Appended | Exception]]]) -> None:
-        self._db = db
-        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[Append, asyncio.Future[Appended]]]] = {}
+    Appends use it for group commit (one transaction, one WAL flush, for every append of a batch:
+    ``FreeStreams.append_many``), readers for shared reads (one query for every reader woken together:
+    ``FreeStreams.read_many``)."""
+
+    def __init__(self, run: Callable[[list[A]], Awaitable[list[R | Exception]]], most: int) -> None:
+        self._run = run
+        self._most = most
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[A, asyncio.Future[R]]]] = {}
         self._flushers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         self.batches = 0
 
-    async def submit(self, append: Append) -> Appended:
+    async def submit(self, request: A) -> R:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Appended] = loop.create_future()
-        self._pending.setdefault(loop, []).append((append, future))
+        future: asyncio.Future[R] = loop.create_future()
+        self._pending.setdefault(loop, []).append((request, future))
         if loop not in self._flushers:
             self._flushers[loop] = loop.create_task(self._flush(loop))
         return await future
@@ -60,22 +65,14 @@ class AppendBatcher:
         try:
             while self._pending.get(loop):
                 pending = self._pending[loop]
-                batch, self._pending[loop] = pending[:BATCH], pending[BATCH:]
+                batch, self._pending[loop] = pending[:self._most], pending[self._most:]
                 self.batches += 1
                 try:
-                    results = await self._db(functools.partial(_append_many, [a for a, _ in batch]))
+                    results = await self._run([request for request, _ in batch])
                 except Exception as exc:  # noqa: BLE001 - each one alone, so that only the culprit fails
-                    if len(batch) == 1:
-                        results = [exc]
-                    else:
-                        results = []
-                        for append, _ in batch:
-                            try:
-                                results += await self._db(functools.partial(_append_many, [append]))
-                            except Exception as alone:  # noqa: BLE001 - this append's own failure
-                                results.append(alone)
+                    results = [exc] if len(batch) == 1 else [await self._alone(request) for request, _ in batch]
                 for (_, future), result in zip(batch, results, strict=True):
-                    if future.done():
+                    if future.done():  # (its request was cancelled: its client left)
                         continue
                     if isinstance(result, Exception):
                         future.set_exception(result)
@@ -86,9 +83,11 @@ class AppendBatcher:
             if not self._pending.get(loop):
                 self._pending.pop(loop, None)
 
-
-async def _append_many(appends: list[Append], statements: FreeStreams) -> list[Appended | Exception]:
-    return await statements.append_many(appends)
+    async def _alone(self, request: A) -> R | Exception:
+        try:
+            return (await self._run([request]))[0]
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            return exc
 
 
 def ping_key(path: str) -> str:
@@ -105,7 +104,14 @@ class FreeStreamsHttp:
         self.long_poll = long_poll
         self.max_body = max_body
         self._statements: dict[int, FreeStreams] = {}
-        self.batcher = AppendBatcher(self.db)
+        self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
+        self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
+
+    async def _append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+        return await self.db(lambda s: s.append_many(appends))
+
+    async def _read_many(self, asks: list[tuple[str, int]]) -> list[tuple[FreeStream | None, list[Chunk]] | Exception]:
+        return list(await self.db(lambda s: s.read_many(asks, READ_ROWS, READ_BYTES)))
 
     async def db(self, fn: Callable[[FreeStreams], Awaitable[T]]) -> T:
         runtime = self.app._client.runtime()
@@ -202,7 +208,7 @@ class FreeStreamsHttp:
                 return p.json_messages(body, allow_empty=False)
             return [body]
 
-        done = await self.batcher.submit(Append(request.path, media, bool(body), units_of, close, seq, producer))
+        done = await self.appends.submit(Append(request.path, media, bool(body), units_of, close, seq, producer))
         await self._appended(request.path, done, producer, send, not body)
 
     async def _appended(self, path: str, done: Appended, producer: Producer | None, send: Send,
@@ -244,14 +250,6 @@ class FreeStreamsHttp:
     # -- GET and HEAD ---------------------------------------------------------------------------------
 
     async def read(self, request: Request, receive: Receive, send: Send) -> None:
-        stream = await self.db(lambda s: s.get(request.path))
-        if stream is None:
-            raise Refused(404, "no stream at this path")
-        if stream.deleted:
-            raise Refused(410, "this stream was deleted")
-        if request.method == "HEAD":
-            await answer(send, 200, _meta(stream) | {"etag": _etag(stream, -1, stream.tail)})
-            return
         offset = request.one("offset")
         live = request.one("live")
         client_cursor = request.one("cursor")
@@ -261,11 +259,26 @@ class FreeStreamsHttp:
             raise Refused(400, "offset is empty: give -1, now, or a Stream-Next-Offset")
         if live is not None and offset is None:
             raise Refused(400, f"live={live} needs an offset (-1 for the start, now for the tail)")
-        position = 0 if offset in (None, "-1") else stream.tail if offset == "now" else p.parse_offset(offset)
+        start = 0 if offset in (None, "-1") else None if offset == "now" else p.parse_offset(offset)
+        got: tuple[FreeStream | None, list[Chunk]]
+        if request.method == "HEAD" or start is None:
+            got = await self.db(lambda s: s.get(request.path)), []
+        else:  # the stream and its chunks, in a read shared with every reader asking meanwhile
+            got = await self.reads.submit((request.path, start))
+        maybe, chunks = got
+        if maybe is None:
+            raise Refused(404, "no stream at this path")
+        stream = maybe
+        if stream.deleted:
+            raise Refused(410, "this stream was deleted")
+        if request.method == "HEAD":
+            await answer(send, 200, _meta(stream) | {"etag": _etag(stream, -1, stream.tail)})
+            return
+        position = stream.tail if start is None else start
         if position > stream.tail:
             raise Refused(400, "offset is past the stream's tail (an offset of another stream at this path?)")
         if live == "sse":
-            await self.sse(request.path, stream, position, client_cursor, receive, send)
+            await self.sse(request.path, stream, chunks, position, client_cursor, receive, send)
             return
         json_mode = p.is_json(stream.content_type)
         if offset == "now" and live is None:
@@ -275,7 +288,6 @@ class FreeStreamsHttp:
                 out[p.CLOSED] = "true"
             await answer(send, 200, out, b"[]" if json_mode else b"")
             return
-        chunks = await self.db(functools.partial(_read, stream, position))
         if not chunks and live == "long-poll" and not stream.closed:
             found = await self._wait(request.path, position, self.long_poll)
             if found is None:
@@ -311,19 +323,18 @@ class FreeStreamsHttp:
         and the poll; None when ``timeout`` passes first."""
 
         async def check() -> tuple[FreeStream, list[Chunk]] | None:
-            stream = await self.db(lambda s: s.get(path))
+            stream, chunks = await self.reads.submit((path, position))
             if stream is None:
                 raise Refused(404, "the stream was deleted")
             if stream.deleted:
                 return stream, []
-            chunks = await self.db(functools.partial(_read, stream, position)) if stream.tail > position else []
             return (stream, chunks) if chunks or stream.closed else None
 
         runtime = self.app._client.runtime()
         return await runtime.wait_for([ping_key(path)], check, timeout)
 
-    async def sse(self, path: str, stream: FreeStream, position: int, client_cursor: str | None,
-                  receive: Receive, send: Send) -> None:
+    async def sse(self, path: str, stream: FreeStream, chunks: list[Chunk], position: int,
+                  client_cursor: str | None, receive: Receive, send: Send) -> None:
         """Server-Sent Events: each data event followed by its control event; closed at the stream's end,
         or after ``SSE_SECONDS`` (the client reconnects from the last control's offset)."""
         json_mode = p.is_json(stream.content_type)
@@ -340,7 +351,6 @@ class FreeStreamsHttp:
         async with anyio.create_task_group() as group:
             group.start_soon(until_disconnect, receive, group.cancel_scope)
             with anyio.move_on_after(SSE_SECONDS):
-                chunks = await self.db(functools.partial(_read, stream, position))
                 while True:
                     data = b""  # sent with its control event, in one write: a reader sees both or neither
                     if chunks:
@@ -366,19 +376,14 @@ class FreeStreamsHttp:
                             break
                         stream, chunks = found
                     else:  # a page cut short: the next one at once
-                        latest = await self.db(lambda s: s.get(path))
+                        latest, chunks = await self.reads.submit((path, position))
                         if latest is None:
                             break
                         stream = latest
-                        chunks = await self.db(functools.partial(_read, stream, position))
                     if stream.deleted:
                         break
             group.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _read(stream: FreeStream, position: int, statements: FreeStreams) -> list[Chunk]:
-    return await statements.read(stream, position, READ_ROWS, READ_BYTES)
 
 
 async def _touch(stream: FreeStream, statements: FreeStreams) -> None:

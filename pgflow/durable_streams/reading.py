@@ -16,7 +16,6 @@ The reader waits like the server's own readers: on the stream's pings and pgflow
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ import msgspec
 from .._core.twins import iterate
 from ..app import App
 from . import protocol as p
-from .free import FreeStreamsHttp, _read
+from .free import FreeStreamsHttp
 from .server import LONG_POLL, MAX_BODY
 
 
@@ -38,10 +37,9 @@ async def read_free_stream_async(app: App, path: str, offset: str = "-1", *, liv
     streams = FreeStreamsHttp(app, wait, MAX_BODY)
     position = 0 if offset == "-1" else p.parse_offset(offset)
     while True:
-        stream = await streams.db(lambda s: s.get(path))
+        stream, chunks = await streams.reads.submit((path, position))
         if stream is None or stream.deleted:
             raise LookupError(f"no stream at {path!r}")
-        chunks = await streams.db(functools.partial(_read, stream, position))
         json_mode = p.is_json(stream.content_type)
         for chunk in chunks:
             position = chunk.end

@@ -75,6 +75,23 @@ _READ = (
     "  FROM {s}.free_chunks WHERE stream_id = %(id)s AND end_pos > %(start)s AND end_pos - size < %(stop)s"
     "  ORDER BY end_pos LIMIT %(rows)s) r WHERE before < %(budget)s OR before = 0 ORDER BY end_pos"
 )
+# Shared reads: for each (path, start) asked, the stream's row and its own chunks from start on (a page
+# each), in one statement for every reader of a batch. A fork read below its fork point is read apart.
+_S_COLUMNS = ", ".join("s." + c.strip() for c in _COLUMNS.split(","))
+_S_EXPIRED = ("((s.expires_at IS NOT NULL AND s.expires_at <= now()) OR (s.ttl_seconds IS NOT NULL"
+              " AND s.touched_at + s.ttl_seconds * interval '1 second' <= now()))")
+_READ_MANY = (
+    f"SELECT r.n, {_S_COLUMNS}, {_S_EXPIRED},"
+    " c.end_pos, c.size, c.batch_end, c.data"
+    " FROM unnest(%(paths)s::text[], %(starts)s::bigint[]) WITH ORDINALITY AS r(path, start, n)"
+    " JOIN {s}.free_streams s ON s.path = r.path"
+    " LEFT JOIN LATERAL (SELECT end_pos, size, batch_end, data FROM (SELECT end_pos, size, batch_end, data,"
+    "   sum(octet_length(data)) OVER (ORDER BY end_pos) - octet_length(data) AS before"
+    "   FROM {s}.free_chunks WHERE stream_id = s.id AND end_pos > r.start AND end_pos - size < s.tail"
+    "   ORDER BY end_pos LIMIT %(rows)s) w WHERE before < %(budget)s OR before = 0) c ON true"
+    " ORDER BY r.n, c.end_pos"
+)
+_TOUCH_MANY = "UPDATE {s}.free_streams SET touched_at = now() WHERE id = ANY(%(ids)s::bigint[])"
 _SOURCE = f"SELECT {_COLUMNS}, false FROM {{s}}.free_streams WHERE id = %(id)s"
 _DELETE = "DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from"
 _SOFT_DELETE = "UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s"
@@ -369,6 +386,41 @@ class FreeStreams(Statements):
                     "s_closed": [written[i].closed for i in ids], "s_closed_by": [written[i].closed_by for i in ids],
                     "s_seqs": [written[i].stream_seq for i in ids]})
             return results
+
+    async def read_many(self, asks: list[tuple[str, int]], rows: int,
+                        budget: int) -> list[tuple[FreeStream | None, list[Chunk]]]:
+        """Shared reads: for each (path, start), the stream (None: there is none, or it expired) and a
+        page of its chunks from ``start`` on, for every reader of a batch in one statement (and one more
+        when some of the streams have a sliding TTL, which a read moves on)."""
+        found: list[tuple[FreeStream | None, list[Chunk]]] = [(None, []) for _ in asks]
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(_READ_MANY), {
+                "paths": [a[0] for a in asks], "starts": [a[1] for a in asks], "rows": rows, "budget": budget})
+            expired: list[int] = []
+            for row in await cur.fetchall():
+                n = int(row[0]) - 1
+                stream, gone = _row(row[1:16])
+                if gone and not stream.deleted:
+                    expired.append(n)
+                    continue
+                chunks = found[n][1]
+                found[n] = (stream, chunks)
+                if row[16] is not None:
+                    end, size, batch_end, data = int(row[16]), int(row[17]), int(row[18]), bytes(row[19])
+                    first, start = end - size, asks[n][1]
+                    if first < start:  # (bytes: an offset inside an append)
+                        data, first = data[start - first:], start
+                    chunks.append(Chunk(first, end, batch_end, data))
+            for n, (fork, _) in enumerate(found):
+                if fork is not None and fork.forked_from is not None and fork.fork_offset is not None \
+                        and asks[n][1] < fork.fork_offset:
+                    found[n] = (fork, await self._read_range(conn, fork, asks[n][1], fork.tail, rows, budget))
+            touched = [s.id for s, _ in found if s is not None and s.ttl is not None]
+            if touched:
+                await conn.execute(self._sql(_TOUCH_MANY), {"ids": touched})
+        for n in expired:  # deleted by the request that found them
+            found[n] = (await self.get(asks[n][0]), [])
+        return found
 
     async def read(self, stream: FreeStream, start: int, rows: int, budget: int) -> list[Chunk]:
         """The chunks from ``start`` on (a fork's inherited ones first), one bounded page; the read
