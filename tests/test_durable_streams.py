@@ -283,6 +283,8 @@ async def test_hostile_requests_are_4xx(app: pgflow.App) -> None:
     # Too big, declared or not: 413, and nothing half-written.
     assert (await call(asgi, "POST", "/s", JSON, b"[" + b"1," * 2000 + b"1]"))[0] == 413
     assert (await call(asgi, "POST", "/s", JSON, chunks=[b"[1,", b"2," * 1000, b"3]"]))[0] == 413
+    many = asgi_app(app)  # (the default bound on bytes) more messages in one request than one transaction takes
+    assert (await call(many, "POST", "/s", JSON, b"[" + b"1," * p.MAX_MESSAGES + b"1]"))[0] == 413
     status, _, body = await call(asgi, "GET", "/s")
     assert status == 200 and json.loads(body) == [1]
     # The Host rule (DNS rebinding) and the token.

@@ -32,6 +32,7 @@ SSE_ENCODING = "stream-sse-data-encoding"
 MAX_SAFE = 2**53 - 1  # producer epochs and seqs: JavaScript's exact integers
 MAX_POSITION = 2**62  # no stream grows past it (bigint, with room for sums)
 MAX_TTL = 10 * 365 * 24 * 3600  # seconds: ten years
+MAX_MESSAGES = 10_000  # JSON messages in one request (each a row: a bound on one transaction's work)
 MAX_TEXT_HEADER = 1024  # characters of a producer id, a Stream-Seq, a content type
 OFFSET_WIDTH = 16
 _OFFSET = re.compile(r"[0-9]{1,19}_[0-9]{1,19}")
@@ -149,6 +150,8 @@ def json_messages(body: bytes, *, allow_empty: bool) -> list[bytes]:
         raise Refused(400, f"the body is not valid JSON: {exc}") from None
     if not items and not allow_empty:
         raise Refused(400, "an empty JSON array appends nothing: send at least one message")
+    if len(items) > MAX_MESSAGES:
+        raise Refused(413, f"{len(items)} JSON messages in one request: at most {MAX_MESSAGES}, split them")
     return [bytes(item) for item in items]
 
 
