@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Protocol
 
 import anyio
+import psycopg
 
 log = logging.getLogger("pgflow.retention")
 
@@ -109,7 +110,10 @@ async def prune_expired_streams(store: object, batch: int = PRUNE_BATCH) -> int:
     from .store.free_streams import FreeStreams
 
     streams = FreeStreams(pool, schema)
-    gone = await prune_paced(lambda: streams.delete_expired(batch), batch)
+    try:
+        gone = await prune_paced(lambda: streams.delete_expired(batch), batch)
+    except psycopg.errors.UndefinedTable:  # a schema older than 0029 (held back on purpose): none to prune
+        return 0
     if gone:
         log.info("retention: deleted %d expired free-standing streams", gone)
     return gone
