@@ -27,6 +27,7 @@ from pgflow.dashboard.data import Reader
 from .apps import suspects
 from .helpers import query
 from .processes import LEASE, Processes, lines, result_of
+from .test_crash_attribution import fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.anyio
@@ -81,10 +82,9 @@ def test_after_a_crash_every_place_gives_the_same_attempt_and_step_attempt(
     second run is attempt 2, and the step's second try is step attempt 2, everywhere."""
     wf = suspects.build(app)
     effects, marker = tmp_path / "effects.txt", tmp_path / "crashed"
-    procs.worker("fleet", "tests.apps.suspects:app", worker_env, concurrency=4,
-                 extra=["--processes", "1", "--restart-delay", "0.1"])
-    handle = wf.crash_once.start(str(effects), str(marker))
-    assert result_of(handle, procs) == [2, 2]  # pgflow.attempt(), pgflow.step_attempt() in the second run
+    with fleet(procs, worker_env, processes=1, concurrency=4):
+        handle = wf.crash_once.start(str(effects), str(marker))
+        assert result_of(handle, procs) == [2, 2]  # pgflow.attempt(), pgflow.step_attempt() in the second run
     assert [line.split()[3] for line in lines(effects)] == ["1", "2"]  # the step ran twice, each try counted once
 
     the_same(everywhere_sync(app, handle.id), 2)

@@ -11,9 +11,12 @@ died (as systemd or Kubernetes would), so the test does nothing but start workfl
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +26,27 @@ from pgflow._core.store import Claimed, Store
 
 from .apps import suspects
 from .helpers import query
-from .processes import LEASE, Processes, failure_of, lines, result_of, wait_until
+from .processes import LEASE, Proc, Processes, failure_of, lines, result_of, wait_until
 
 SUSPECTS = "tests.apps.suspects:app"
 RESTARTS = ["--restart-delay", "0.1", "--restart-delay-max", "0.2"]
 BOUND = 60.0  # seconds: what a poison workflow may take to be given up, from its start
 
 
-def fleet(procs: Processes, env: dict[str, str], processes: int, lease: float = LEASE, concurrency: int = 8) -> None:
-    """A supervised fleet of ``processes`` worker processes serving tests/apps/suspects.py."""
-    procs.worker("fleet", SUSPECTS, env, concurrency=concurrency, lease=lease,
-                 extra=["--processes", str(processes), *RESTARTS])
+@contextlib.contextmanager
+def fleet(procs: Processes, env: dict[str, str], processes: int, lease: float = LEASE,
+          concurrency: int = 8) -> Iterator[Proc]:
+    """A supervised fleet of ``processes`` worker processes serving tests/apps/suspects.py, stopped
+    with SIGTERM at the end, which the supervisor passes on to its workers (a SIGKILL would leave them
+    running, orphaned)."""
+    supervisor = procs.worker("fleet", SUSPECTS, env, concurrency=concurrency, lease=lease, grace=0.0,
+                              extra=["--processes", str(processes), *RESTARTS])
+    try:
+        yield supervisor
+    finally:
+        if supervisor.alive():
+            supervisor.signal(signal.SIGTERM)
+            supervisor.wait_exit()
 
 
 @pytest.mark.slow
@@ -42,16 +55,15 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
 ) -> None:
     wf = suspects.build(app)
     effects = tmp_path / "effects.txt"
-    fleet(procs, worker_env, processes=3)
-    innocents = [wf.innocent.start(str(effects), f"i{n}", 3.0) for n in range(20)]
-    wait_until(lambda: len([line for line in lines(effects) if " start " in line]) >= 20,
-               "the 20 innocent workflows to run", procs)
-    began = time.monotonic()
-    poison = wf.poison.start(str(effects), 0.5)  # claimed beside innocents, killing their worker 0.5 s in
-
-    failure = failure_of(poison, procs)
-    failed_after = time.monotonic() - began
-    results = [result_of(handle, procs) for handle in innocents]
+    with fleet(procs, worker_env, processes=3):
+        innocents = [wf.innocent.start(str(effects), f"i{n}", 3.0) for n in range(20)]
+        wait_until(lambda: len([line for line in lines(effects) if " start " in line]) >= 20,
+                   "the 20 innocent workflows to run", procs)
+        began = time.monotonic()
+        poison = wf.poison.start(str(effects), 0.5)  # claimed beside innocents, killing their worker 0.5 s in
+        failure = failure_of(poison, procs)
+        failed_after = time.monotonic() - began
+        results = [result_of(handle, procs) for handle in innocents]
 
     assert failure.error_type == "pgflow.errors.MaxAttemptsExceeded", failure
     assert f"its worker process died {suspects.LIMIT} times while running it alone" in failure.message
@@ -89,11 +101,11 @@ def test_a_poison_workflow_is_given_up_within_a_minute_with_the_default_lease_an
     ends after a few crashes alone, not 20 (it took 217 s before)."""
     wf = suspects.build(app)
     effects = tmp_path / "effects.txt"
-    fleet(procs, worker_env, processes=2, lease=10.0)
-    began = time.monotonic()
-    poison = wf.poison_by_default.start(str(effects), 0.2)
-    failure = failure_of(poison, procs, timeout=120.0)
-    failed_after = time.monotonic() - began
+    with fleet(procs, worker_env, processes=2, lease=10.0):
+        began = time.monotonic()
+        poison = wf.poison_by_default.start(str(effects), 0.2)
+        failure = failure_of(poison, procs, timeout=120.0)
+        failed_after = time.monotonic() - began
     assert failure.error_type == "pgflow.errors.MaxAttemptsExceeded", failure
     assert "its worker process died 3 times while running it alone" in failure.message
     details = app.workflow_details(poison.id)
