@@ -2,9 +2,10 @@
 // loops (each owning STREAMS/PRODUCERS streams, one IdempotentProducer per stream, batching and pipelining
 // as the client does), and a live SSE reader per stream. Each message carries its send time; a reader
 // records now - sent. Closed loop: a producer appends BURST messages to each of its streams, then waits
-// for their acknowledgement, and goes again, for SECONDS.
+// for their acknowledgement, and goes again, for SECONDS. With --rate N, open loop instead: N messages a
+// second in all, each producer appending one at a time to its streams in turn, on a steady clock.
 //
-//   node bench.mjs URL [--streams 64] [--producers 8] [--seconds 10] [--burst 20] [--pids 123,456]
+//   node bench.mjs URL [--streams 64] [--producers 8] [--seconds 10] [--burst 20] [--rate 2000] [--pids 123,456]
 //
 // Prints one JSON line: messages/s read, latency percentiles (ms), and the CPU seconds of this process
 // and of the --pids given (the server, PostgreSQL), to say where the time goes.
@@ -18,6 +19,7 @@ const STREAMS = Number(opt("streams", 64))
 const PRODUCERS = Number(opt("producers", 8))
 const SECONDS = Number(opt("seconds", 10))
 const BURST = Number(opt("burst", 20))
+const RATE = Number(opt("rate", 0))
 const pids = opt("pids", "").split(",").filter(Boolean).map(Number)
 const run = `${Date.now().toString(36)}`
 const ticks = 100 // USER_HZ
@@ -66,6 +68,19 @@ const deadline = started + SECONDS * 1000
 let sent = 0
 await Promise.all(Array.from({ length: PRODUCERS }, async (_, p) => {
   const mine = producers.filter((_, i) => i % PRODUCERS === p)
+  if (RATE > 0) {  // open loop: one message every `interval` ms from this producer, whatever the answers
+    const interval = 1000 * PRODUCERS / RATE
+    let next = performance.now()
+    for (let i = 0; performance.now() < deadline; i++) {
+      const wait = next - performance.now()
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait))
+      mine[i % mine.length].append(JSON.stringify({ t: performance.timeOrigin + performance.now(), p, k: i }))
+      sent++
+      next += interval
+    }
+    await Promise.all(mine.map((producer) => producer.flush()))
+    return
+  }
   while (performance.now() < deadline) {
     for (const producer of mine) {
       for (let k = 0; k < BURST; k++) {
@@ -84,7 +99,7 @@ const others = pids.map((pid, i) => +(groupCpu(pid) - cpuBefore.others[i]).toFix
 latencies.sort((a, b) => a - b)
 const pct = (q) => +(latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? NaN).toFixed(1)
 console.log(JSON.stringify({
-  url, streams: STREAMS, producers: PRODUCERS, seconds: +elapsed.toFixed(1), sent, received,
+  url, streams: STREAMS, producers: PRODUCERS, rate: RATE || null, seconds: +elapsed.toFixed(1), sent, received,
   messages_per_s: Math.round(received / elapsed),
   latency_ms: { p50: pct(0.5), p90: pct(0.9), p99: pct(0.99), max: pct(1) },
   cpu_s: { client: +((used.user + used.system) / 1e6).toFixed(2), ...Object.fromEntries(pids.map((pid, i) => [pid, others[i]])) },

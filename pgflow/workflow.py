@@ -18,12 +18,6 @@ from ._core import telemetry
 from ._core.checks import (
     check_call,
     check_chosen_id,
-    check_debounce_combination,
-    check_debounce_complete,
-    check_debounce_expiry,
-    check_debounce_key,
-    check_debounce_max,
-    check_debounce_window,
     check_eta,
     check_expires,
     check_kwargs,
@@ -34,6 +28,14 @@ from ._core.checks import (
 )
 from ._core.client import Client
 from ._core.codec import encode_unchecked
+from ._core.debounce_options import (
+    check_debounce_combination,
+    check_debounce_complete,
+    check_debounce_expiry,
+    check_debounce_key,
+    check_debounce_max,
+    check_debounce_window,
+)
 from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children

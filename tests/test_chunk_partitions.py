@@ -202,9 +202,10 @@ async def test_a_shorter_period_applies_to_the_partitions_made_after_it(app: pgf
 async def test_an_upgraded_schema_keeps_its_chunks_in_the_first_partition_until_their_streams_are_pruned(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The chunks as they were before 0022, written by this version's code, which needs its fences (0026,
-    # apart from the chunks) to run a worker at all.
-    before = [m for m in migrations.available() if m.version < 22 or m.version == 26]
+    # The chunks as they were before 0022, written by this version's code, which needs what its claims
+    # read (apart from the chunks) to run a worker at all: its fences (0026), the crash attribution's
+    # columns (0028) and the paused queues (0031).
+    before = [m for m in migrations.available() if m.version < 22 or m.version in (26, 28, 31)]
     with monkeypatch.context() as patch:
         patch.setattr(migrations, "available", lambda: before)
         old = pgflow.App(dsn, schema=schema, poll_interval=0.5)

@@ -215,8 +215,10 @@ def cli_env() -> dict[str, str]:
 
 @pytest.mark.parametrize(("target", "says"), [
     ("no_such_module:app", ["cannot import module 'no_such_module'", "PYTHONPATH"]),
-    ("tests.apps.crashy:nothing", ["'tests.apps.crashy:nothing' is not a pgflow.App", "NoneType"]),
-    ("tests.apps.crashy:flows", ["'tests.apps.crashy:flows' is not a pgflow.App", "SimpleNamespace"]),
+    ("tests.apps.crashy:nothing", ["module 'tests.apps.crashy' has no attribute 'nothing'",
+                                   "its pgflow.App: tests.apps.crashy:app"]),
+    ("tests.apps.crashy:flows", ["tests.apps.crashy.flows (from 'tests.apps.crashy:flows') is a SimpleNamespace,"
+                                 " not a pgflow.App", "its pgflow.App: tests.apps.crashy:app"]),
     ("badformat", ["expected module:app", "'badformat'"]),
     ("tests.apps.crashy:", ["expected module:app", "'tests.apps.crashy:'"]),
 ])

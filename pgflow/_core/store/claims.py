@@ -80,27 +80,31 @@ _VERDICT = (
 _NOT_PAUSED = "NOT EXISTS (SELECT FROM {{s}}.paused_queues p WHERE p.name = {queue})"
 
 
-def _claim(full: bool, suspect: bool = False) -> str:
-    """The claim statement: a full one also rescues workflows whose lease ran out, and says whether
-    suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else."""
+def _queued(suspect: bool) -> str:
+    """The claim's first part: the due rows it may take, locked (a suspect's: one, run alone)."""
     if suspect:
-        queued = (
+        return (
             "WITH queued AS (SELECT id, priority, due_at, due_at AS ready_at, " + _VERDICT + " FROM {s}.workflows"
             "   WHERE status = 'queued' AND crashes IS NOT NULL AND queue = ANY(%(queues)s)"
             "   AND due_at <= {s}.clock_now() AND name = ANY(%(names)s) AND " + _NOT_PAUSED.format(queue="queue") +
             "   ORDER BY priority DESC, due_at LIMIT 1 FOR UPDATE SKIP LOCKED),"
         )
-    else:
-        queued = (
-            "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, c.free, c.give_up"
-            "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
-            "   CROSS JOIN LATERAL (SELECT id, priority, due_at, " + _VERDICT + " FROM {s}.workflows"
-            "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
-            # (suspects are skipped with a look at the row the scan fetches anyway, to lock it)
-            "    AND due_at >= coalesce(q.floor, '-infinity') AND crashes IS NULL"
-            "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
-            "   WHERE " + _NOT_PAUSED.format(queue="q.queue") + "),"
-        )
+    return (
+        "WITH queued AS (SELECT c.id, c.priority, c.due_at, c.due_at AS ready_at, c.free, c.give_up"
+        "   FROM unnest(%(queues)s::text[], %(floors)s::timestamptz[]) AS q(queue, floor)"
+        "   CROSS JOIN LATERAL (SELECT id, priority, due_at, " + _VERDICT + " FROM {s}.workflows"
+        "    WHERE status = 'queued' AND queue = q.queue AND due_at <= {s}.clock_now() AND name = ANY(%(names)s)"
+        # (suspects are skipped with a look at the row the scan fetches anyway, to lock it)
+        "    AND due_at >= coalesce(q.floor, '-infinity') AND crashes IS NULL"
+        "    ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
+        "   WHERE " + _NOT_PAUSED.format(queue="q.queue") + "),"
+    )
+
+
+def _claim(full: bool, suspect: bool = False) -> str:
+    """The claim statement: a full one also rescues workflows whose lease ran out, and says whether
+    suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else."""
+    queued = _queued(suspect)
     # Suspects wait (due, in these queues, for these names): the full claim's answer, beside the due time.
     waiting = ("EXISTS (SELECT FROM rescued) OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
                "  AND crashes IS NOT NULL AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
