@@ -94,6 +94,7 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
 
 
 @pytest.mark.slow
+@pytest.mark.chaos  # half a minute a server, waiting out default leases: make chaos runs it
 def test_a_poison_workflow_is_given_up_within_a_minute_with_the_default_lease_and_attempts(
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:
