@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 import pgflow
-from pgflow.dashboard.pages import _health
+from pgflow.dashboard.overview import _health
 from pgflow.records import Health, WorkerInfo
 
 from .processes import LEASE, Processes, wait_until

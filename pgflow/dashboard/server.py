@@ -5,6 +5,10 @@ sent (a bad one is a 400 saying what is expected), ids are what ``app.handle`` a
 bounded and must come from this server's own page (``access``), and the actions are off unless the
 dashboard was started with them on, and never on without a token. Before any route, ``access.Guard``
 checks the Host header, the token and the bound on live connections.
+
+This module has the routes that read and the application around them; the routes that change
+things are in ``actions``, the sign-in routes in ``signin``, and what they all share (the checked
+reading of a request) in ``routes``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import anyio
 from starlette.applications import Starlette
@@ -34,44 +37,15 @@ from starlette.staticfiles import StaticFiles
 
 from .._core.checks import MAX_ID_BYTES, MAX_KEY_BYTES, POSITION_LIMIT, check_text
 from ..app import App
-from ..errors import CannotResume, UnknownWorkflow
-from .access import (
-    CSRF_COOKIE,
-    MAX_LIVE,
-    SESSION_COOKIE,
-    SESSION_HOURS,
-    WILDCARDS,
-    Access,
-    Guard,
-    Hosts,
-    Receive,
-    Scope,
-    Send,
-    client_of,
-    cookie_header,
-    is_loopback,
-    same_origin,
-)
-from .data import OVERVIEW_EVERY, TAIL, WATCH_EVERY, Reader, Value
+from .access import MAX_LIVE, SESSION_HOURS, WILDCARDS, Access, Guard, Hosts, is_loopback
+from .actions import Actions
+from .data import OVERVIEW_EVERY, TAIL, WATCH_EVERY, Value
 from .markup import path
-from .pages import (
-    ENDED,
-    STATUSES,
-    confirm_page,
-    list_page,
-    login_page,
-    logout_page,
-    message_page,
-    overview_page,
-    overview_parts,
-    parse_time,
-    stream_text,
-    workflow_page,
-    workflow_state,
-)
+from .overview import overview_page, overview_parts
+from .pages import ENDED, STATUSES, list_page, message_page, parse_time, stream_text, workflow_page, workflow_state
+from .signin import SignIn
 
 STATIC = Path(__file__).with_name("static")
-MAX_BODY = 16 * 1024  # bytes of a POST: a form of a few fields
 PAGE_SIZE, MAX_PAGE = 50, 500
 SCAN = 5_000  # index entries one page of the list reads at most
 TAILS = 10  # streams whose last chunks a workflow's page reads for itself
@@ -79,67 +53,9 @@ SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 
 
-class Dashboard:
-    """The routes of one dashboard, over one App."""
-
-    def __init__(self, app: App, access: Access, allow_actions: bool) -> None:
-        self.app = app
-        self.access = access
-        self.allow_actions = allow_actions
-        self.reader = Reader(app)
-
-    # -- parameters --------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _text(request: Request, name: str, limit: int, required: bool = False) -> str | None:
-        values = request.query_params.getlist(name)
-        if len(values) > 1:
-            raise HTTPException(400, f"{name} is given once")
-        value = values[0] if values else ""
-        if not value:
-            if required:
-                raise HTTPException(400, f"{name} is required")
-            return None
-        try:
-            return check_text(value, name, limit)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
-
-    def _id(self, request: Request) -> str:
-        value = self._text(request, "id", MAX_ID_BYTES, required=True)
-        assert value is not None
-        return value
-
-    def csrf(self, request: Request) -> str:
-        return self.access.csrf_token(request.scope.get("pgflow.csrf_cookie") or "")
-
-    async def _form(self, request: Request) -> dict[str, str]:
-        """A POSTed form from this server's own page: bounded, urlencoded, each field once."""
-        if not same_origin({k.lower(): v for k, v in request.headers.items()}):
-            raise HTTPException(403, "a request from another site's page")
-        if request.headers.get("content-type", "").partition(";")[0].strip().lower() != \
-                "application/x-www-form-urlencoded":
-            raise HTTPException(415, "send a form (application/x-www-form-urlencoded)")
-        declared = request.headers.get("content-length")
-        if declared is not None and (len(declared) > 9 or not declared.isdigit() or int(declared) > MAX_BODY):
-            raise HTTPException(413, f"a form is at most {MAX_BODY} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY:
-                raise HTTPException(413, f"a form is at most {MAX_BODY} bytes")
-        try:
-            fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=10)
-        except (UnicodeDecodeError, ValueError):
-            raise HTTPException(400, "not a form") from None
-        if any(len(v) > 1 for v in fields.values()):
-            raise HTTPException(400, "each field is given once")
-        return {k: v[0] for k, v in fields.items()}
-
-    def _checked_post(self, request: Request, form: dict[str, str]) -> None:
-        if not self.access.csrf_ok(request.scope.get("pgflow.cookies", {}).get(CSRF_COOKIE), form.get("csrf", "")):
-            raise HTTPException(403, "the form's CSRF token does not match this browser's: reload the page and try"
-                                     " again")
+class Dashboard(Actions, SignIn):
+    """The routes of one dashboard, over one App: the pages that read here, the actions and the
+    sign-in routes from their own modules."""
 
     # -- pages -------------------------------------------------------------------------------------------
 
@@ -269,122 +185,6 @@ class Dashboard:
         fetches = self.app.stats().fetch_queries
         return JSONResponse({"uptime_s": seconds, "statements": self.reader.statements, "stream_fetches": fetches,
                              "per_s": (self.reader.statements + fetches) / seconds})
-
-    # -- actions -----------------------------------------------------------------------------------------
-
-    def _actions_on(self) -> None:
-        if not self.allow_actions:
-            raise HTTPException(403, "actions are off: start the dashboard with --allow-actions")
-
-    async def confirm(self, request: Request) -> Response:
-        self._actions_on()
-        workflow_id = self._id(request)
-        action = self._text(request, "action", 10, required=True)
-        if action not in ("cancel", "resume", "fork"):
-            raise HTTPException(400, "action is cancel, resume or fork")
-        detail = await self.reader.workflow(workflow_id)
-        if detail is None:
-            raise HTTPException(404, f"no workflow with id {workflow_id!r}")
-        steps = detail.steps[-1].position + 1 if detail.steps else 0
-        return HTMLResponse(confirm_page(workflow_id, action, self.csrf(request), steps, None))
-
-    async def act(self, request: Request) -> Response:
-        self._actions_on()
-        form = await self._form(request)
-        self._checked_post(request, form)
-        action = form.get("action")
-        try:
-            handle = self.app.handle(form.get("id", ""))
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
-        try:
-            if action == "cancel":
-                await handle.cancel_async()
-            elif action == "resume":
-                await handle.resume_async()
-            elif action == "fork":
-                step = form.get("from_step", "")
-                if not (step.isascii() and step.isdigit() and len(step) <= 10 and int(step) < POSITION_LIMIT):
-                    raise HTTPException(400, "from_step is a journal position, a number from 0")
-                handle = await handle.fork_async(int(step))
-            else:
-                raise HTTPException(400, "action is cancel, resume or fork")
-        except UnknownWorkflow:
-            raise HTTPException(404, f"no workflow with id {handle.id!r}") from None
-        except CannotResume as exc:
-            raise HTTPException(409, str(exc)) from None
-        return RedirectResponse(path("workflow", id=handle.id), status_code=303)
-
-    async def queue_act(self, request: Request) -> Response:
-        """Pause or resume a queue (the overview's buttons)."""
-        self._actions_on()
-        form = await self._form(request)
-        self._checked_post(request, form)
-        action, queue = form.get("action"), form.get("queue", "")
-        if action not in ("pause", "resume"):
-            raise HTTPException(400, "action is pause or resume")
-        try:
-            if action == "pause":
-                await self.app.pause_queue_async(queue)
-            else:
-                await self.app.resume_queue_async(queue)
-        except (ValueError, TypeError) as exc:
-            raise HTTPException(400, str(exc)) from None
-        self.reader.changed()
-        return RedirectResponse("/", status_code=303)
-
-    # -- access ------------------------------------------------------------------------------------------
-
-    async def login(self, request: Request) -> Response:
-        """The sign-in form; a right token starts a session of its own (a random id this process
-        keeps, with its expiry), a wrong one counts against the client's address."""
-        if self.access.token is None:
-            return RedirectResponse("/", status_code=303)
-        if request.method == "GET":
-            return HTMLResponse(login_page(None, self.csrf(request)))
-        form = await self._form(request)
-        self._checked_post(request, form)
-        client = client_of(request.scope)
-        wait = self.access.attempts.blocked(client)
-        if wait > 0:
-            raise HTTPException(429, "too many wrong tokens from this address: try again in a minute",
-                                headers={"Retry-After": str(int(wait) + 1)})
-        if not self.access.login(form.get("token", "")):
-            self.access.attempts.failed(client)
-            return HTMLResponse(login_page("That is not the token.", self.csrf(request)), status_code=401)
-        self.access.end_session(request.scope.get("pgflow.cookies", {}).get(SESSION_COOKIE))
-        response = RedirectResponse("/", status_code=303)
-        response.headers.append("set-cookie", cookie_header(
-            SESSION_COOKIE, self.access.start_session(), request.url.scheme == "https",
-            int(self.access.session_seconds)).decode())
-        return response
-
-    async def logout(self, request: Request) -> Response:
-        """Ends this browser's session here, on the server: the cookie, wherever it was copied, no
-        longer signs anyone in. (GET shows the button: a sign-out is a POST with this page's CSRF.)"""
-        if request.method == "GET":
-            return HTMLResponse(logout_page(self.csrf(request)))
-        form = await self._form(request)
-        self._checked_post(request, form)
-        self.access.end_session(request.scope.get("pgflow.cookies", {}).get(SESSION_COOKIE))
-        response = RedirectResponse("/login", status_code=303)
-        response.headers.append("set-cookie", cookie_header(SESSION_COOKIE, "", request.url.scheme == "https", 0)
-                                .decode())
-        return response
-
-    async def refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The answer to a request without the token: the login form for a page, a bare 401 else."""
-        request = Request(scope, receive)
-        headers = {"WWW-Authenticate": 'Bearer realm="pgflow dashboard"'}
-        response: Response
-        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-            csrf = self.access.csrf_token(scope.get("pgflow.csrf_cookie") or "")
-            response = HTMLResponse(login_page(None, csrf), status_code=401, headers=headers)
-        else:
-            response = PlainTextResponse("this dashboard needs its token: Authorization: Bearer <token>, or sign in"
-                                         " at /login", status_code=401, headers=headers)
-        await response(scope, receive, send)
-
 
 def _cursor(text: str) -> tuple[datetime, str]:
     try:
