@@ -1,0 +1,246 @@
+"""The statements that write to free-standing streams: appends, their idempotent producers, closure.
+
+Appends are group-committed: a batch of them, to any streams, is one transaction of three statements
+(``append_many``: lock, then every write at once), however many chunks and streams it holds, so one WAL
+flush serves them all. Each append of a batch is judged in the order given, on the state the ones before
+it left, by the protocol's checks (``_judge``, ``_check_producer``); one refused writes nothing and leaves
+the others be. The streams are locked (``FOR UPDATE``) in id order, so two batches cannot deadlock, and
+appends to one stream are serialised: the producer checks, the chunks and the new tail commit together
+or not at all (a retried request finds either everything or nothing).
+
+Positions count bytes, or messages in JSON mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, base_type, row_of
+
+_CHUNKS = (
+    "INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
+    " SELECT %(id)s, e, n, %(batch_end)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
+    " %(datas)s::bytea[]) AS u(e, n, d)"
+)
+_SET_TAIL = (
+    "UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
+    " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
+    " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
+)
+# Group commit: the streams of a batch of appends locked in id order (so two batches cannot deadlock),
+# with the state of every producer the batch names; then every write of the batch in one statement.
+_LOCK_MANY = (
+    f"SELECT {COLUMNS}, {EXPIRED}, p.producer, p.epoch, p.seq FROM {{s}}.free_streams s"
+    " LEFT JOIN {s}.free_producers p ON p.stream_id = s.id AND p.producer = ANY(%(producers)s::text[])"
+    " WHERE s.path = ANY(%(paths)s::text[]) ORDER BY s.id FOR UPDATE OF s"
+)
+_APPEND_MANY = (
+    "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
+    "  SELECT * FROM unnest(%(c_ids)s::bigint[], %(c_ends)s::bigint[], %(c_sizes)s::bigint[],"
+    "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[])),"
+    " producers AS (INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq)"
+    "  SELECT * FROM unnest(%(p_ids)s::bigint[], %(p_names)s::text[], %(p_epochs)s::bigint[], %(p_seqs)s::bigint[])"
+    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq)"
+    " UPDATE {s}.free_streams s SET tail = u.tail, closed = u.closed, closed_by = u.closed_by,"
+    " stream_seq = u.stream_seq, touched_at = now() FROM unnest(%(s_ids)s::bigint[], %(s_tails)s::bigint[],"
+    " %(s_closed)s::boolean[], %(s_closed_by)s::text[], %(s_seqs)s::text[])"
+    " AS u(id, tail, closed, closed_by, stream_seq)"
+    " WHERE s.id = u.id"
+)
+
+
+@dataclass(frozen=True)
+class Producer:
+    """An idempotent producer's headers."""
+
+    id: str
+    epoch: int
+    seq: int
+
+    def mark(self) -> str:
+        return f"{self.epoch}:{self.seq}:{self.id}"
+
+
+@dataclass(frozen=True)
+class Appended:
+    """``outcome``: "ok", "duplicate", "missing", "gone", "closed", "type", "seq", "stale_epoch",
+    "epoch_seq" (a new epoch that does not start at 0), "gap". ``epoch``/``seq``: the producer's
+    state the answer reports; ``expected``: the seq a gap wanted."""
+
+    outcome: str
+    stream: FreeStream | None = None
+    epoch: int = 0
+    seq: int = 0
+    expected: int = 0
+
+
+@dataclass(frozen=True)
+class Append:
+    """One POST: its body's units as ``units_of(stream)`` splits them (by the stream's mode; it may raise,
+    for a body the stream's mode refuses), and what its headers ask."""
+
+    path: str
+    content_type: str | None
+    has_body: bool
+    units_of: Callable[[FreeStream], list[bytes]]
+    close: bool
+    stream_seq: str | None
+    producer: Producer | None
+
+
+@dataclass
+class _Batch:
+    """A group commit being judged: the state of its streams and producers as the appends judged so far
+    left it, and the writes they make, gathered as the arrays of ``_APPEND_MANY``."""
+
+    streams: dict[str, FreeStream]
+    states: dict[tuple[int, str], tuple[int, int]]
+    chunk_ids: list[int] = field(default_factory=list)
+    chunk_ends: list[int] = field(default_factory=list)
+    chunk_sizes: list[int] = field(default_factory=list)
+    chunk_batch_ends: list[int] = field(default_factory=list)
+    chunk_datas: list[bytes] = field(default_factory=list)
+    written: dict[int, FreeStream] = field(default_factory=dict)
+    touched: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+
+    def take(self, append: Append) -> Appended | Exception:
+        """Judge ``append`` on the batch's state; if it goes on, add its writes and move the state on."""
+        try:
+            result = _judge(append, self.streams.get(append.path), self.states)
+        except Exception as exc:  # noqa: BLE001 - the body's own refusal: this append's answer alone
+            return exc
+        if isinstance(result, Appended):
+            return result
+        stream, units = result
+        return self._add(append, stream, units)
+
+    def _add(self, append: Append, stream: FreeStream, units: list[bytes]) -> Appended:
+        json_mode = base_type(stream.content_type) == "application/json"
+        tail = stream.tail
+        for unit in units:
+            size = 1 if json_mode else len(unit)
+            tail += size
+            self.chunk_ids.append(stream.id)
+            self.chunk_ends.append(tail)
+            self.chunk_sizes.append(size)
+            self.chunk_datas.append(unit)
+        self.chunk_batch_ends.extend([tail] * len(units))
+        producer = append.producer
+        closing = append.close and not stream.closed
+        after = replace(stream, tail=tail, closed=stream.closed or append.close,
+                        closed_by=(producer.mark() if producer else "") if closing else stream.closed_by,
+                        stream_seq=append.stream_seq if append.stream_seq is not None else stream.stream_seq)
+        self.streams[stream.path] = self.written[stream.id] = after
+        if producer is None:
+            return Appended("ok", after, 0, 0)
+        self.states[(stream.id, producer.id)] = self.touched[(stream.id, producer.id)] = (producer.epoch,
+                                                                                          producer.seq)
+        return Appended("ok", after, producer.epoch, producer.seq)
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of ``_APPEND_MANY``: every write of the batch."""
+        ids = list(self.written)
+        return {
+            "c_ids": self.chunk_ids, "c_ends": self.chunk_ends, "c_sizes": self.chunk_sizes,
+            "c_batch_ends": self.chunk_batch_ends, "c_datas": self.chunk_datas,
+            "p_ids": [k[0] for k in self.touched], "p_names": [k[1] for k in self.touched],
+            "p_epochs": [v[0] for v in self.touched.values()], "p_seqs": [v[1] for v in self.touched.values()],
+            "s_ids": ids, "s_tails": [self.written[i].tail for i in ids],
+            "s_closed": [self.written[i].closed for i in ids],
+            "s_closed_by": [self.written[i].closed_by for i in ids],
+            "s_seqs": [self.written[i].stream_seq for i in ids]}
+
+
+class FreeAppends(FreeStreamRows):
+    """Append to free-standing streams (and close them), one request or a group commit."""
+
+    async def _write(self, conn: AsyncConnection[Any], stream_id: int, tail: int, json_mode: bool,
+                     units: list[bytes], close: bool, closed_by: str | None, stream_seq: str | None) -> int:
+        """The chunks of one request, in one statement; the new tail (and closure) on the row."""
+        if units:
+            sizes = [1 if json_mode else len(u) for u in units]
+            ends, at = [], tail
+            for size in sizes:
+                at += size
+                ends.append(at)
+            await conn.execute(self._sql(_CHUNKS), {"id": stream_id, "ends": ends, "sizes": sizes,
+                                                    "datas": units, "batch_end": at})
+            tail = at
+        await conn.execute(self._sql(_SET_TAIL), {"id": stream_id, "tail": tail, "close": close,
+                                                  "closed_by": closed_by, "stream_seq": stream_seq})
+        return tail
+
+    async def append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+        """Group commit: a batch of appends (to any streams) in one transaction of three statements, each
+        judged as ``append`` judges it, in the order given, on the state the ones before it left. An
+        append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
+        the others are unaffected."""
+        async with self.pool.connection() as conn, conn.transaction():
+            batch = await self._lock_batch(conn, appends)
+            results = [batch.take(append) for append in appends]
+            if batch.written:
+                await conn.execute(self._sql(_APPEND_MANY), batch.params())
+            return results
+
+    async def _lock_batch(self, conn: AsyncConnection[Any], appends: list[Append]) -> _Batch:
+        """Lock the streams the appends name (deleting the expired ones), and read their producers' state."""
+        cur = await conn.execute(self._sql(_LOCK_MANY), {
+            "paths": sorted({a.path for a in appends}),
+            "producers": sorted({a.producer.id for a in appends if a.producer is not None})})
+        batch = _Batch({}, {})
+        for row in await cur.fetchall():
+            stream, expired = row_of(row)
+            if expired and not stream.deleted:
+                await self._remove(conn, stream.id)
+                continue
+            batch.streams[stream.path] = stream
+            if row[15] is not None:
+                batch.states[(stream.id, str(row[15]))] = (int(row[16]), int(row[17]))
+        return batch
+
+
+def _judge(append: Append, stream: FreeStream | None,
+           states: dict[tuple[int, str], tuple[int, int]]) -> Appended | tuple[FreeStream, list[bytes]]:
+    """The protocol's checks of one append, in its order (closed first): the refusal, or the stream and
+    the units to write."""
+    producer = append.producer
+    if stream is None:
+        return Appended("missing")
+    if stream.deleted:
+        return Appended("gone", stream)
+    if stream.closed:
+        if producer is not None and stream.closed_by == producer.mark():
+            return Appended("duplicate", stream, producer.epoch, producer.seq)
+        return Appended("closed" if append.has_body else "duplicate", stream)
+    units = append.units_of(stream)
+    if units and append.content_type is not None and base_type(append.content_type) != base_type(stream.content_type):
+        return Appended("type", stream)
+    if producer is not None:
+        refused = _check_producer(stream, states.get((stream.id, producer.id)), producer)
+        if refused is not None:
+            return refused
+    if append.stream_seq is not None and stream.stream_seq is not None and append.stream_seq <= stream.stream_seq:
+        return Appended("seq", stream)
+    return stream, units
+
+
+def _check_producer(stream: FreeStream, state: tuple[int, int] | None, producer: Producer) -> Appended | None:
+    """The idempotent producer's rules (PROTOCOL.md 5.2.1); None when the append goes on."""
+    if state is None:
+        if producer.seq != 0:
+            return Appended("gap", stream, producer.epoch, producer.seq, expected=0)
+        return None
+    epoch, last = state
+    if producer.epoch < epoch:
+        return Appended("stale_epoch", stream, epoch, last)
+    if producer.epoch > epoch:
+        return None if producer.seq == 0 else Appended("epoch_seq", stream, producer.epoch, producer.seq)
+    if producer.seq <= last:
+        return Appended("duplicate", stream, epoch, last)
+    if producer.seq > last + 1:
+        return Appended("gap", stream, epoch, last, expected=last + 1)
+    return None

@@ -1,0 +1,98 @@
+"""A free-standing stream's row (table ``free_streams`` of 0029), and the answers of its statements.
+
+What both the writes (``free_appends``) and the rest (``free_streams``: create, read, delete, expire)
+stand on: the row and its types, and the two steps every one of them may take. ``_find`` reads a
+stream's row, deleting it first when it has expired (by the server's clock, ``now()``, so every process
+agrees: an expired stream answers as if it had never been); ``_remove`` deletes one, or only marks it
+deleted while forks still read its rows, and then the sources kept for it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from .statements import Statements
+
+COLUMNS = ("id, path, content_type, tail, closed, closed_by, ttl_seconds, expires_at, stream_seq,"
+           " forked_from, fork_offset, fork_anchor, fork_sub, deleted")
+EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds IS NOT NULL"
+           " AND touched_at + ttl_seconds * interval '1 second' <= now()))")
+FIND = f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
+LOCK = FIND + " FOR UPDATE"
+_HAS_FORKS = "SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)"
+SOURCE = f"SELECT {COLUMNS}, false FROM {{s}}.free_streams WHERE id = %(id)s"
+_DELETE = "DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from"
+_SOFT_DELETE = "UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s"
+
+
+@dataclass(frozen=True)
+class FreeStream:
+    """A stream's row."""
+
+    id: int
+    path: str
+    content_type: str
+    tail: int
+    closed: bool
+    closed_by: str | None
+    ttl: int | None
+    expires_at: datetime | None
+    stream_seq: str | None
+    forked_from: int | None
+    fork_offset: int | None
+    fork_anchor: int | None
+    fork_sub: int | None
+    deleted: bool
+
+
+def row_of(values: tuple[Any, ...]) -> tuple[FreeStream, bool]:
+    """A row of ``COLUMNS`` then ``EXPIRED``: the stream, and whether it has expired."""
+    return FreeStream(*values[:14]), bool(values[14])
+
+
+def base_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+class FreeStreamRows(Statements):
+    """Finding a stream's row (an expired one deleted on sight) and removing a stream."""
+
+    async def _find(self, conn: AsyncConnection[Any], path: str, lock: bool) -> FreeStream | None:
+        """The stream at ``path``, deleting it first if it has expired (None then)."""
+        cur = await conn.execute(self._sql(LOCK if lock else FIND), {"path": path})
+        found = await cur.fetchone()
+        if found is None:
+            return None
+        stream, expired = row_of(found)
+        if expired and not stream.deleted:
+            await self._remove(conn, stream.id)
+            return None
+        return stream
+
+    async def _remove(self, conn: AsyncConnection[Any], stream_id: int) -> bool:
+        """Delete a stream, or only mark it deleted while forks read it; then its sources that were
+        kept for it alone. True when it went for good."""
+        cur = await conn.execute(self._sql(_HAS_FORKS), {"id": stream_id})
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            await conn.execute(self._sql(_SOFT_DELETE), {"id": stream_id})
+            return False
+        current: int | None = stream_id
+        while current is not None:
+            cur = await conn.execute(self._sql(_DELETE), {"id": current})
+            gone = await cur.fetchone()
+            source = gone[0] if gone else None
+            current = None
+            if source is not None:
+                cur = await conn.execute(self._sql(SOURCE) + " FOR UPDATE", {"id": source})
+                found = await cur.fetchone()
+                if found is not None and found[13]:
+                    cur = await conn.execute(self._sql(_HAS_FORKS), {"id": source})
+                    still = await cur.fetchone()
+                    if still is not None and not still[0]:
+                        current = source
+        return True

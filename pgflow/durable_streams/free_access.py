@@ -1,0 +1,66 @@
+"""How the free-stream handlers reach pgflow's tables: statements per store, batches, pings.
+
+What the read path (``free_reads``) and the write path (``free_writes``) share: ``db`` runs statements
+of ``FreeStreams`` on the app's runtime; appends go through a ``Batcher`` (group commit), reads of a
+stream's chunks through another (shared reads); after an append commits, its stream's key is pinged
+(``ping_key``), so that readers waiting on it anywhere in the fleet look again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from .._core.signals import News
+from .._core.store import Store
+from .._core.store.free_appends import Append, Appended
+from .._core.store.free_streams import Chunk, FreeStream, FreeStreams
+from ..app import App
+from .batching import Batcher
+
+T = TypeVar("T")
+READ_ROWS = 1000  # rows of one answer, at most
+READ_BYTES = 1024 * 1024  # bytes of one answer, at most (its first chunk whatever its size)
+BATCH = 256  # appends in one transaction, at most
+_KEY_PERSON = b"pgflow.freestrm"
+
+
+def ping_key(path: str) -> str:
+    """The signal key of a free stream: a digest, so a payload does not carry the path."""
+    digest = hashlib.blake2b(path.encode("utf-8", "surrogateescape"), digest_size=12, person=_KEY_PERSON).digest()
+    return "fs:" + base64.b64encode(digest).decode()
+
+
+class FreeStreamsAccess:
+    """The tables, for the handlers; ``long_poll`` seconds a long-poll waits, ``max_body`` bytes an append
+    may carry."""
+
+    def __init__(self, app: App, long_poll: float, max_body: int) -> None:
+        self.app = app
+        self.long_poll = long_poll
+        self.max_body = max_body
+        self._statements: dict[int, FreeStreams] = {}
+        self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
+        self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
+
+    async def _append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+        return await self.db(lambda s: s.append_many(appends))
+
+    async def _read_many(self, asks: list[tuple[str, int]]) -> list[tuple[FreeStream | None, list[Chunk]] | Exception]:
+        return list(await self.db(lambda s: s.read_many(asks, READ_ROWS, READ_BYTES)))
+
+    async def db(self, fn: Callable[[FreeStreams], Awaitable[T]]) -> T:
+        runtime = self.app._client.runtime()
+
+        async def run(store: Store) -> T:
+            statements = self._statements.get(id(store))
+            if statements is None or statements.pool is not store.pool:
+                statements = self._statements[id(store)] = FreeStreams(store.pool, store.schema)
+            return await fn(statements)
+
+        return await runtime.db(run)
+
+    def ping(self, path: str) -> None:
+        self.app._client.runtime().signals.announce(News([ping_key(path)]))
