@@ -4,10 +4,9 @@ The worker sleeps until something can change what it would claim: an enqueue pin
 queues, a slot freeing up, the next delayed workflow falling due, or the slow poll that also finds
 workflows whose lease expired because their worker died.
 
-Those are suspects (see migration 0028): one of them may have killed its worker, and nothing tells
-which. So each is run again alone: a worker that learns that suspects wait stops claiming, and once
-it runs nothing it claims one suspect and nothing beside it until that run ends. A crash then kills
-only the suspect's run, and is charged to it alone.
+Those are suspects of a crash, run alone (``suspects.py``). A claim round over the worker's queues,
+and when the loop looks again, are ``claim_rounds.py``'s; the parts a worker runs with (its writer,
+finisher, slot, maintenance services) are made in ``worker_parts.py``.
 
 Stopping is two-phase. ``stop(grace)`` stops claiming and lets running workflows finish for up to
 ``grace`` seconds; whatever still runs then is interrupted and given back to the queue at once, so
@@ -24,53 +23,27 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
-import anyio.lowlevel
 import psycopg
 
 from ..errors import ConfigurationError, ExecutionInterrupted
 from ..version import __version__
 from . import loops
-from .cancels import CancelWatch
 from .checks import check_queue
-from .chores import UnservedNames, chores
-from .connecting import linked, where
-from .executor import Slot, give_back_unrun, run_claimed
-from .finisher import Finisher
+from .claim_rounds import claim_round, next_look
+from .connecting import where
+from .executor import give_back_unrun, run_claimed
 from .health import HealthServer, Liveness
-from .maintenance import Maintenance
 from .registry import Registry
-from .runs import Runs
-from .runtime import Runtime, Runtimes
-from .signals import Waiter
+from .runtime import Runtimes
 from .signals import keys as signal_keys
-from .starts import StepStarts
-from .store import Claimed, Store
-from .streams.writer import StreamWriter
+from .store import Claimed
+from .suspects import Suspects
+from .worker_parts import Parts, assemble
 
 log = logging.getLogger("pgflow.worker")
-
-
-@dataclass(frozen=True)
-class _Parts:
-    """What a worker runs with once started: made on entry (anyio and the store need the running
-    loop), and gone with the stop."""
-
-    runtime: Runtime
-    store: Store
-    wake: Waiter  # woken by pings on the worker's queues and by slots freeing up
-    writer: StreamWriter
-    finisher: Finisher
-    starts: StepStarts
-    slot: Slot  # what every execution borrows from the worker
-    cancels: CancelWatch  # cancellations of runs whose writes do not read their rows
-    maintenance: Maintenance
-    unserved: UnservedNames
-    runs: Runs  # the tasks of the workflows it runs
-    stack: contextlib.AsyncExitStack  # the worker's task group, and the leaving that follows it
 
 
 class Worker:
@@ -109,13 +82,10 @@ class Worker:
         self.running: collections.Counter[str] = collections.Counter()
         self._cancellers: dict[str, Callable[[], None]] = {}
         self._slot_wanted = True
-        # Suspects of a crash wait to be run alone (as the last full claim saw), and the one this
-        # worker runs alone now, if any: while it runs, nothing else is claimed.
-        self._suspects_wait = False
-        self._alone: str | None = None
+        self._suspects = Suspects()  # of a crash: whether they wait, and the one run alone now
         self.interrupted = 0
         self._limiter = anyio.CapacityLimiter(concurrency)
-        self._parts: _Parts | None = None
+        self._parts: Parts | None = None
 
     @property
     def lease(self) -> float:
@@ -123,7 +93,7 @@ class Worker:
         return self.lease_seconds
 
     @property
-    def _on(self) -> _Parts:
+    def _on(self) -> Parts:
         if self._parts is None:
             raise RuntimeError("the worker is not running: use it as `async with app.worker(...)`")
         return self._parts
@@ -159,7 +129,8 @@ class Worker:
         here = await store.on_this_machine()  # (before registering: nothing to undo if it fails)
         await store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
-        self._parts = parts = self._assemble(runtime, store, cohorts=not here)
+        self._parts = parts = assemble(runtime, store, self.registry, self.queues, self.lease_seconds,
+                                       self.heartbeat, self._limiter, self._cancellers, cohorts=not here)
         for queue in self.queues:
             runtime.signals.waiters.add(signal_keys.queue(queue), parts.wake)
         async with contextlib.AsyncExitStack() as stack:
@@ -174,27 +145,6 @@ class Worker:
             log.info("worker %s answers its liveness probe on http://%s:%d/healthz", self.id, self.health.host,
                      self.health.port)
         return self
-
-    def _assemble(self, runtime: Runtime, store: Store, *, cohorts: bool) -> _Parts:
-        assert runtime.config is not None
-        config = runtime.config
-        writer = StreamWriter(store, runtime.signals, cohorts=cohorts)
-        runtime.writers.add(writer)
-        # A workflow whose body is done no longer takes a slot while its end waits for its batch: the
-        # next claim goes out beside that batch instead of after it.
-        finisher = Finisher(store, runtime.signals, recorded=runtime.count_ends)
-        starts = StepStarts(store)
-        unserved = UnservedNames(store, self.heartbeat)
-        maintenance = Maintenance(linked(config.session_dsn, config.query_timeout), store.schema,
-                                  chores(runtime, store, self.registry, self.queues, self.lease_seconds,
-                                         self.heartbeat, unserved),
-                                  interval=self.lease_seconds, query_timeout=config.query_timeout)
-        # (the loop's token is for the executions' sync callbacks)
-        cancels = CancelWatch(store, runtime.signals.waiters, self._cancellers)
-        slot = Slot(runtime, store, self._limiter, writer, finisher, anyio.lowlevel.current_token(),
-                    self._cancellers, starts, cancels)
-        return _Parts(runtime, store, Waiter(), writer, finisher, starts, slot, cancels, maintenance, unserved,
-                      Runs(), contextlib.AsyncExitStack())
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -283,15 +233,13 @@ class Worker:
         unlimited = [q for q in self.queues if q not in self.registry.queues]
         while True:
             on.wake.arm()
-            # Nothing beside a suspect, and nothing new while suspects wait for this worker to empty
-            # (its claims then take none, but still rescue expired leases and look for suspects).
-            draining = self._alone is not None or self._suspects_wait
+            draining = self._suspects.draining
             free = 0 if draining else self.concurrency - len(self.running)
             wait = poll
             # Until a claim finds fewer workflows than free slots, a slot freed by a finishing
             # workflow may have work waiting for it.
             self._slot_wanted = True
-            if self._suspects_wait and self._alone is None and not self.running:
+            if self._suspects.due(bool(self.running)):
                 free = await self._claim_suspect(names)
                 draining = free == 0
             if free > 0 or draining:
@@ -309,8 +257,8 @@ class Worker:
                     if unrun:  # (the worker is stopping)
                         await give_back_unrun(on.slot, unrun)
                         return
-                    wait = self._next_look(poll, free, len(claimed), due, refill) if free > 0 else poll
-                    if self._suspects_wait and not self.running:
+                    wait = next_look(poll, free, len(claimed), due, refill) if free > 0 else poll
+                    if self._suspects.wait and not self.running:
                         wait = 0.0  # empty: a suspect can be claimed now
                 except (psycopg.Error, OSError) as exc:
                     log.warning("claim failed, trying again in %.1fs: %s", poll, exc)
@@ -322,21 +270,13 @@ class Worker:
         left to claim normally: none when a suspect was claimed (or the claim failed), all of them when
         no suspect was left to claim."""
         on = self._on
-        try:
-            with anyio.CancelScope(shield=True):
-                suspect = await on.store.claim_suspect(self.id, self.queues, names, self.lease_seconds)
-        except (psycopg.Error, OSError) as exc:
-            log.warning("claim of a suspect failed, trying again later: %s", exc)
-            return 0
+        suspect = await self._suspects.claim(on.store, self.id, self.queues, names, self.lease_seconds)
         if suspect is None:
-            self._suspects_wait = False
-            return self.concurrency
+            return 0 if self._suspects.wait else self.concurrency
         if self._claiming.cancel_called:
             await give_back_unrun(on.slot, [suspect])
             return 0
-        log.info("worker %s runs workflow %s alone: its worker died under it (%s)", self.id, suspect.id,
-                 f"{suspect.crashes} times while running it alone" if suspect.crashes else "beside others")
-        self._alone = suspect.id
+        self._suspects.run_alone(self.id, suspect)
         if self._idle.is_set():
             self._idle = anyio.Event()
         if not self._start(suspect):
@@ -347,36 +287,9 @@ class Worker:
                      free: int) -> tuple[list[Claimed], float | None, float | None]:
         """Claim up to ``free``; also say when the next delayed workflow falls due and when a
         rate-limited queue's bucket next has a token. Notes whether suspects wait."""
-        store = self._on.store
-        claimed: list[Claimed] = []
-        due: float | None = None
-        refill: float | None = None
-        looked: list[bool] = []
-        if unlimited:
-            found = await store.claim_round(self.id, unlimited, names, free, self.lease_seconds)
-            claimed, due = found.claimed, found.due
-            looked += [] if found.suspects is None else [found.suspects]
-        for queue in limited:
-            if len(claimed) < free:
-                more = await store.claim_limited(self.id, queue, names, free - len(claimed), self.lease_seconds)
-                claimed += more.claimed
-                due = _earliest(due, more.due)
-                refill = _earliest(refill, more.refill)
-                looked += [] if more.suspects is None else [more.suspects]
-        if looked and self._alone is None:  # (a full claim looked: what it saw replaces what was known)
-            self._suspects_wait = any(looked)
-        return claimed, due, refill
-
-    @staticmethod
-    def _next_look(poll: float, free: int, claimed: int, due: float | None, refill: float | None) -> float:
-        """Seconds until the claim loop looks again (woken earlier by pings). At once when every
-        free slot was filled (there may be more); when due workflows were left (others hold them, or
-        a queue's limit does), at the poll, a ping (a limited queue's workflow finishing sends one)
-        or a rate-limited queue's next token, not at once, which would spin."""
-        if claimed == free:
-            return 0.0
-        wait = poll if due is None or due <= 0 else min(poll, due)
-        return wait if refill is None else min(wait, refill)
+        found = await claim_round(self._on.store, self.id, unlimited, limited, names, free, self.lease_seconds)
+        self._suspects.saw(found.suspects)
+        return found.claimed, found.due, found.refill
 
     def _start(self, claimed: Claimed) -> bool:
         self.running[claimed.id] += 1
@@ -389,9 +302,7 @@ class Worker:
         self.running[id] -= 1
         if self.running[id] <= 0:
             del self.running[id]
-            if self._alone == id:  # its run alone is over: look for the next suspect, or claim as usual
-                self._alone = None
-                self._suspects_wait = True
+            self._suspects.ended(id)
         if not self.running:
             self._idle.set()
 
@@ -412,7 +323,7 @@ class Worker:
             # Look again only when the freed slot can matter: the last claim left work unclaimed for
             # want of a slot, or the queue has limits that this finish relaxes. Otherwise a claim
             # now would find nothing (a ping brings new work), and costs a round trip per workflow.
-            if self._slot_wanted or freed or self._suspects_wait:
+            if self._slot_wanted or freed or self._suspects.wait:
                 on.wake.wake()
 
     async def _heartbeat_loop(self) -> None:
@@ -445,7 +356,3 @@ class Worker:
         while True:
             liveness.pulse()
             await anyio.sleep(1.0)
-
-
-def _earliest(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
