@@ -6,7 +6,7 @@ up an answer: code that needs them is code that only makes sense inside one.
 
 from __future__ import annotations
 
-from ._core.execution import running
+from ._core.current import running
 from ._core.step_body import inside_step
 
 __all__ = ["attempt", "step_attempt", "workflow_id"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from ._core import codec, waits
 from ._core.checks import MAX_DELAY, check_event_key, check_seconds, check_topic
-from ._core.execution import current_execution, from_thread, running
+from ._core.current import current_execution, from_thread, running
 
 __all__ = ["recv", "recv_async", "set_event", "set_event_async", "sleep", "sleep_async"]
 

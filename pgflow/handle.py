@@ -17,7 +17,7 @@ from ._core.checks import (
 )
 from ._core.client import Client
 from ._core.codec import decode, encode
-from ._core.execution import journaling
+from ._core.current import journaling
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
 from ._core.status import ENDED, Status

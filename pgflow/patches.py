@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 
 from ._core.checks import check_change_id
-from ._core.execution import Execution, from_thread, running
+from ._core.current import from_thread, running
+from ._core.execution import Execution
 from ._core.step_body import inside_step
 
 __all__ = ["deprecate_patch", "patched", "patched_async"]

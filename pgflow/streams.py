@@ -7,7 +7,8 @@ Writes go to the worker's group-committing writer (``_core/streams/writer.py``);
 from __future__ import annotations
 
 from ._core.checks import MAX_CHUNK_BYTES, MAX_KEY_BYTES, check_key, encode_chunk
-from ._core.execution import Execution, from_thread, running
+from ._core.current import from_thread, running
+from ._core.execution import Execution
 
 __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_async", "stream_offset",
            "write_stream", "write_stream_async"]

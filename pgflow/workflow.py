@@ -28,6 +28,7 @@ from ._core.checks import (
 )
 from ._core.client import Client
 from ._core.codec import encode_unchecked
+from ._core.current import journaling
 from ._core.debounce_options import (
     check_debounce_combination,
     check_debounce_complete,
@@ -36,7 +37,6 @@ from ._core.debounce_options import (
     check_debounce_max,
     check_debounce_window,
 )
-from ._core.execution import journaling
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children
 from ._core.store.debounces import Debounce

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.execution import Execution, current_execution
+from pgflow._core.current import current_execution
+from pgflow._core.execution import Execution
 from pgflow._core.store import NO_PINGS, Claimed, Store
 from pgflow._core.store.streams import Written
 

@@ -5,7 +5,8 @@ A workflow's steps (and sleeps, receives, events, child starts) are numbered in 
 the journal already holds returns its recorded output (or raises its recorded exception) without
 running; a new position runs the step, with retries, and records the final outcome once, fenced by the
 execution's attempt. Sync workflows run in a thread and call back into the worker's loop for every
-journal operation, so there is one implementation of a step call, not two."""
+journal operation, so there is one implementation of a step call, not two. (How code finds the
+execution it runs in: ``current.py``.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -51,28 +51,6 @@ log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
 SUSPECT_LOOKS_AGAIN = 0.5  # seconds until a suspect waiting for a child is run again to look
 T = TypeVar("T")
-
-# The execution a piece of code runs on behalf of. Steps consult it to decide whether a call is
-# journaled (inside a workflow) or plain (anywhere else, or inside another step), and child workflows
-# started from a workflow derive their ids from it.
-current_execution: ContextVar[Execution | None] = ContextVar("pgflow_execution", default=None)
-
-
-def journaling() -> Execution | None:
-    """The execution whose journal a step call made here belongs to, if any."""
-    execution = current_execution.get()
-    if execution is None or inside_step.get():
-        return None
-    return execution
-
-
-def running(what: str) -> Execution:
-    """The execution that the calling code runs in, for a function that only makes sense there."""
-    execution = current_execution.get()
-    if execution is None:
-        raise RuntimeError(f"pgflow.{what} can only be called inside a workflow or step run by a worker")
-    return execution
-
 
 @dataclass(eq=False)
 class Execution:
@@ -387,19 +365,6 @@ class Execution:
     def call_step_from_thread(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         """The same journaled call, made from a sync workflow's thread."""
         return run_in_loop(self.call_step, step, args, kwargs, token=self.token)
-
-
-def from_thread(what: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-    """The sync twin ``pgflow.<what>`` of an async function of the execution: run on the worker's
-    loop from a sync workflow's or step's thread; refused on the loop itself, which it would block."""
-    execution = running(what)
-    try:
-        on_loop = anyio.lowlevel.current_token() == execution.token
-    except RuntimeError:
-        on_loop = False
-    if on_loop:
-        raise RuntimeError(f"pgflow.{what} blocks; in async code use `await pgflow.{what}_async(...)`")
-    return run_in_loop(fn, execution, *args, token=execution.token)
 
 
 def _unstarted(call: Coroutine[Any, Any, Any]) -> bool:

@@ -19,7 +19,8 @@ from ..errors import CancelRequested, LeaseLost, Suspended, WorkflowTimeout
 from . import telemetry
 from .cancels import CancelWatch
 from .clock import OWNER
-from .execution import Execution, current_execution
+from .current import current_execution
+from .execution import Execution
 from .finisher import Finisher
 from .outcomes import CANCELLED, Outcome, log_end, refused, runs
 from .registry import WorkflowSpec

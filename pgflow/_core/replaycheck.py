@@ -21,7 +21,8 @@ import psycopg
 
 from ..errors import ExecutionInterrupted, NonDeterministicWorkflow, Suspended
 from .connecting import linked, unconnectable
-from .execution import Execution, current_execution
+from .current import current_execution
+from .execution import Execution
 from .outcomes import replay
 from .registry import Registry, StepSpec, WorkflowSpec
 from .runtime import Runtime

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import WorkflowConflict
 from . import telemetry
-from .execution import journaling
+from .current import journaling
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News

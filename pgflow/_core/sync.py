@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import anyio.from_thread
 
 from . import forks, loops
-from .execution import current_execution
+from .current import current_execution
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ import random
 import anyio
 
 import pgflow
-from pgflow._core.execution import current_execution
+from pgflow._core.current import current_execution
 
 STREAM = "progress"
 
