@@ -6,12 +6,19 @@ otherwise ``StepFailed`` naming it; an output is decoded as the first run return
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import os
+import re
 import sys
+import threading
 import traceback
 import types
+from pathlib import Path
 from typing import Any, NamedTuple, cast
 
+import anyio
 import msgspec
 
 from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
@@ -56,8 +63,34 @@ def describe(exc: BaseException) -> dict[str, Any]:
         "type": _storable(name),
         "message": _storable(str(exc)),
         "args": _arguments(exc),
-        "traceback": _storable("".join(traceback.format_exception(exc))),
+        "traceback": _storable(folded_traceback(exc)),
     }
+
+
+# Where the frames a reader does not need come from: pgflow's own, anyio's, and the standard library's
+# event loop and thread pools, between the worker and the user's code. Found by the file's directory.
+_INTERNAL = (str(Path(__file__).resolve().parents[1]) + os.sep,
+             *(os.path.dirname(module.__file__ or "") + os.sep for module in (anyio, asyncio, concurrent.futures)))
+_INTERNAL_FILES = (threading.__file__,)
+_FRAME = re.compile(r'  File "([^"]*)", line')
+
+
+def folded_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python formats it (causes and contexts included), each run of frames of
+    pgflow, anyio or the event loop folded into one line saying how many, and the user's frames whole:
+    the raise a reader looks for is theirs, among a worker's dozens of frames of its own."""
+    lines: list[str] = []
+    folded = 0
+    for chunk in traceback.TracebackException.from_exception(exc).format():
+        frame = _FRAME.match(chunk)
+        if frame is not None and (frame.group(1).startswith(_INTERNAL) or frame.group(1) in _INTERNAL_FILES):
+            folded += 1
+            continue
+        if folded:
+            lines.append(f"  [{folded} frame{'s' if folded > 1 else ''} of pgflow, anyio and the event loop]\n")
+            folded = 0
+        lines.append(chunk)
+    return "".join(lines)
 
 
 MESSAGE_AT_MOST = 2000  # characters of a retried attempt's message kept (outcomes of the step itself are whole)

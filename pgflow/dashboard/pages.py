@@ -22,6 +22,7 @@ from .markup import Html, esc, join, link, page, path, seconds, shown_value, sta
 
 STATUSES = tuple(s.value for s in Status)  # plain strings: the filter's options
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+WAITING_STATUSES = (Status.QUEUED, Status.RUNNING)  # a workflow that may still wait for a message
 
 
 def workflow_link(workflow_id: str, text: str | None = None) -> Html:
@@ -122,7 +123,9 @@ def workflow_state(d: Detail, actions: bool) -> Html:
         ("created", when(r["created_at"])), ("started", when(r["started_at"])), ("finished", when(r["finished_at"])),
         ("ran for", seconds(ran.total_seconds()) if ran is not None else "-"),
         ("due", when(r["due_at"]) if r["status"] == Status.QUEUED else "-"),
-        ("waiting for", r["waiting_for"] or "-"), ("priority", r["priority"]),
+        # (the row keeps the topic it last waited for: only a workflow not yet ended waits)
+        ("waiting for", r["waiting_for"] if r["waiting_for"] and r["status"] in WAITING_STATUSES else "-"),
+        ("priority", r["priority"]),
         ("max attempts", "unlimited" if r["max_attempts"] is None else r["max_attempts"]),
         ("timeout", seconds(r["timeout"])), ("deadline", when(r["deadline_at"])),
         ("lease", join([tag("code", r["lease_owner"]), " until ", when(r["lease_expires_at"])])
@@ -228,7 +231,7 @@ def _streams(d: Detail, tails: dict[str, list[tuple[int, Value]]]) -> Html:
             "div", tag("h3", tag("code", s.key), " ", tag("span", f"{s.length:,} chunks", class_="length"),
                        " · ", tag("span", "closed" if s.closed else "open", class_="state")),
             tag("p", f"showing from position {first:,}" if first else "", class_="note"),
-            tag("ol", stream_items(items), start=str(first + 1)),
+            tag("ol", stream_items(items), start=str(first)),  # numbered by position, from 0
             class_="stream", data_key=s.key, data_next=str(upto),
             data_src=path("live", "stream", id=d.record["id"], key=s.key)))
     return tag("section", tag("h2", "Streams"), *boxes, id="streams")

@@ -189,12 +189,14 @@ WORKFLOW = (
     # Breadth first and cut at %(rows)s: a parent of a hundred thousand children reads that many.
     # (Each generation's children looked up by their parent's id, a LIMIT apiece, so the planner
     # cannot join a generation to every workflow that has a parent.)
-    + "(WITH RECURSIVE down AS (SELECT c.id, c.name, c.status, c.parent_id, 1 AS depth FROM {s}.workflows c"
-      "  WHERE c.parent_id = w.id"
-      " UNION ALL SELECT c.id, c.name, c.status, c.parent_id, down.depth + 1 FROM down"
-      "  CROSS JOIN LATERAL (SELECT k.id, k.name, k.status, k.parent_id FROM {s}.workflows k"
+    # Listed generation by generation, each in the order its workflows were started.
+    + "(WITH RECURSIVE down AS (SELECT c.id, c.name, c.status, c.parent_id, c.created_at, 1 AS depth"
+      "  FROM {s}.workflows c WHERE c.parent_id = w.id"
+      " UNION ALL SELECT c.id, c.name, c.status, c.parent_id, c.created_at, down.depth + 1 FROM down"
+      "  CROSS JOIN LATERAL (SELECT k.id, k.name, k.status, k.parent_id, k.created_at FROM {s}.workflows k"
       "   WHERE k.parent_id = down.id LIMIT %(rows)s) c WHERE down.depth < %(depth)s)"
-      " SELECT coalesce(jsonb_agg(d), '[]') FROM (SELECT * FROM down LIMIT %(rows)s) d)"
+      " SELECT coalesce(jsonb_agg(d ORDER BY d.depth, d.created_at, d.id), '[]')"
+      "  FROM (SELECT * FROM down LIMIT %(rows)s) d)"
     " FROM {s}.workflows w WHERE w.id = %(id)s"
 )
 FINGERPRINT = (
