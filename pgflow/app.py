@@ -297,10 +297,12 @@ class App(Operations):
         ``lease`` bounds how long a crashed worker's workflows wait before another worker takes them;
         ``grace`` is how long leaving the block waits for running workflows before giving them back.
         ``health_port`` (0: any free one, see ``worker.health.port``) serves its liveness probe,
-        ``GET /healthz``, for as long as the worker runs (see pgflow/_core/health.py).
+        ``GET /healthz``, for as long as the worker runs, and the fleet's verdict, ``GET /fleetz``
+        (what ``pgflow status`` says; see pgflow/_core/health.py).
         """
         return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
-                      grace=grace, health_port=health_port, health_host=health_host)
+                      grace=grace, health_port=health_port, health_host=health_host,
+                      fleet_problems=lambda: len(self.health().problems))
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""

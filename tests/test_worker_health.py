@@ -58,6 +58,7 @@ def test_the_probe_says_ok_ignores_unserved_names_refuses_junk_and_fails_without
         wait_until(lambda: healthy(port), "the probe to say ok", procs, worker)
         assert probe(port) == (200, "ok\n")
         assert probe(port, method="HEAD")[0] == 200
+        assert probe(port, "/fleetz") == (200, "ok\n")  # the fleet's verdict: nothing waits yet
 
         # One queued workflow whose name no live worker serves: the fleet is unhealthy (pgflow status),
         # this worker is not. (Once the worker has warned of the name, it has seen it.)
@@ -75,6 +76,11 @@ def test_the_probe_says_ok_ignores_unserved_names_refuses_junk_and_fails_without
         assert status.returncode == 1 and "nobody.runs.this" in status.stdout
         assert "1 workflows waiting on queue 'elsewhere': no live worker serves that queue" in status.stdout
         assert probe(port) == (200, "ok\n")
+        # The fleet's verdict from the worker's port says what pgflow status says, naming nothing
+        # (it is read anew at most every FLEET_EVERY seconds: the ok above may be kept that long).
+        fleet = wait_until(lambda: (reply := probe(port, "/fleetz"))[0] == 503 and reply,
+                           "/fleetz to report the fleet's problems", procs, worker)
+        assert fleet[1] == "unhealthy: 2 fleet problems (pgflow status names them)\n"
 
         # Anyone may reach the port: only GET/HEAD /healthz is answered, junk gets an HTTP error, and
         # clients that send nothing do not hold the probe up.

@@ -8,6 +8,11 @@ for a dead worker while its queues have work. Used as every pod's liveness probe
 restart every pod of the fleet at once, and a restart cures none of them (a busy queue gets worse,
 its workers gone while they start again). This probe says only whether this process does its job.
 
+For a readiness check or an alert that wants the fleet's verdict from a worker's port, ``GET /fleetz``
+answers what ``pgflow status`` would: 200, or 503 with how many problems there are (``pgflow status``
+names them: the names are anybody's to choose, and the probe's reply names nothing). It asks the
+database at most every ``FLEET_EVERY`` seconds, however often it is asked.
+
 The server runs on a thread of its own, not on the worker's loop: a loop that is blocked (a step that
 calls ``time.sleep`` in an ``async def``) must be reported as such, not only time the probe out. What
 crosses the thread is a few floats and a bool that the loop writes and the server reads. Requests are
@@ -29,6 +34,7 @@ log = logging.getLogger("pgflow.worker")
 
 REQUEST_WITHIN = 3.0  # seconds a client has to send its request line and headers
 MAX_CLIENTS = 32  # requests served at once; more are closed unanswered (a probe retries)
+FLEET_EVERY = 5.0  # seconds the fleet's verdict is kept before /fleetz asks the database again
 
 
 class Liveness:
@@ -78,8 +84,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], liveness: Liveness) -> None:
+    def __init__(self, address: tuple[str, int], liveness: Liveness, fleet: FleetVerdict | None) -> None:
         self.liveness = liveness
+        self.fleet = fleet
         self._clients = threading.BoundedSemaphore(MAX_CLIENTS)
         super().__init__(address, _Handler)
 
@@ -117,8 +124,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(body=False)
 
     def _answer(self, body: bool) -> None:
-        if self.path.split("?", 1)[0] != "/healthz":
-            self._reply(404, "not found: the probe is GET /healthz\n", body)
+        where = self.path.split("?", 1)[0]
+        if where == "/fleetz" and self.server.fleet is not None:
+            found = self.server.fleet.problems()
+            if found:
+                self._reply(503, f"unhealthy: {found} fleet problems (pgflow status names them)\n", body)
+            else:
+                self._reply(200, "ok\n", body)
+            return
+        if where != "/healthz":
+            self._reply(404, "not found: the probe is GET /healthz (the fleet's: GET /fleetz)\n", body)
             return
         problems = self.server.liveness.problems()
         if problems:
@@ -140,12 +155,34 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("health probe: " + format, *args)
 
 
+class FleetVerdict:
+    """How many problems ``pgflow status`` would report (``count``: its check, blocking), asked at
+    most every ``FLEET_EVERY`` seconds; a check that fails counts as one problem."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+        self._lock = threading.Lock()
+        self._at = -float("inf")
+        self._found = 0
+
+    def problems(self) -> int:
+        with self._lock:  # (one check at a time: the others wait and take its answer)
+            if time.monotonic() - self._at >= FLEET_EVERY:
+                try:
+                    self._found = self._count()
+                except Exception:  # noqa: BLE001 - the database is away: that is a problem of the fleet's
+                    log.warning("the fleet's health could not be read", exc_info=True)
+                    self._found = 1
+                self._at = time.monotonic()
+            return self._found
+
+
 class HealthServer:
     """The probe's HTTP server and its thread; ``start`` binds (port 0: any free port, see ``port``),
     ``stop`` closes it and joins the thread."""
 
-    def __init__(self, liveness: Liveness, host: str, port: int) -> None:
-        self._server = _Server((host, port), liveness)
+    def __init__(self, liveness: Liveness, host: str, port: int, fleet: FleetVerdict | None = None) -> None:
+        self._server = _Server((host, port), liveness, fleet)
         sock: socket = self._server.socket
         self.host, self.port = sock.getsockname()[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},

@@ -35,7 +35,7 @@ from .checks import check_queue
 from .claim_rounds import claim_round, next_look
 from .connecting import where
 from .executor import give_back_unrun, run_claimed
-from .health import HealthServer, Liveness
+from .health import FleetVerdict, HealthServer, Liveness
 from .registry import Registry
 from .runtime import Runtimes
 from .signals import keys as signal_keys
@@ -55,7 +55,8 @@ class Worker:
 
     def __init__(self, registry: Registry, runtimes: Runtimes, concurrency: int = 16,
                  queues: Sequence[str] | None = None, lease: float = 10.0, heartbeat: float | None = None,
-                 grace: float = 0.0, health_port: int | None = None, health_host: str = "0.0.0.0") -> None:
+                 grace: float = 0.0, health_port: int | None = None, health_host: str = "0.0.0.0",
+                 fleet_problems: Callable[[], int] | None = None) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         if lease <= 0:
@@ -66,6 +67,7 @@ class Worker:
                                         or not 0 <= health_port <= 65535):
             raise ConfigurationError(f"health_port is a TCP port, 0 to 65535 (0: any free one), got {health_port!r}")
         self.health_port, self.health_host = health_port, health_host
+        self._fleet = None if fleet_problems is None else FleetVerdict(fleet_problems)
         self.health: HealthServer | None = None  # the liveness probe's server, while the worker runs
         self._liveness: Liveness | None = None
         self.registry = registry
@@ -117,7 +119,7 @@ class Worker:
             self._liveness = Liveness(self.lease_seconds, lambda: bool(runtime.signals.listener
                                                               and runtime.signals.listener.connected))
             try:
-                self.health = HealthServer(self._liveness, self.health_host, self.health_port)
+                self.health = HealthServer(self._liveness, self.health_host, self.health_port, self._fleet)
             except OSError as exc:
                 raise ConfigurationError(f"cannot serve the health probe on {self.health_host}:{self.health_port}:"
                                          f" {exc.strerror or exc}") from exc
