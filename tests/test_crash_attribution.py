@@ -118,10 +118,10 @@ def test_a_poison_workflow_is_given_up_within_a_minute_with_the_default_lease_an
 # -- the rules, claim by claim ---------------------------------------------------------------------------
 
 
-async def _expire(dsn: str, schema: str, *ids: str) -> None:
-    """Their leases ran out (the claims that follow are full ones, which rescue them)."""
-    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\''
-                     ' WHERE id = ANY(%s)', list(ids))
+async def _expire(dsn: str, schema: str, *ids: str, ago: str = "1 s") -> None:
+    """Their leases ran out ``ago`` (the claims that follow are full ones, which rescue them)."""
+    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - %s::interval'
+                     ' WHERE id = ANY(%s)', ago, list(ids))
 
 
 async def _full_claim(store: Store, worker: str, names: list[str]) -> list[Claimed]:
@@ -168,11 +168,29 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
     again = await store.claim_suspect("C", ["default"], names, LEASE)
     assert again is not None and again.id == suspect.id
     assert (again.run, again.crashes, again.give_up) == (2, 1, False)
-    # A worker that lives on and let a lease go: no suspect; its next run is a new attempt.
+    # A worker that lives on and let a lease go: no suspect; its next run is a new attempt. (Heard from
+    # within its lease, it may be alive: its run is left until the lease ran out a lease ago.)
     await store.register_worker("D", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
     other = await w.start_async()
     [held] = [c for c in await _full_claim(store, "D", names) if c.id == other.id]
     await _expire(dsn, schema, other.id)
+    assert other.id not in [c.id for c in await _full_claim(store, "E", names)]
+    assert await query(dsn, f'SELECT status FROM "{schema}".workflows WHERE id = %s', other.id) == [("running",)]
+    await _expire(dsn, schema, other.id, ago="1 hour")
     await _full_claim(store, "E", names)
     [taken] = [c for c in await _full_claim(store, "E", names) if c.id == other.id]
     assert (taken.suspect, taken.run) == (False, 2) and held.run == 1
+
+    # A worker whose heartbeat came after it claimed a run it had not taken on yet (a heartbeat renews
+    # only the runs the worker holds), and which then died: judged by its silence, it is dead, and the
+    # run, alone on it, is a suspect charged with the crash (it was taken for a lost lease).
+    await store.register_worker("F", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    late = await w.start_async()
+    [claimed_late] = [c for c in await _full_claim(store, "F", names) if c.id == late.id]
+    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - %s::interval WHERE id = %s',
+                f"{LEASE + 1} s", late.id)
+    await query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = now() - %s::interval WHERE id = \'F\'',
+                f"{LEASE + 0.5} s")  # after the claim (lease set LEASE before expiry), and a lease ago
+    assert late.id not in [c.id for c in await _full_claim(store, "G", names)]
+    assert await query(dsn, f'SELECT status, crashes FROM "{schema}".workflows WHERE id = %s', late.id) \
+        == [("queued", 1)] and claimed_late.run == 1

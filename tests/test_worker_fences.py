@@ -54,9 +54,10 @@ async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
         Written(set(), set(), True)
 
     # A's lease runs out and B takes the workflow over: A's batches under its old epoch are refused.
-    # (B's full claim gives it back to the queue, and B's next claim takes it. A heartbeat of A's is
-    # newer than the lease it let go, so A lives: the workflow is no suspect of a crash.)
-    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\' WHERE id = %s',
+    # (B's full claim gives it back to the queue, and B's next claim takes it. A was heard from within
+    # its lease, so A lives: the workflow is no suspect of a crash, taken once its lease ran out a
+    # lease ago.)
+    await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 hour\' WHERE id = %s',
                 started.id)
     assert await b.claim("B", ["default"], ["fenced.w2"], 1, LEASE) == ([], None)
     [taken], _ = await b.claim("B", ["default"], ["fenced.w2"], 1, LEASE)

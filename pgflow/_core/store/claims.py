@@ -31,8 +31,10 @@ from .statements import Statements
 # floors are computed again, so nothing a floor could leave out (see FLOORS) waits longer than that.
 #
 # A full claim also rescues the workflows whose lease ran out: they are not run by the claim but
-# queued again. Those whose worker died under them (no heartbeat of it since it last renewed or took
-# them) become suspects (migration 0028), to be run alone. A run that was alone when its worker died
+# queued again. Those whose worker died under them (no heartbeat of it for a whole lease: judged by
+# the heartbeat's age, not by whether it came after the run's lease was set, since a heartbeat sent
+# between a claim and the worker's taking the run on renews nothing, and a worker killed then was
+# taken for alive) become suspects (migration 0028), to be run alone. A run that was alone when its worker died
 # (a suspect, which only runs alone; or the one workflow its worker held) is charged: its crashes
 # count up, and its next claim is a new attempt. One that died beside others is charged nothing. A
 # workflow whose worker lives on (it let the lease go: a release that failed, a loop stalled past its
@@ -44,10 +46,15 @@ RESCUE_AT_MOST = 256  # expired leases a full claim rescues (a dead worker's all
 CRASHES_ALONE = 3  # deaths of its worker while running it alone that give a workflow up (at most max_attempts)
 _ALONE = "(e.crashes IS NOT NULL OR c.held = 1) IS TRUE"
 _RESCUING = (
-    " expired AS (SELECT id, lease_owner AS owner, crashes, NOT EXISTS (SELECT FROM {s}.workers k"
-    "   WHERE k.id = w.lease_owner AND k.heartbeat_at > w.lease_expires_at - make_interval(secs => k.lease)) AS died"
-    "   FROM {s}.workflows w WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s)"
-    f"   AND name = ANY(%(names)s) ORDER BY lease_expires_at LIMIT {RESCUE_AT_MOST} FOR UPDATE SKIP LOCKED),"
+    " expired AS (SELECT id, lease_owner AS owner, crashes, live.heartbeat_at IS NULL AS died"
+    "   FROM {s}.workflows w LEFT JOIN LATERAL (SELECT k.heartbeat_at FROM {s}.workers k WHERE k.id = w.lease_owner"
+    "    AND k.heartbeat_at > now() - make_interval(secs => k.lease)) live ON true"
+    "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
+    # (a worker heard from within its lease may be alive: its run is left until it has been silent a
+    # lease, or, alive and silent about this run, until the lease ran out a lease ago)
+    "   AND (live.heartbeat_at IS NULL OR lease_expires_at < now() - make_interval(secs => coalesce("
+    "    (SELECT k.lease FROM {s}.workers k WHERE k.id = w.lease_owner), 0)))"
+    f"   ORDER BY lease_expires_at LIMIT {RESCUE_AT_MOST} FOR UPDATE OF w SKIP LOCKED),"
     " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
     "   WHERE worker = ANY(ARRAY(SELECT owner FROM expired WHERE owner IS NOT NULL))"
     "   ORDER BY worker FOR NO KEY UPDATE),"
