@@ -110,3 +110,24 @@ async def test_a_killed_backend_is_an_outage_that_trying_again_mends(pool: Pool,
     assert unreachable(lost.value)
     async with pool.connection() as conn:
         assert await wire.fetch(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["fetch", "fetch_then_durable"])
+async def test_a_statement_psycopg_deallocated_is_prepared_again(pool: Pool, durable: bool) -> None:
+    """psycopg, once it has prepared statements of its own on a connection, sends DEALLOCATE ALL there
+    after a rollback (or a DROP): ours go with them. The next run of ours prepares it again, runs it
+    once, and says nothing of it (seen: a start refused with "prepared statement does not exist"
+    after a prune's lock timeout rolled back on the same pooled connection)."""
+    run = wire.fetch_then_durable if durable else wire.fetch
+    async with pool.connection() as conn:
+        assert await run(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+        for _ in range(6):  # past psycopg's prepare_threshold (5): it prepares this one itself
+            await conn.execute("SELECT 1 WHERE %s", (True,))
+        with pytest.raises(ZeroDivisionError):
+            async with conn.transaction():  # rolled back: psycopg will clear the server's statements
+                raise ZeroDivisionError
+        await conn.execute("SELECT 2")  # (its DEALLOCATE ALL goes before its next statement)
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pgflow\\_%'")
+        assert await cur.fetchone() == (0,)  # ours are gone: the test shows what it says
+        assert await run(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+        assert await run(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]

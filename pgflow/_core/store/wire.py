@@ -124,9 +124,29 @@ async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, g
     if not prepare:
         pgconn.send_query_params(sql, values, statement._types, statement._formats, 1)
         return _rows(conn, await _results(pgconn))
-    await _prepare(conn, statement, sql, name)
-    pgconn.send_query_prepared(name, values, statement._formats, 1)
-    return _rows(conn, await _results(pgconn))
+    for _ in _ONCE_MORE:
+        await _prepare(conn, statement, sql, name)
+        pgconn.send_query_prepared(name, values, statement._formats, 1)
+        results = await _results(pgconn)
+        if not _forgotten(conn, results):
+            break
+    return _rows(conn, results)
+
+
+_ONCE_MORE = range(2)  # a statement the server forgot is prepared again and sent once more
+_FORGOTTEN = b"26000"  # invalid_sql_statement_name: "prepared statement ... does not exist"
+
+
+def _forgotten(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult]) -> bool:
+    """Whether the server no longer had the prepared statement, and so ran nothing. psycopg sends
+    ``DEALLOCATE ALL`` on a connection where it prepared statements of its own once a transaction
+    there rolled back or a DROP or ALTER ran (its own cache may be stale then): that takes ours too.
+    The connection's record of what is prepared is dropped, to be made again."""
+    if any(r.status == pq.ExecStatus.FATAL_ERROR and r.error_field(pq.DiagnosticField.SQLSTATE) == _FORGOTTEN
+           for r in results):
+        _prepared.pop(conn, None)
+        return True
+    return False
 
 
 async def _prepare(conn: AsyncConnection[Any], statement: Statement, sql: bytes, name: bytes) -> None:
@@ -165,14 +185,17 @@ async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, s
     sql, name = statement.for_schema(schema)
     values = statement.values(given)
     pgconn = conn.pgconn
-    await _prepare(conn, statement, sql, name)
-    pgconn.enter_pipeline_mode()
-    pgconn.send_query_prepared(name, values, statement._formats, 1)
-    pgconn.pipeline_sync()
-    pgconn.send_query_params(_DURABLE, None, result_format=1)
-    pgconn.pipeline_sync()
-    results = await _results(pgconn, syncs=2)
-    pgconn.exit_pipeline_mode()
+    for _ in _ONCE_MORE:
+        await _prepare(conn, statement, sql, name)
+        pgconn.enter_pipeline_mode()
+        pgconn.send_query_prepared(name, values, statement._formats, 1)
+        pgconn.pipeline_sync()
+        pgconn.send_query_params(_DURABLE, None, result_format=1)
+        pgconn.pipeline_sync()
+        results = await _results(pgconn, syncs=2)
+        pgconn.exit_pipeline_mode()
+        if not _forgotten(conn, results[:-1]):  # (then nothing ran, and the durable commit was an empty one)
+            break
     rows = _rows(conn, results[:-1])  # (the statement's error first, if it failed)
     _rows(conn, results[-1:])
     return rows
