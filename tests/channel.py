@@ -4,6 +4,7 @@ opened (any call that reaches the database)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
@@ -45,3 +46,14 @@ async def listen(dsn: str, schema: str) -> psycopg.AsyncConnection[Any]:
     for channel in channels(schema):
         await conn.execute(f'LISTEN "{channel}"')
     return conn
+
+
+def identity(app: pgflow.App) -> dict[str, Any]:
+    """Who this process seals as: its pid, its sender, and the counter of the payload just sealed (a
+    fork test's probe of each process)."""
+    keyring = app._runtimes.keyring
+    text = keyring.seal(b"probe")
+    assert text is not None, "the keyring is not loaded"
+    opened = keyring.open(text)
+    assert opened is not None
+    return {"pid": os.getpid(), "sender": opened.sender.hex(), "counter": opened.counter}

@@ -21,20 +21,11 @@ import anyio.to_thread
 import pytest
 
 import pgflow
+from tests.channel import identity
 from tests.processes import WAIT, Processes, wait_until
 
 CALLERS = 3
 RESULT_WITHIN = 20.0  # seconds a caller waits for its result: a third of the poll
-
-
-def identity(app: pgflow.App) -> dict[str, Any]:
-    """Who this process seals as: its sender, and the counter of the payload just sealed."""
-    keyring = app._runtimes.keyring
-    sealed = keyring.seal(b"probe")
-    assert sealed is not None, "the keyring is not loaded"
-    opened = keyring.open(sealed)
-    assert opened is not None
-    return {"pid": os.getpid(), "sender": opened.sender.hex(), "counter": opened.counter}
 
 
 def fork(how: str, target: Callable[[], None]) -> Callable[[], int]:

@@ -35,7 +35,7 @@ def watch(obj: ForkAware) -> None:
 
 def keep_inherited(*objects: object) -> None:
     """Keep what the parent owns alive, unused, so that no finaliser of the child closes it."""
-    _inherited.extend(objects)
+    _inherited.extend(obj for obj in objects if obj is not None)
 
 
 def _after_fork_in_child() -> None:

@@ -35,12 +35,7 @@ class _Ask:
         offset = request.one("offset")
         live = request.one("live")
         client_cursor = request.one("cursor")
-        if live not in (None, "long-poll", "sse"):
-            raise Refused(400, "live is long-poll or sse")
-        if offset == "":
-            raise Refused(400, "offset is empty: give -1, now, or a Stream-Next-Offset")
-        if live is not None and offset is None:
-            raise Refused(400, f"live={live} needs an offset (-1 for the start, now for the tail)")
+        p.check_read(offset, live)
         start = 0 if offset in (None, "-1") else None if offset == "now" else p.parse_offset(offset)
         return cls(offset, live, client_cursor, start)
 

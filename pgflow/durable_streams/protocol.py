@@ -69,6 +69,17 @@ def parse_offset(text: str, *, what: str = "offset") -> int:
     return position
 
 
+def check_read(offset: str | None, live: str | None) -> None:
+    """A read's ``offset`` and ``live`` query parameters, as any stream takes them (a free stream's
+    and a workflow's alike): live is long-poll or sse, and needs an offset; an offset is never empty."""
+    if live not in (None, "long-poll", "sse"):
+        raise Refused(400, "live is long-poll or sse")
+    if offset == "":
+        raise Refused(400, "offset is empty: give -1, now, or a Stream-Next-Offset")
+    if live is not None and offset is None:
+        raise Refused(400, f"live={live} needs an offset (-1 for the start, now for the tail)")
+
+
 def cursor(client: str | None) -> str:
     """The live answers' cursor (PROTOCOL.md 10.1): the 20-second interval since the epoch, and never at
     or below the one the client echoed (jitter of 1 to 3600 s then), so a CDN's key always moves on."""

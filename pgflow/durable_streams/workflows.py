@@ -71,12 +71,7 @@ class WorkflowStreamsHttp:
                                " read-only (GET, HEAD)", {"allow": "GET, HEAD, OPTIONS"})
         offset = request.one("offset")
         live = request.one("live")
-        if live not in (None, "long-poll", "sse"):
-            raise Refused(400, "live is long-poll or sse")
-        if offset == "":
-            raise Refused(400, "offset is empty: give -1, now, or a Stream-Next-Offset")
-        if live is not None and offset is None:
-            raise Refused(400, f"live={live} needs an offset (-1 for the start, now for the tail)")
+        p.check_read(offset, live)
         tail, ended = await self._tail(workflow_id, key)
         if request.method == "HEAD" or (offset == "now" and live is None):
             out = {"content-type": "application/json", p.NEXT_OFFSET: p.offset_text(tail), p.UP_TO_DATE: "true"}

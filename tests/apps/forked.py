@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pgflow
+from tests.channel import identity
 
 app = pgflow.App(poll_interval=60.0)
 
@@ -20,19 +21,9 @@ def echo(value: int) -> int:
     return value
 
 
-def identity() -> dict[str, Any]:
-    """Who this process seals as: its pid, its sender and the counter of its next payload."""
-    keyring = app._runtimes.keyring
-    sealed = keyring.seal(b"probe")
-    assert sealed is not None, "the keyring is not loaded"
-    opened = keyring.open(sealed)
-    assert opened is not None
-    return {"pid": os.getpid(), "sender": opened.sender.hex(), "counter": opened.counter}
-
-
 if os.environ.get("PGFLOW_FORK_PRELOAD") == "1":
     app.migrate()  # used in the master: its loop thread, pool and keyring exist before the fork
-    identity()
+    identity(app)
 
 
 def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -42,6 +33,6 @@ def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> 
         value = int(environ.get("QUERY_STRING") or "0")
         body: dict[str, Any] = {"pid": os.getpid(), "result": echo.start(value).result(timeout=30)}
     else:
-        body = identity()
+        body = identity(app)
     start_response("200 OK", [("Content-Type", "application/json")])
     return [json.dumps(body).encode()]
