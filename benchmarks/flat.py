@@ -155,7 +155,7 @@ class Flat:
 
         import psycopg
 
-        from pgflow._core.store import claims
+        from pgflow._core.engine import claims
 
         # A full claim (no floor, expired leases looked for): the one whose cost grows with what the
         # table holds, if any does.

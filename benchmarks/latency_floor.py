@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 
 import pgflow  # noqa: E402
 from benchmarks import harness  # noqa: E402
-from pgflow._core.store import arrays, quote_identifier  # noqa: E402
-from pgflow._core.store.claims import CLAIM  # noqa: E402
-from pgflow._core.store.ends import FINISH  # noqa: E402
+from pgflow._core.engine import arrays, quote_identifier  # noqa: E402
+from pgflow._core.engine.claims import CLAIM  # noqa: E402
+from pgflow._core.engine.ends import FINISH  # noqa: E402
 
 SCHEMA = "bench_floor"
 QUEUE = "floor"

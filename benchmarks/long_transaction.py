@@ -51,7 +51,7 @@ import psycopg
 import pgflow
 
 try:
-    from pgflow._core.store.claims import FLOOR_MARGIN, FLOORS
+    from pgflow._core.engine.claims import FLOOR_MARGIN, FLOORS
 except ImportError:  # a pgflow from before the bounded claims (an A/B run against an older checkout)
     FLOORS, FLOOR_MARGIN = "", 0.0
 
@@ -137,7 +137,7 @@ FROM generate_series(1, (pg_relation_size(%(index)s::regclass) / current_setting
 WHERE p.type = 'l' AND NOT (p.btpo_next <> 0 AND i.itemoffset = 1)
 """
 
-# The scans of the claim statement (pgflow/_core/store/claims.py), without their locks: what one
+# The scans of the claim statement (pgflow/_core/engine/claims.py), without their locks: what one
 # claim walks (buffers) and how long that takes, as the dead entries pile up.
 PROBES = {
     "queued": "SELECT id FROM {s}.workflows WHERE status = 'queued' AND queue = 'default' AND due_at <= now()"

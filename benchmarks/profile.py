@@ -18,8 +18,8 @@ from pathlib import Path
 # this order over the whole stack: the claim and finish statements before psycopg in general, etc.
 CATEGORIES = [
     ("start-up (imports, before the first claim)", r"importlib\._bootstrap"),
-    ("claim statement (ClaimStatements.claim)", r"^ClaimStatements\.\w*claim"),
-    ("finish statement (Store.finish)", r"^Store\.finish "),
+    ("claim statement (Claims.claim)", r"^Claims\.\w*claim"),
+    ("finish statement (Engine.finish)", r"^Engine\.finish "),
     ("batched ends (finisher.py)", r"\(finisher\.py"),
     ("other store statements", r"\(store/"),
     ("pings / notify / listen", r"\((notify|listener)\.py"),

@@ -229,8 +229,8 @@ async def fill_apart(app: pgflow.App, args: argparse.Namespace) -> float:
 async def two_days_on(app: pgflow.App) -> None:
     CLOCK[0] += 2 * 86400.0
     store = await app._client.runtime().store()
-    await store.set_clock(CLOCK[0])
-    await store.add_chunk_partitions()
+    await store.testing.set_clock(CLOCK[0])
+    await store.partitions.add_chunk_partitions()
 
 
 def rate(samples: list[list[float]], start: float, end: float) -> float:

@@ -21,23 +21,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import psycopg  # noqa: E402
 
 import pgflow  # noqa: E402
+from pgflow._core.engine import Engine  # noqa: E402
 from pgflow._core.starts import StepStarts  # noqa: E402
-from pgflow._core.store import Store  # noqa: E402
 
-real_steps, real_note = Store.start_steps, StepStarts.note
+real_steps, real_note = Engine.start_steps, StepStarts.note
 
 
-async def noop(self: Store, notes: list[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
+async def noop(self: Engine, notes: list[tuple[str, int, int, int, int]]) -> list[tuple[bool, bool]]:
     return [(True, False)] * len(notes)
 
 
 async def direct(self: StepStarts, *note: int | str) -> tuple[bool, bool]:
-    [answer] = await self._store.start_steps([note])  # type: ignore[list-item]
+    [answer] = await self._store.journal.start_steps([note])  # type: ignore[list-item]
     return answer
 
 
 async def run(dsn: str, mode: str) -> float:
-    Store.start_steps = noop if mode == "none" else real_steps  # type: ignore[method-assign]
+    Engine.start_steps = noop if mode == "none" else real_steps  # type: ignore[method-assign]
     StepStarts.note = direct if mode == "direct" else real_note  # type: ignore[method-assign,assignment]
     schema = f"bench_steps_{uuid.uuid4().hex[:8]}"
     app = pgflow.App(dsn, schema=schema, retention=None)

@@ -32,6 +32,7 @@ from ._core.client import Client
 from ._core.codec import DEFAULT_VALUE_LIMIT
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
+from ._core.engine import Engine
 from ._core.registry import (
     DEFAULT_MAX_ATTEMPTS,
     Config,
@@ -42,7 +43,6 @@ from ._core.registry import (
     WorkflowSpec,
 )
 from ._core.runtime import Runtimes, Stats
-from ._core.store import Store
 from ._core.sync import LoopThread
 from ._core.twins import blocking
 from ._core.worker import Worker
@@ -307,9 +307,9 @@ class App(Operations):
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""
 
-        async def migrate(store: Store) -> int:
-            await store.migrate()
-            return await store.schema_version()
+        async def migrate(store: Engine) -> int:
+            await store.migrations.migrate()
+            return await store.migrations.version()
 
         return await self._client.runtime().db(migrate)
 

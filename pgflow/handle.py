@@ -18,10 +18,10 @@ from ._core.checks import (
 from ._core.client import Client
 from ._core.codec import decode, encode
 from ._core.current import journaling
+from ._core.engine import WorkflowRow
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
 from ._core.status import ENDED, Status
-from ._core.store import WorkflowRow
 from ._core.streams.reader import HANDED, decoder
 from ._core.twins import blocking, iterate
 from .errors import CannotResume, UnknownWorkflow, WorkflowCancelled, WorkflowFailed
@@ -48,7 +48,7 @@ class WorkflowHandle(Generic[R]):
         return hash(self.id)
 
     async def _row(self) -> WorkflowRow:
-        row = await self._client.runtime().db(lambda store: store.workflow(self.id))
+        row = await self._client.runtime().db(lambda store: store.workflows.workflow(self.id))
         if row is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         return row
@@ -106,7 +106,7 @@ class WorkflowHandle(Generic[R]):
         runtime = self._client.runtime()
 
         async def look() -> tuple[Any] | None:
-            found = await runtime.db(lambda store: store.get_event(self.id, key))
+            found = await runtime.db(lambda store: store.waits.get_event(self.id, key))
             if found is None:
                 raise UnknownWorkflow(f"no workflow with id {self.id!r}")
             value, status = found
@@ -138,7 +138,7 @@ class WorkflowHandle(Generic[R]):
         if sender is not None and sender.replay_only:
             return  # a check of the sender's journal writes nothing
         runtime = self._client.runtime()
-        found = await runtime.db(lambda store: store.send(self.id, topic, data, key))
+        found = await runtime.db(lambda store: store.waits.send(self.id, topic, data, key))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         stored, queue, made_due = found
@@ -164,7 +164,7 @@ class WorkflowHandle(Generic[R]):
 
     async def info_async(self) -> WorkflowInfo:
         """The workflow's record, its steps (timings, attempts) and its streams with their lengths."""
-        found = await self._client.runtime().db(lambda store: store.info(self.id))
+        found = await self._client.runtime().db(lambda store: store.management.info(self.id))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         record, steps, streams = found
@@ -179,7 +179,7 @@ class WorkflowHandle(Generic[R]):
         everything after it; the attempt budget starts afresh. A workflow still queued or running, or
         one that succeeded, is refused with CannotResume."""
         runtime = self._client.runtime()
-        found = await runtime.db(lambda store: store.resume(self.id))
+        found = await runtime.db(lambda store: store.management.resume(self.id))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         was, queue = found
@@ -196,7 +196,7 @@ class WorkflowHandle(Generic[R]):
         check_position(from_step, "from_step")
         runtime = self._client.runtime()
         new_id = str(uuid.uuid4())
-        queue = await runtime.db(lambda store: store.fork(self.id, new_id, from_step))
+        queue = await runtime.db(lambda store: store.management.fork(self.id, new_id, from_step))
         if queue is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         runtime.signals.announce(News([signal_keys.queue(queue)]))
@@ -287,7 +287,7 @@ class WorkflowHandle(Generic[R]):
         one stops where it stands. The workflows its body started are cancelled with it, and theirs
         (a child that has ended keeps its outcome)."""
         runtime = self._client.runtime()
-        found = await runtime.db(lambda store: store.request_cancel(self.id))
+        found = await runtime.db(lambda store: store.workflows.request_cancel(self.id))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {self.id!r}")
         runtime.signals.announce(News([signal_keys.ended(id) for id in (self.id, *found.descendants)]))

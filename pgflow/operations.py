@@ -12,14 +12,14 @@ import msgspec
 
 from ._core.checks import check_queue
 from ._core.client import Client
+from ._core.engine.details import DetailsRead
+from ._core.engine.management import WorkerRow
 from ._core.maintenance import KEYS, NAMES, PARTITIONS, REAPER, RETENTION, ROTATION_OVERLAP, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
 from ._core.registry import Registry
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
 from ._core.status import Status
-from ._core.store.details import DetailsRead
-from ._core.store.management import WorkerRow
 from ._core.twins import blocking
 from .errors import UnknownWorkflow
 from .records import (
@@ -72,7 +72,7 @@ class Operations:
         for when in (created_after, created_before):
             if when is not None and (not isinstance(when, datetime) or when.tzinfo is None):
                 raise ValueError(f"created_after and created_before are timezone-aware datetimes, got {when!r}")
-        rows = await self._client.runtime().db(lambda store: store.list_workflows(
+        rows = await self._client.runtime().db(lambda store: store.management.list_workflows(
             status, name, check_queue(queue) if queue is not None else None, created_after, created_before,
             limit, order == "desc"))
         return [WorkflowRecord.of(row) for row in rows]
@@ -91,7 +91,7 @@ class Operations:
         if isinstance(steps_limit, bool) or not isinstance(steps_limit, int) or \
                 not 1 <= steps_limit <= MAX_STEPS_SHOWN:
             raise ValueError(f"steps_limit is between 1 and {MAX_STEPS_SHOWN}, got {steps_limit!r}")
-        found = await self._client.runtime().db(lambda store: store.details(workflow_id, steps_limit))
+        found = await self._client.runtime().db(lambda store: store.details.details(workflow_id, steps_limit))
         if found is None:
             raise UnknownWorkflow(f"no workflow with id {workflow_id!r}")
         return _details(found)
@@ -100,7 +100,7 @@ class Operations:
 
     async def queues_info_async(self) -> list[QueueInfo]:
         """Every queue with work or limits: depth, due now, oldest wait, running, limits."""
-        rows = await self._client.runtime().db(lambda store: store.queues_overview())
+        rows = await self._client.runtime().db(lambda store: store.management.queues_overview())
         return [QueueInfo(str(r.queue), int(r.queued), int(r.due), None if r.waited is None else float(r.waited),
                           int(r.running), r.concurrency, r.rate_limit, r.rate_period, r.paused_at) for r in rows]
 
@@ -109,7 +109,7 @@ class Operations:
     async def workers_info_async(self) -> list[WorkerInfo]:
         """The registered workers: where they run, what they serve, their heartbeat's age, how many
         workflows each holds, and whether it is dead (its heartbeat older than its lease)."""
-        rows = await self._client.runtime().db(lambda store: store.workers_overview())
+        rows = await self._client.runtime().db(lambda store: store.management.workers_overview())
         return [_worker(r) for r in rows]
 
     workers_info = blocking(workers_info_async)
@@ -124,13 +124,13 @@ class Operations:
         workers = await self.workers_info_async()
         live = [w for w in workers if not w.dead]
         names = sorted({name for w in live for name in w.names})
-        read = await runtime.db(lambda store: store.health(names, stuck_after))
+        read = await runtime.db(lambda store: store.management.health(names, stuck_after))
         schedules = [cron_service(spec.name) for spec in self.registry.workflows.values() if spec.schedule is not None]
         services = [REAPER, RETENTION, PARTITIONS, NAMES, KEYS, *schedules]
         by_lock = {lock_name(self.schema, service): service for service in services}
-        locks = await runtime.db(lambda store: store.lock_holders(list(by_lock)))
+        locks = await runtime.db(lambda store: store.management.lock_holders(list(by_lock)))
         served = {queue for w in live for queue in w.queues}
-        paused = await runtime.db(lambda store: store.paused_queues())
+        paused = await runtime.db(lambda store: store.pausing.paused_queues())
         # A paused queue's work waits by the operator's choice: a note, not a problem.
         waiting = {row.queue: row for row in read.waiting if row.queue not in paused}
         return Health(len(live), read.notification_queue_usage, dict(read.unserved),
@@ -155,8 +155,9 @@ class Operations:
         period (a day by default) is pruned and the period is over, by this call or the workers."""
         seconds, batch = check_older_than(older_than), check_batch(batch)
         runtime = self._client.runtime()
-        deleted = await prune_paced(lambda: runtime.db(lambda store: store.prune(seconds, batch)), batch, progress)
-        await runtime.db(lambda store: store.drop_chunk_partitions())
+        deleted = await prune_paced(lambda: runtime.db(lambda store: store.management.prune(seconds, batch)), batch,
+                                    progress)
+        await runtime.db(lambda store: store.partitions.drop_chunk_partitions())
         return deleted
 
     prune = blocking(prune_async)
@@ -169,7 +170,7 @@ class Operations:
         if isinstance(overlap, bool) or not isinstance(overlap, int | float) or not 60.0 <= overlap <= 86400.0:
             raise ValueError(f"overlap is between 60 and 86400 seconds (processes reload the keys every 30 s),"
                              f" got {overlap!r}")
-        return await self._client.runtime().db(lambda store: store.rotate_signal_key(float(overlap)))
+        return await self._client.runtime().db(lambda store: store.channel.rotate_signal_key(float(overlap)))
 
     rotate_signal_key = blocking(rotate_signal_key_async)
 
@@ -180,10 +181,10 @@ class Operations:
         ValueError: a misspelt name would stop nothing."""
         name = check_queue(name)
         runtime = self._client.runtime()
-        if name not in self._queue_names() and not await runtime.db(lambda store: store.queue_known(name)):
+        if name not in self._queue_names() and not await runtime.db(lambda store: store.pausing.queue_known(name)):
             raise ValueError(f"no queue {name!r} is known: none of its workflows is queued or running, no worker"
                              " serves it and it has no limits (pgflow queues lists the queues)")
-        return await runtime.db(lambda store: store.pause_queue(name))
+        return await runtime.db(lambda store: store.pausing.pause_queue(name))
 
     pause_queue = blocking(pause_queue_async)
 
@@ -192,7 +193,7 @@ class Operations:
         was paused."""
         name = check_queue(name)
         runtime = self._client.runtime()
-        resumed = await runtime.db(lambda store: store.resume_queue(name))
+        resumed = await runtime.db(lambda store: store.pausing.resume_queue(name))
         if resumed:
             runtime.signals.announce(News([signal_keys.queue(name)]))
         return resumed

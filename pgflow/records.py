@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
+from ._core.engine.management import CHILD_FIELDS, RECORD_FIELDS, STEP_FIELDS
 from ._core.maintenance import APPLICATION as MAINTENANCE_APPLICATION
-from ._core.store.management import CHILD_FIELDS, RECORD_FIELDS, STEP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class StepInfo:
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> StepInfo:
-        """From a row of the store's ``STEP_COLUMNS`` (store/management.py), which name these fields."""
+        """From a row of the store's ``STEP_COLUMNS`` (engine/management.py), which name these fields."""
         return cls(**dict(zip(STEP_FIELDS, row, strict=True)))
 
 
@@ -69,7 +69,7 @@ class WorkflowRecord:
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> WorkflowRecord:
-        """From a row of the store's ``RECORD`` columns (store/management.py), which name these fields."""
+        """From a row of the store's ``RECORD`` columns (engine/management.py), which name these fields."""
         return cls(**dict(zip(RECORD_FIELDS, row, strict=True)))
 
 
@@ -365,7 +365,7 @@ class ChildInfo(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> ChildInfo:
-        """From a row of the store's ``CHILD_COLUMNS`` (store/management.py), which name these fields."""
+        """From a row of the store's ``CHILD_COLUMNS`` (engine/management.py), which name these fields."""
         return cls(**dict(zip(CHILD_FIELDS, row, strict=True)))
 
 

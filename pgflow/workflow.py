@@ -37,10 +37,10 @@ from ._core.debounce_options import (
     check_debounce_max,
     check_debounce_window,
 )
+from ._core.engine.debounces import Debounce
+from ._core.engine.starts import Timing
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children
-from ._core.store.debounces import Debounce
-from ._core.store.starts import Timing
 from ._core.sync import on_a_loop
 from ._core.timing import timing
 from .handle import WorkflowHandle

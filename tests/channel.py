@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 
 import pgflow
+from pgflow._core.engine.channel import Pings
 from pgflow._core.registry import Config
 from pgflow._core.signals import News, payload
 from pgflow._core.signals.sealing import sealed
-from pgflow._core.store.channel import Pings
 
 
 def opened(app: pgflow.App, note: psycopg.Notify) -> News | None:

@@ -92,7 +92,7 @@ async def move_schema_clock(app: pgflow.App, seconds: float) -> None:
     ``pgflow.testing`` does: for what is decided by workflow time, such as which chunk partition a new
     stream goes to and when a partition's period is over."""
     store = await app._client.runtime().store()
-    await store.set_clock(seconds)
+    await store.testing.set_clock(seconds)
 
 
 class CountedWaiter:

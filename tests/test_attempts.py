@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 import pgflow
-from pgflow._core.store.claims import CRASHES_ALONE
+from pgflow._core.engine.claims import CRASHES_ALONE
 from pgflow.dashboard.data import Reader
 
 from .apps import suspects
@@ -198,15 +198,15 @@ async def test_a_crash_loop_stops_at_its_limit_and_never_shows_an_attempt_above_
     handle = await loop.start_async()
     store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
     names = [loop.name]
-    [claimed], _ = await store.claim("A", ["default"], names, 4, LEASE)  # held alone: its crash is charged
+    [claimed], _ = await store.claims.claim("A", ["default"], names, 4, LEASE)  # held alone: its crash is charged
     runs = [claimed.run]
     for _ in range(limit):
         await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\''
                          ' WHERE id = %s', handle.id)
         store._full_claim_at.clear()  # noqa: SLF001 - the next claim is a full one, which rescues it
-        assert await store.claim("B", ["default"], names, 4, LEASE) == ([], None)
+        assert await store.claims.claim("B", ["default"], names, 4, LEASE) == ([], None)
         the_same(await everywhere(app, handle.id), runs[-1])  # queued again: the attempt it had
-        again = await store.claim_suspect("B", ["default"], names, LEASE)
+        again = await store.claims.claim_suspect("B", ["default"], names, LEASE)
         assert again is not None
         runs.append(again.run)
     assert runs == [1, 2, 3, 3]

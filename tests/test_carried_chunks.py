@@ -10,10 +10,10 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.engine import Pings
 from pgflow._core.signals import Chunk, News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.payload import CARRY_CHUNK_AT_MOST
-from pgflow._core.store import Pings
 
 from .helpers import wait_for
 
@@ -176,12 +176,12 @@ async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, 
     async with store.pool.connection() as conn:
         await conn.execute(f'INSERT INTO "{schema}".workflows (id, name, queue, inputs, status, lease_token)'
                            " VALUES ('fenced', 'wf', 'default', '\\xc0', 'running', 7)")
-    sid = (await store.stream_ids(["fenced"], ["tokens"]))[("fenced", "tokens")]
+    sid = (await store.chunks.stream_ids(["fenced"], ["tokens"]))[("fenced", "tokens")]
     channel = f"pgflow_{schema}"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
         await listener.execute(f'LISTEN "{channel}"')
         for position, lease in ((0, 8), (0, 7), (1, 8), (1, 7)):
-            fenced, _, _ = await store.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
+            fenced, _, _ = await store.chunks.write_chunks([("fenced", lease)], [1], [sid], [position], [b"\x01"],
                                                  Pings([channel], [f"lease {lease} position {position}"]))
             assert fenced == ({("fenced", lease)} if lease == 8 else set())
         # Only the written batches pinged (a notification of the fenced ones would come first).
@@ -190,4 +190,4 @@ async def test_a_fenced_batch_sends_no_carried_chunk(app: pgflow.App, dsn: str, 
             assert [(await anext(notes)).payload for _ in range(2)] == ["lease 7 position 0", "lease 7 position 1"]
         finally:
             await notes.aclose()  # (it holds the connection while it is open)
-    assert await store.stream_ends("fenced") == {"tokens": 2}
+    assert await store.chunks.stream_ends("fenced") == {"tokens": 2}

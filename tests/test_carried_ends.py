@@ -11,11 +11,11 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.engine import WorkflowRow
 from pgflow._core.signals import End, News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.ends import EndNews
 from pgflow._core.signals.payload import CARRY_END_AT_MOST
-from pgflow._core.store import WorkflowRow
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.engine import Engine, migrations
 from pgflow._core.pruning import tend_chunk_partitions
-from pgflow._core.store import Store, migrations
 
 from .helpers import move_schema_clock, query, run_to_end, running, wait_for
 from .processes import Processes
@@ -33,7 +33,7 @@ BEFORE_PARTITIONS = "chunks_before_partitions"
 PREVIOUS_VERSION = "d2fabdbb14d85421d22c4c905d52297ab674aa77"
 
 
-async def store_of(app: pgflow.App) -> Store:
+async def store_of(app: pgflow.App) -> Engine:
     return await app._client.runtime().store()
 
 
@@ -180,7 +180,7 @@ async def test_a_drop_that_cannot_have_the_lock_soon_is_left_for_the_next_pass(
         with anyio.fail_after(10):  # nothing waits for the lock any more: chunks are written
             await finished(app, tokens, 2)
         await reader.rollback()
-    dropped = await store.drop_chunk_partitions()
+    dropped = await store.partitions.drop_chunk_partitions()
     assert dropped and set(dropped) < set(doomed)
     assert handle.id not in {w for (w,) in await query(app.dsn, f'SELECT workflow_id FROM "{app.schema}".stream_ids')}
 
@@ -191,7 +191,7 @@ async def test_a_shorter_period_applies_to_the_partitions_made_after_it(app: pgf
     await query(app.dsn, f'UPDATE "{app.schema}".chunk_partitioning SET period_hours = 1')
     await move_schema_clock(app, 3 * DAY)
     store = await store_of(app)
-    assert await store.add_chunk_partitions() == 3  # this hour and two ahead, after the last day made
+    assert await store.partitions.add_chunk_partitions() == 3  # this hour and two ahead, after the last day made
     rows = await query(app.dsn, f'SELECT name, ends_at - starts_at FROM "{app.schema}".chunk_partitions'
                                 f" WHERE name <> ALL(%s) ORDER BY first_id", before)
     assert [span for _, span in rows] == [timedelta(hours=1)] * 3

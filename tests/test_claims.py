@@ -12,9 +12,9 @@ import pytest
 from psycopg import sql as sql_
 
 import pgflow
-from pgflow._core.store import quote_identifier
-from pgflow._core.store.claims import CLAIM, FULL_CLAIM
-from pgflow._core.store.ends import FINISH, FINISH_ONE
+from pgflow._core.engine import quote_identifier
+from pgflow._core.engine.claims import CLAIM, FULL_CLAIM
+from pgflow._core.engine.ends import FINISH, FINISH_ONE
 
 pytestmark = pytest.mark.anyio
 

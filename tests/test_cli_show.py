@@ -298,7 +298,7 @@ def prepared_plan(conn: psycopg.Connection[Any], schema: str, name: str, sql: st
 async def test_every_statement_of_a_details_read_goes_by_an_index(app: pgflow.App, dsn: str, schema: str) -> None:
     """At 50,000 workflows with steps, attempt errors, notes and streams, no statement of a details read
     (nor the note of an attempt's error) scans a table: the cost of `show` does not grow with the data."""
-    from pgflow._core.store.details import DETAILS, NOTE_ERROR
+    from pgflow._core.engine.details import DETAILS, NOTE_ERROR
 
     await app.migrate_async()
     s = f'"{schema}"'

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 
 import pgflow
+from pgflow._core.engine import Fence, Fenced, StepStart
+from pgflow._core.engine.management import RECORD, RECORD_COLUMNS, RECORD_FIELDS, STEP_FIELDS
 from pgflow._core.outcomes import CANCELLED, Outcome
 from pgflow._core.signals import End, News, payload
 from pgflow._core.status import ENDED, STATUSES, UNFINISHED, Status
-from pgflow._core.store import Fence, Fenced, StepStart
-from pgflow._core.store.management import RECORD, RECORD_COLUMNS, RECORD_FIELDS, STEP_FIELDS
 from pgflow.operations import STATUSES as PUBLIC_STATUSES
 from pgflow.records import StepInfo, WorkflowRecord
 
@@ -23,7 +23,7 @@ PACKAGE = Path(pgflow.__file__).parent
 
 
 def test_the_statuses_are_the_ones_the_schema_allows() -> None:
-    core = (PACKAGE / "_core" / "store" / "sql" / "0001_core.sql").read_text()
+    core = (PACKAGE / "_core" / "engine" / "sql" / "0001_core.sql").read_text()
     allowed = re.search(r"CHECK \(status IN \(([^)]*)\)\)", core)
     assert allowed is not None
     assert [s.strip().strip("'") for s in allowed.group(1).split(",")] == [s.value for s in Status]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import pgflow
-from pgflow._core.store import Claimed, Store
+from pgflow._core.engine import Claimed, Engine
 
 from .apps import suspects
 from .helpers import query
@@ -124,9 +124,9 @@ async def _expire(dsn: str, schema: str, *ids: str, ago: str = "1 s") -> None:
                      ' WHERE id = ANY(%s)', ago, list(ids))
 
 
-async def _full_claim(store: Store, worker: str, names: list[str]) -> list[Claimed]:
+async def _full_claim(store: Engine, worker: str, names: list[str]) -> list[Claimed]:
     store._full_claim_at.clear()  # noqa: SLF001 - a full claim now, not in a second
-    claimed, _ = await store.claim(worker, ["default"], names, 8, LEASE)
+    claimed, _ = await store.claims.claim(worker, ["default"], names, 8, LEASE)
     return claimed
 
 
@@ -142,7 +142,7 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
     await app.migrate_async()
     store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
     names = [w.name]
-    await store.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    await store.workers.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
     handles = [await w.start_async() for _ in range(3)]
     ids = [h.id for h in handles]
     assert len(await _full_claim(store, "A", names)) == 3
@@ -153,9 +153,9 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
     rows = await query(dsn, f'SELECT status, crashes, uncounted, attempt - attempt_base FROM "{schema}".workflows'
                             ' WHERE id = ANY(%s)', ids)
     assert sorted(rows) == [("queued", 0, True, 1)] * 3
-    suspect = await store.claim_suspect("B", ["default"], names, LEASE)
+    suspect = await store.claims.claim_suspect("B", ["default"], names, LEASE)
     assert suspect is not None and suspect.suspect and (suspect.run, suspect.crashes) == (1, 0)
-    assert await store.claim_suspect("B2", ["default"], ["nothing.of.these"], LEASE) is None
+    assert await store.claims.claim_suspect("B2", ["default"], ["nothing.of.these"], LEASE) is None
     # B, running it alone (B never registered: no heartbeat at all), dies too: charged.
     await _expire(dsn, schema, suspect.id)
     assert await _full_claim(store, "C", names) == []
@@ -163,14 +163,14 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
                             ' WHERE id = %s', suspect.id) == [("queued", 1, False, 1)]
     # (the two others, suspects still, are claimed first: they were due before)
     for _ in range(2):
-        other_suspect = await store.claim_suspect("C", ["default"], names, LEASE)
+        other_suspect = await store.claims.claim_suspect("C", ["default"], names, LEASE)
         assert other_suspect is not None and other_suspect.id != suspect.id
-    again = await store.claim_suspect("C", ["default"], names, LEASE)
+    again = await store.claims.claim_suspect("C", ["default"], names, LEASE)
     assert again is not None and again.id == suspect.id
     assert (again.run, again.crashes, again.give_up) == (2, 1, False)
     # A worker that lives on and let a lease go: no suspect; its next run is a new attempt. (Heard from
     # within its lease, it may be alive: its run is left until the lease ran out a lease ago.)
-    await store.register_worker("D", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    await store.workers.register_worker("D", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
     other = await w.start_async()
     [held] = [c for c in await _full_claim(store, "D", names) if c.id == other.id]
     await _expire(dsn, schema, other.id)
@@ -184,7 +184,7 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
     # A worker whose heartbeat came after it claimed a run it had not taken on yet (a heartbeat renews
     # only the runs the worker holds), and which then died: judged by its silence, it is dead, and the
     # run, alone on it, is a suspect charged with the crash (it was taken for a lost lease).
-    await store.register_worker("F", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    await store.workers.register_worker("F", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
     late = await w.start_async()
     [claimed_late] = [c for c in await _full_claim(store, "F", names) if c.id == late.id]
     await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - %s::interval WHERE id = %s',

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.store import dashboard as sql
-from pgflow._core.store import quote_identifier
+from pgflow._core.engine import dashboard as sql
+from pgflow._core.engine import quote_identifier
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

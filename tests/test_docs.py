@@ -249,7 +249,7 @@ def test_the_pages_outside_the_site_link_to_files_that_exist(page: str) -> None:
 def test_the_changelog_names_every_migration() -> None:
     """CHANGELOG.md lists the migrations, one line each: a new one gets its line."""
     changelog = (DOCS.parent / "CHANGELOG.md").read_text(encoding="utf-8")
-    sql = DOCS.parent / "pgflow" / "_core" / "store" / "sql"
+    sql = DOCS.parent / "pgflow" / "_core" / "engine" / "sql"
     missing = [path.stem for path in sorted(sql.glob("*.sql")) if f"`{path.stem}`" not in changelog]
     assert missing == [], f"migrations without their line in CHANGELOG.md's Migrations: {missing}"
 

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 import pgflow
+from pgflow._core.engine.free_streams import FreeStreams
 from pgflow._core.pruning import prune_expired_streams
-from pgflow._core.store.free_streams import FreeStreams
 from pgflow.durable_streams import asgi_app, read_free_stream_async
 from pgflow.durable_streams import protocol as p
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.store import unreachable
+from pgflow._core.engine import unreachable
 
 from .helpers import query
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.store import arrays
+from pgflow._core.engine import arrays
 from tests.helpers import query, wait_for
 
 pytestmark = pytest.mark.anyio

@@ -10,11 +10,11 @@ import anyio
 import psycopg
 import pytest
 
+from pgflow._core.engine.channel import SignalKey
 from pgflow._core.signals import News, Waiter, Waiters
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.listener import Listener
 from pgflow._core.signals.sealing import Keyring, sealed
-from pgflow._core.store.channel import SignalKey
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import psycopg.sql
 import pytest
 
 import pgflow
-from pgflow._core.store import quote_identifier
-from pgflow._core.store.claims import CLAIM, FLOOR_MARGIN, FLOORS, FULL_CLAIM
+from pgflow._core.engine import quote_identifier
+from pgflow._core.engine.claims import CLAIM, FLOOR_MARGIN, FLOORS, FULL_CLAIM
 
 pytestmark = pytest.mark.anyio
 

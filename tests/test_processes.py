@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import pgflow
-from pgflow._core.store import migrations
+from pgflow._core.engine import migrations
 
 from .apps import crashy, failing
 from .helpers import KINDS, query_sync

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from pgflow._core.engine import Engine
 from pgflow._core.signals import PollTicks
-from pgflow._core.store import Store
 from pgflow._core.streams.reader import HANDED, ChunkFetcher, ReadState, StreamRead
 
 from .helpers import CountedWaiter
@@ -16,7 +16,7 @@ from .helpers import CountedWaiter
 pytestmark = pytest.mark.anyio
 
 
-async def _no_store() -> Store:
+async def _no_store() -> Engine:
     raise AssertionError("these moves run no query")
 
 

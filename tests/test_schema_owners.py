@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgflow
-from pgflow._core.store import migrations
+from pgflow._core.engine import migrations
 from pgflow.errors import ConfigurationError
 
 

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 import pgflow
+from pgflow._core.engine.channel import SignalKey
 from pgflow._core.signals import Keyring, News, service
 from pgflow._core.signals import keys as signal_keys
-from pgflow._core.store.channel import SignalKey
 
 pytestmark = pytest.mark.anyio
 
@@ -61,12 +61,12 @@ async def test_a_rotation_loses_no_ping_between_two_processes(dsn: str, schema: 
 
         async def reload(app: pgflow.App) -> None:
             store = await app._client.runtime().store()
-            app._runtimes.keyring.load(await store.signal_keys())
+            app._runtimes.keyring.load(await store.channel.signal_keys())
 
         async with runner.worker():
             await round_trip(1)
             store = await caller._client.runtime().store()
-            new = await store.rotate_signal_key(1.0)  # (App.rotate_signal_key asks for a minute at least)
+            new = await store.channel.rotate_signal_key(1.0)  # (App.rotate_signal_key asks for a minute at least)
             assert new == 2
             await reload(runner)  # the runner has reloaded the keyring since; the caller not yet
             await round_trip(2)  # the old key still seals
@@ -80,7 +80,7 @@ async def test_a_rotation_loses_no_ping_between_two_processes(dsn: str, schema: 
                     await asyncio.sleep(0.05)
             await round_trip(3)
             # Past the overlap the old key is no longer given out, nor accepted once reloaded.
-            while len(await store.signal_keys()) != 1:
+            while len(await store.channel.signal_keys()) != 1:
                 await asyncio.sleep(0.05)
             await reload(runner)
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 
 import pgflow
+from pgflow._core.engine.channel import SignalKey
 from pgflow._core.outcomes import describe, rebuilt
 from pgflow._core.signals import Chunk, End, Keyring, News, payload
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.sealing import VERSION
-from pgflow._core.store.channel import SignalKey
 from pgflow.errors import LeaseLost
 
 PACKAGE = Path(pgflow.__file__).parent

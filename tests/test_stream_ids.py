@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import pgflow
-from pgflow._core.store import migrations
+from pgflow._core.engine import migrations
 
 from .helpers import move_schema_clock, query
 
@@ -108,7 +108,7 @@ async def test_a_fork_gets_streams_of_its_own_and_pruning_removes_them_all(app: 
 async def test_packed_arrays_reach_the_server_as_the_values_they_were(dsn: str) -> None:
     from psycopg import AsyncConnection
 
-    from pgflow._core.store import arrays
+    from pgflow._core.engine import arrays
 
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         arrays.ready(conn)

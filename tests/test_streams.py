@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgflow
-from pgflow._core.store import Store
+from pgflow._core.engine import Engine
 
 from .helpers import Point, query
 from .streaming import (
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.anyio
 async def test_the_embedded_server_is_on_this_machine(app: pgflow.App, restartable: Any) -> None:
     """(Reached through a unix socket: its writers send writers in step as one batch a round. The
     addresses of other servers: tests/test_stream_batches.py.)"""
-    assert await app._client.runtime().db(lambda store: store.on_this_machine()) is True
+    assert await app._client.runtime().db(lambda store: store.db.on_this_machine()) is True
 
 
 def build_counters(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: ignore[type-arg]
@@ -74,9 +74,9 @@ async def test_many_writers_and_readers_joining_at_different_times_see_every_chu
     """(The worker takes its server for one on this machine, whose writer sends writers in step as one
     batch a round, or for one elsewhere, whose writer cuts them into two cohorts with two batches in
     flight.)"""
-    async def on_this_machine(self: Store) -> bool:
+    async def on_this_machine(self: Engine) -> bool:
         return where == "here"
-    monkeypatch.setattr(Store, "on_this_machine", on_this_machine)
+    monkeypatch.setattr(Engine, "on_this_machine", on_this_machine)
     flows = build_counters(app)
     workflows, n = 32, 200
     # Enqueued before any worker runs, so the first reader of each stream is attached before its

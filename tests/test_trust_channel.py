@@ -16,12 +16,12 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgflow
+from pgflow._core.engine import Engine
+from pgflow._core.engine.channel import SignalKey
 from pgflow._core.registry import Config
 from pgflow._core.signals import Chunk, End, Keyring, News
 from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.sealing import SIZES, sealed
-from pgflow._core.store import Store
-from pgflow._core.store.channel import SignalKey
 from tests.channel import channels
 
 pytestmark = pytest.mark.anyio
@@ -174,14 +174,14 @@ async def test_a_replay_flood_costs_an_idle_worker_next_to_nothing(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     claims = 0
-    claim = Store.claim
+    claim = Engine.claim
 
-    async def counted(self: Store, *args: Any, **kwargs: Any) -> Any:
+    async def counted(self: Engine, *args: Any, **kwargs: Any) -> Any:
         nonlocal claims
         claims += 1
         return await claim(self, *args, **kwargs)
 
-    monkeypatch.setattr(Store, "claim", counted)
+    monkeypatch.setattr(Engine, "claim", counted)
 
     async def noop(n: int) -> int:
         return n
@@ -253,7 +253,7 @@ async def test_a_key_id_past_two_to_the_sixteen_seals(dsn: str, schema: str) -> 
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(f'UPDATE "{schema}".signal_keys SET id = 65535')
         # (at once: the public call asks for a minute's overlap, for the processes already running)
-        assert await app._client.runtime().db(lambda store: store.rotate_signal_key(0.0)) == 65536
+        assert await app._client.runtime().db(lambda store: store.channel.rotate_signal_key(0.0)) == 65536
 
     async def echo(n: int) -> int:
         return n

@@ -64,11 +64,11 @@ async def test_an_unclaim_leaves_a_row_that_another_claim_took_since(app: pgflow
 
     handle = await taken.start_async()
     store = await app._client.runtime().store()
-    first, _ = await store.claim("one", ["default"], ["unrun.taken"], 1, 30.0)
-    await store.unclaim(first)
-    second, _ = await store.claim("two", ["default"], ["unrun.taken"], 1, 30.0)
+    first, _ = await store.claims.claim("one", ["default"], ["unrun.taken"], 1, 30.0)
+    await store.claims.unclaim(first)
+    second, _ = await store.claims.claim("two", ["default"], ["unrun.taken"], 1, 30.0)
     assert [c.attempt for c in first] == [c.attempt for c in second] == [1]
-    assert await store.unclaim(first) == []  # the first claim's token no longer holds it
+    assert await store.claims.unclaim(first) == []  # the first claim's token no longer holds it
     [row] = await query(dsn, f'SELECT status, attempt, lease_owner FROM "{schema}".workflows WHERE id = %s',
                         handle.id)
     assert row == ("running", 1, "two")

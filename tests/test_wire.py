@@ -1,4 +1,4 @@
-"""The hot statements' path through libpq (``_core/store/wire.py``), on a real server: every parameter
+"""The hot statements' path through libpq (``_core/engine/wire.py``), on a real server: every parameter
 type it packs comes back as sent, a statement is prepared once per connection, the server's errors
 are psycopg's, and a statement cut off halfway (a cancelled task, a killed backend) costs the
 connection, never the next statement on it."""
@@ -12,9 +12,9 @@ import anyio
 import psycopg
 import pytest
 
+from pgflow._core.engine import unreachable, wire
 from pgflow._core.pool import Pool
 from pgflow._core.registry import Config
-from pgflow._core.store import unreachable, wire
 
 from .helpers import query
 

@@ -15,9 +15,9 @@ import pytest
 
 import pgflow
 from pgflow._core.current import current_execution
+from pgflow._core.engine import NO_PINGS, Claimed, Engine
+from pgflow._core.engine.chunks import Written
 from pgflow._core.execution import Execution
-from pgflow._core.store import NO_PINGS, Claimed, Store
-from pgflow._core.store.streams import Written
 
 from .helpers import query, wait_for
 
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.anyio
 LEASE = 10.0
 
 
-async def _store(app: pgflow.App) -> Store:
+async def _store(app: pgflow.App) -> Engine:
     return await app._client.runtime().store()
 
 
-async def _register(store: Store, worker: str) -> None:
-    await store.register_worker(worker, socket.gethostname(), os.getpid(), ["default"], "test", [], LEASE)
+async def _register(store: Engine, worker: str) -> None:
+    await store.workers.register_worker(worker, socket.gethostname(), os.getpid(), ["default"], "test", [], LEASE)
 
 
 async def _chunks(dsn: str, schema: str, sid: int) -> list[tuple[int, bytes]]:
@@ -46,11 +46,11 @@ async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
     a, b = await _store(app), await _store(second_app)
     await _register(a, "A")
     await _register(b, "B")
-    [claimed], _ = await a.claim("A", ["default"], ["fenced.w2"], 1, LEASE)
+    [claimed], _ = await a.claims.claim("A", ["default"], ["fenced.w2"], 1, LEASE)
     assert claimed.id == started.id and claimed.fence is not None and claimed.fence[0] == "A"
-    sid = (await a.stream_ids([started.id], ["s"]))[(started.id, "s")]
+    sid = (await a.chunks.stream_ids([started.id], ["s"]))[(started.id, "s")]
     owner = [(started.id, claimed.claim_token)]
-    assert await a.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
+    assert await a.chunks.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
         Written(set(), set(), True)
 
     # A's lease runs out and B takes the workflow over: A's batches under its old epoch are refused.
@@ -59,10 +59,10 @@ async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
     # lease ago.)
     await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 hour\' WHERE id = %s',
                 started.id)
-    assert await b.claim("B", ["default"], ["fenced.w2"], 1, LEASE) == ([], None)
-    [taken], _ = await b.claim("B", ["default"], ["fenced.w2"], 1, LEASE)
+    assert await b.claims.claim("B", ["default"], ["fenced.w2"], 1, LEASE) == ([], None)
+    [taken], _ = await b.claims.claim("B", ["default"], ["fenced.w2"], 1, LEASE)
     assert taken.id == started.id and not taken.suspect
-    late = await a.write_chunks(owner, [1], [sid], [1], [b"late"], NO_PINGS, fence=claimed.fence)
+    late = await a.chunks.write_chunks(owner, [1], [sid], [1], [b"late"], NO_PINGS, fence=claimed.fence)
     assert late == Written({owner[0]}, set(), False)
     assert await _chunks(dsn, schema, sid) == [(0, b"a")]
 
@@ -75,15 +75,15 @@ async def test_a_workers_two_batches_in_flight_take_its_fence_in_turn_not_togeth
     first, second = await workflow.start_async(), await workflow.start_async()
     store = await _store(app)
     await _register(store, "A")
-    claimed, _ = await store.claim("A", ["default"], ["fenced.pair"], 2, LEASE)
+    claimed, _ = await store.claims.claim("A", ["default"], ["fenced.pair"], 2, LEASE)
     by_id = {c.id: c for c in claimed}
     assert set(by_id) == {first.id, second.id}
-    sids = await store.stream_ids([first.id, second.id], ["s", "s"])
+    sids = await store.chunks.stream_ids([first.id, second.id], ["s", "s"])
     one, two = by_id[first.id], by_id[second.id]
     assert one.fence == two.fence is not None
 
     async def batch(claimed: Claimed, value: bytes) -> Written:
-        return await store.write_chunks([(claimed.id, claimed.claim_token)], [1], [sids[(claimed.id, "s")]], [0],
+        return await store.chunks.write_chunks([(claimed.id, claimed.claim_token)], [1], [sids[(claimed.id, "s")]], [0],
                                         [value], NO_PINGS, fence=claimed.fence)
 
     answers: dict[str, Written] = {}
@@ -115,7 +115,7 @@ async def test_a_claim_by_the_version_before_moves_the_fence_on_too(app: pgflow.
     started = await workflow.start_async()
     store = await _store(app)
     await _register(store, "A")
-    [claimed], _ = await store.claim("A", ["default"], ["fenced.w3"], 1, LEASE)
+    [claimed], _ = await store.claims.claim("A", ["default"], ["fenced.w3"], 1, LEASE)
     assert claimed.fence is not None
     # The older version's claim of an expired lease: the attempt goes up, its owner is its own.
     await query(dsn, f"UPDATE \"{schema}\".workflows SET attempt = attempt + 1, lease_owner = 'old' WHERE id = %s",
@@ -130,16 +130,16 @@ async def test_a_fence_lost_as_in_a_crash_leaves_the_rows_to_decide_and_comes_ba
     started = await workflow.start_async()
     store = await _store(app)
     await _register(store, "A")
-    [claimed], _ = await store.claim("A", ["default"], ["fenced.w4"], 1, LEASE)
+    [claimed], _ = await store.claims.claim("A", ["default"], ["fenced.w4"], 1, LEASE)
     assert claimed.fence is not None
-    sid = (await store.stream_ids([started.id], ["s"]))[(started.id, "s")]
+    sid = (await store.chunks.stream_ids([started.id], ["s"]))[(started.id, "s")]
     owner = [(started.id, claimed.claim_token)]
     # What a crash or a failover does to an unlogged table: it is empty.
     await query(dsn, f'TRUNCATE "{schema}".worker_fences')
-    assert await store.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
+    assert await store.chunks.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
         Written(set(), set(), False)  # the row still holds: written
     assert await _chunks(dsn, schema, sid) == [(0, b"a")]
-    await store.heartbeat("A", LEASE, socket.gethostname(), os.getpid(), ["default"], "test", ["fenced.w4"],
+    await store.workers.heartbeat("A", LEASE, socket.gethostname(), os.getpid(), ["default"], "test", ["fenced.w4"],
                           [started.id], within=LEASE)
     [(epoch,)] = await query(dsn, f"SELECT epoch FROM \"{schema}\".worker_fences WHERE worker = 'A'")
     assert epoch != claimed.fence[1]  # a new epoch: the executions of before stay on their rows

@@ -11,8 +11,8 @@ from typing import Protocol, TypeVar
 import anyio
 
 from ..errors import ExecutionInterrupted
+from .engine import Engine, Fenced
 from .outcomes import attempt_error
-from .store import Fenced, Store
 
 T = TypeVar("T")
 
@@ -20,7 +20,7 @@ T = TypeVar("T")
 class Execution(Protocol):
     """What the note needs of the execution (execution.Execution): its claim, and its fenced writes."""
 
-    store: Store
+    store: Engine
     workflow_id: str
     claim_token: int
     run: int
@@ -40,7 +40,7 @@ async def keep_attempt_error(execution: Execution, name: str, position: int, ste
     error = attempt_error(exc)
 
     async def note() -> Fenced[None]:
-        fence = await execution.store.note_step_error(execution.workflow_id, execution.claim_token, position,
+        fence = await execution.store.details.note_step_error(execution.workflow_id, execution.claim_token, position,
                                                       execution.run, step_attempt, error)
         return fence.with_value(None)
 

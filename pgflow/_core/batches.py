@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import anyio.abc
 
-from .store import unreachable
+from .engine import unreachable
 
 T = TypeVar("T")
 log = logging.getLogger("pgflow")

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import anyio
 import psycopg
 
+from .engine import Engine
 from .signals import Waiters
 from .signals import keys as signal_keys
-from .store import Store
 
 log = logging.getLogger("pgflow.worker")
 
@@ -28,7 +28,7 @@ class CancelWatch:
     """Watches the ``ended`` pings of the workflows given to ``watch``; ``run`` stops those whose
     cancellation was asked for, through their worker's ``cancellers``."""
 
-    def __init__(self, store: Store, waiters: Waiters, cancellers: dict[str, Callable[[], None]]) -> None:
+    def __init__(self, store: Engine, waiters: Waiters, cancellers: dict[str, Callable[[], None]]) -> None:
         self._store = store
         self._waiters = waiters
         self._cancellers = cancellers
@@ -67,7 +67,7 @@ class CancelWatch:
             if not looked_at:
                 continue
             try:
-                cancelled = await self._store.cancels_requested(looked_at)
+                cancelled = await self._store.workflows.cancels_requested(looked_at)
             except (psycopg.Error, OSError) as exc:  # the heartbeat still tells, a third of a lease later
                 log.warning("could not look for cancellations: %s", exc)
                 self._unchecked.update(looked_at)  # (looked at again with the next wake)

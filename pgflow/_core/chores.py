@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
+from .engine import Engine
 from .maintenance import (
     KEYS,
     NAMES,
@@ -25,18 +26,17 @@ from .pruning import PARTITIONS_EVERY, prune, tend_chunk_partitions
 from .registry import Registry, WorkflowSpec
 from .runtime import Runtime
 from .starting import enqueue
-from .store import Store
 
 log = logging.getLogger("pgflow.worker")
 
 MAX_WARNED_NAMES = 1000  # names of queued workflows nobody runs, warned of once each (then again)
 
 
-def chores(runtime: Runtime, store: Store, registry: Registry, queues: Sequence[str], lease_seconds: float,
+def chores(runtime: Runtime, store: Engine, registry: Registry, queues: Sequence[str], lease_seconds: float,
            heartbeat: float, unserved: UnservedNames) -> dict[str, Service]:
     """The services a worker serving ``queues`` with the workflows of ``registry`` can take on, by name."""
     forget_after = max(60.0, 10 * lease_seconds)
-    services = {REAPER: every(heartbeat, lambda: store.forget_workers(forget_after), "forgetting dead workers")}
+    services = {REAPER: every(heartbeat, lambda: store.workers.forget_workers(forget_after), "forgetting dead workers")}
     assert runtime.config is not None
     retention = runtime.config.retention
     if retention is not None:
@@ -50,7 +50,7 @@ def chores(runtime: Runtime, store: Store, registry: Registry, queues: Sequence[
     if key_period is not None:
         overlap = min(ROTATION_OVERLAP, key_period)
         services[KEYS] = every(min(3600.0, max(1.0, key_period / 10)),
-                               lambda: store.rotate_signal_key_when_due(key_period, overlap),
+                               lambda: store.channel.rotate_signal_key_when_due(key_period, overlap),
                                "rotating the signal keys")
     for spec in registry.workflows.values():
         if spec.schedule is not None and spec.queue in queues:
@@ -64,13 +64,13 @@ class UnservedNames:
     wait forever, silently (a deploy that renamed a workflow, a worker serving the wrong module).
     ``pgflow status`` reports the same names."""
 
-    def __init__(self, store: Store, heartbeat: float) -> None:
+    def __init__(self, store: Engine, heartbeat: float) -> None:
         self._store = store
         self._silent_for = max(30.0, 3 * heartbeat)  # a worker unheard of for this long is not live
         self.warned: set[str] = set()
 
     async def __call__(self) -> None:
-        for name, count in await self._store.unserved(self._silent_for):
+        for name, count in await self._store.management.unserved(self._silent_for):
             if name not in self.warned:
                 if len(self.warned) >= MAX_WARNED_NAMES:  # bounded: names are anybody's to make up
                     self.warned.clear()

@@ -7,11 +7,11 @@ rate- or concurrency-limited queue apart, since its limits are its own, while sl
 
 from __future__ import annotations
 
-from .store import Store
-from .store.claims import Claimed, Round
+from .engine import Engine
+from .engine.claims import Claimed, Round
 
 
-async def claim_round(store: Store, owner: str, unlimited: list[str], limited: list[str], names: list[str],
+async def claim_round(store: Engine, owner: str, unlimited: list[str], limited: list[str], names: list[str],
                       free: int, lease: float) -> Round:
     """Claim up to ``free`` from the queues; also say when the next delayed workflow falls due, when a
     rate-limited queue's bucket next has a token, and whether suspects wait (None: no full claim
@@ -21,12 +21,12 @@ async def claim_round(store: Store, owner: str, unlimited: list[str], limited: l
     refill: float | None = None
     looked: list[bool] = []
     if unlimited:
-        found = await store.claim_round(owner, unlimited, names, free, lease)
+        found = await store.claims.claim_round(owner, unlimited, names, free, lease)
         claimed, due = found.claimed, found.due
         looked += [] if found.suspects is None else [found.suspects]
     for queue in limited:
         if len(claimed) < free:
-            more = await store.claim_limited(owner, queue, names, free - len(claimed), lease)
+            more = await store.claims.claim_limited(owner, queue, names, free - len(claimed), lease)
             claimed += more.claimed
             due = _earliest(due, more.due)
             refill = _earliest(refill, more.refill)

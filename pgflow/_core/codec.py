@@ -45,7 +45,7 @@ def encode(value: object, what: str, limit: int | None = None) -> bytes:
         raise SerializationError(f"{what} cannot be stored: it is nested too deeply") from exc
     if limit is not None and len(data) > limit:
         raise SerializationError(
-            f"{what} is {len(data)} bytes encoded; the limit is {limit} (App(max_value_bytes=...)). Store big"
+            f"{what} is {len(data)} bytes encoded; the limit is {limit} (App(max_value_bytes=...)). Engine big"
             " data elsewhere and pass a reference, or stream it in chunks."
         )
     return data

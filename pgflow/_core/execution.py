@@ -38,13 +38,13 @@ from ..errors import (
 from . import codec, telemetry
 from .attempt_errors import keep_attempt_error
 from .cancels import CancelWatch
+from .engine import Engine, Fenced, StepRecord, StepStart, WorkflowRow, retrying, unreachable
 from .outcomes import describe, replay
 from .registry import StepSpec
 from .runtime import Runtime
 from .starts import StepStarts
 from .status import ENDED
 from .step_body import StepRun, inside_step, run_step_body
-from .store import Fenced, StepRecord, StepStart, Store, WorkflowRow, retrying, unreachable
 from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -58,7 +58,7 @@ class Execution:
 
     replay_only: ClassVar[bool] = False  # a ``check-replay`` of the journal, which writes nothing
     runtime: Runtime
-    store: Store
+    store: Engine
     workflow_id: str
     attempt: int  # the claim's number (a claim lost in a server crash leaves it to be handed out again)
     claim_token: int  # never handed out twice: it fences every write of this run
@@ -205,7 +205,7 @@ class Execution:
         async def note() -> Fenced[None]:
             if self.starts is not None:  # the worker's batch of notes
                 return (await self.starts.note(start)).with_value(None)
-            [fence] = await self.store.start_steps([start])
+            [fence] = await self.store.journal.start_steps([start])
             return fence.with_value(None)
 
         with contextlib.suppress(ExecutionInterrupted), anyio.move_on_after(NOTE_WITHIN, shield=True):
@@ -217,7 +217,7 @@ class Execution:
         ends = dict(self.stream_ends)
 
         async def record() -> Fenced[None]:
-            fence = await self.store.record_step(
+            fence = await self.store.journal.record_step(
                 self.workflow_id, self.attempt, self.claim_token, position, name, output, error, attempts, ends)
             return fence.with_value(None)
 
@@ -244,7 +244,7 @@ class Execution:
         async with self.marks_lock:
             for position, name in sorted(self.marks.items()):
                 async def record(position: int = position, name: str = name) -> Fenced[None]:
-                    fence = await self.store.record_step(self.workflow_id, self.attempt, self.claim_token,
+                    fence = await self.store.journal.record_step(self.workflow_id, self.attempt, self.claim_token,
                                                          position, name, None, None, 1)
                     return fence.with_value(None)
 
@@ -268,7 +268,7 @@ class Execution:
         looks again a moment later (``Suspended``), as a long sleep does."""
         if not self.alone:
             return None
-        row = await self.store.workflow(id)
+        row = await self.store.workflows.workflow(id)
         if row is not None and row.status in ENDED:
             return row
         until = datetime.now(UTC) + timedelta(seconds=SUSPECT_LOOKS_AGAIN)

@@ -20,6 +20,7 @@ from . import telemetry
 from .cancels import CancelWatch
 from .clock import OWNER
 from .current import current_execution
+from .engine import Claimed, Engine, retrying
 from .execution import Execution
 from .finisher import Finisher
 from .outcomes import CANCELLED, Outcome, log_end, refused, runs
@@ -30,7 +31,6 @@ from .signals import End, News
 from .signals import keys as signal_keys
 from .starts import StepStarts
 from .status import Status
-from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -42,7 +42,7 @@ class Slot:
     of it, and a list of nine arguments at every call hid which one each used."""
 
     runtime: Runtime
-    store: Store
+    store: Engine
     limiter: anyio.CapacityLimiter
     writer: StreamWriter
     finisher: Finisher
@@ -114,17 +114,18 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
     """The execution of a claimed run, with what earlier runs recorded: its journal and where each of
     its streams ends. A first attempt has nothing recorded yet, so only a run before it is read."""
     first = claimed.attempt == 1
-    journal, horizon = ({}, -1) if first else await slot.store.journal(claimed.id)
+    journal, horizon = ({}, -1) if first else await slot.store.journal.journal(claimed.id)
     # Tries of steps that earlier runs began and did not record: only a run after a crash, a stop or a
     # lost lease has any (a run that waits or is retried leaves its steps recorded or their notes gone).
-    tries = {} if first or claimed.uncounted and not claimed.suspect else await slot.store.tries_begun(claimed.id)
+    fresh = first or claimed.uncounted and not claimed.suspect
+    tries = {} if fresh else await slot.store.details.tries_begun(claimed.id)
     # After the read, not before it: the journal's time left until a wake-up was computed on the server
     # meanwhile, and a clock started before the read would end a replayed sleep early.
     loaded_at = slot.runtime.hub.clock.monotonic()
     return Execution(
         runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
         claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,
-        starts=slot.starts, stream_ends={} if first else await slot.store.stream_ends(claimed.id),
+        starts=slot.starts, stream_ends={} if first else await slot.store.chunks.stream_ends(claimed.id),
         run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit, fence=claimed.fence,
         cancels=slot.cancels, alone=claimed.suspect, tries_before=tries,
     )
@@ -168,7 +169,7 @@ async def _give_back(slot: Slot, claimed: Claimed, fence_cut: str | None = None)
     ``fence_cut``: a batch of its chunks under that worker's fence was cut off and may still run."""
     with anyio.CancelScope(shield=True):
         try:
-            if await retrying(lambda: slot.store.release(claimed.id, claimed.claim_token, fence_cut),
+            if await retrying(lambda: slot.store.claims.release(claimed.id, claimed.claim_token, fence_cut),
                               f"giving {claimed.id} back to the queue"):
                 # Its own queue (with_options may have moved it).
                 slot.runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))
@@ -183,7 +184,7 @@ async def give_back_unrun(slot: Slot, claimed: list[Claimed]) -> None:
         return
     with anyio.CancelScope(shield=True):
         try:
-            given = await retrying(lambda: slot.store.unclaim(claimed), "giving unrun claims back to the queue")
+            given = await retrying(lambda: slot.store.claims.unclaim(claimed), "giving unrun claims back to the queue")
         except Exception as exc:  # noqa: BLE001 - their leases run out and another worker takes over
             log.warning("could not give %d unrun workflows back to the queue: %s", len(claimed), exc)
             return
@@ -192,12 +193,12 @@ async def give_back_unrun(slot: Slot, claimed: list[Claimed]) -> None:
         slot.runtime.signals.announce(News(sorted(signal_keys.queue(q) for q in queues)))
 
 
-async def _suspend(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed, pause: Suspended,
+async def _suspend(runtime: Runtime, store: Engine, workflow: WorkflowSpec, claimed: Claimed, pause: Suspended,
                    freed: tuple[str, ...]) -> None:
     """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
     with anyio.CancelScope(shield=True):
         try:
-            requeued = await retrying(lambda: store.suspend(claimed.id, claimed.claim_token, pause.until,
+            requeued = await retrying(lambda: store.waits.suspend(claimed.id, claimed.claim_token, pause.until,
                                                             pause.topic), f"suspending {claimed.id}")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 from . import log_lines
 from .batches import GroupCommit, apart
+from .engine import Engine, retrying
 from .signals import End, News, Signals
 from .signals import keys as signal_keys
 from .signals.payload import carried_end
-from .store import Store, retrying
 
 log = logging.getLogger("pgflow.execution")
 
@@ -66,7 +66,7 @@ class Finisher(GroupCommit[_End]):
 
     drains = True  # the ends of workflows whose bodies are done: a stopping worker records them
 
-    def __init__(self, store: Store, signals: Signals, recorded: Callable[[int], None] = lambda ends: None,
+    def __init__(self, store: Engine, signals: Signals, recorded: Callable[[int], None] = lambda ends: None,
                  max_batch: int = 1000, max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
@@ -101,7 +101,7 @@ class Finisher(GroupCommit[_End]):
 
     async def _record(self, batch: list[_End]) -> None:
         news = _news(batch)
-        recorded, rode = await retrying(lambda: self._signals.ride(news, lambda pings: self._store.finish_many(
+        recorded, rode = await retrying(lambda: self._signals.ride(news, lambda pings: self._store.ends.finish_many(
             [e.end.workflow_id for e in batch], [e.claim_token for e in batch], [e.end.status for e in batch],
             [e.end.output for e in batch], [e.end.error for e in batch], pings,
         )), f"recording the end of {len(batch)} workflows")

@@ -23,10 +23,10 @@ import msgspec
 
 from ..errors import ExecutionInterrupted, MaxAttemptsExceeded, StepFailed, WorkflowExpired, WorkflowTimeout
 from . import codec, log_lines
+from .engine import Claimed, StepRecord
+from .engine.claims import CRASHES_ALONE
 from .registry import StepSpec
 from .status import Status
-from .store import Claimed, StepRecord
-from .store.claims import CRASHES_ALONE
 
 runs = logging.getLogger("pgflow.workflows")  # one line per workflow start and end
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 from .connecting import missing_settings, server_settings
+from .engine import sessions
 from .pool import Pool
-from .store import sessions
 
 log = logging.getLogger("pgflow")
 

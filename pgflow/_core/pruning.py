@@ -13,10 +13,11 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Protocol
 
 import anyio
 import psycopg
+
+from .engine import Engine
 
 log = logging.getLogger("pgflow.retention")
 
@@ -29,18 +30,6 @@ MAX_PRUNE_BATCH = 10_000  # a statement past this holds its locks and fills the 
 # How often the partitions service makes the chunk partitions ahead and drops the emptied ones: a
 # period is an hour at least and partitions are made periods ahead, so a minute is soon enough.
 PARTITIONS_EVERY = 60.0
-
-
-class Prunable(Protocol):
-    """What the retention needs of the store."""
-
-    async def prune(self, older_than: float, batch: int) -> int: ...
-
-    async def prune_debounces(self, batch: int) -> int: ...
-
-    async def add_chunk_partitions(self) -> int: ...
-
-    async def drop_chunk_partitions(self) -> list[str]: ...
 
 
 def check_older_than(older_than: object) -> float:
@@ -78,11 +67,11 @@ async def prune_paced(delete_batch: Callable[[], Awaitable[int]], batch: int,
         await anyio.sleep((anyio.current_time() - began) * (1 - share) / share)
 
 
-async def prune(store: Prunable, older_than: float, batch: int = PRUNE_BATCH) -> int:
+async def prune(store: Engine, older_than: float, batch: int = PRUNE_BATCH) -> int:
     """The retention service's pass: small batches, paced so the pruning never crowds out the work
     it runs beside. The chunk partitions it empties of streams go at the partitions service's next
     pass, the one place of the fleet that drops them."""
-    deleted = await prune_paced(lambda: store.prune(older_than, batch), batch)
+    deleted = await prune_paced(lambda: store.management.prune(older_than, batch), batch)
     if deleted:
         log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
     await prune_expired_streams(store, batch)
@@ -90,28 +79,22 @@ async def prune(store: Prunable, older_than: float, batch: int = PRUNE_BATCH) ->
     return deleted
 
 
-async def prune_debounces(store: Prunable, batch: int = PRUNE_BATCH) -> int:
+async def prune_debounces(store: Engine, batch: int = PRUNE_BATCH) -> int:
     """The debounce keys whose run has left the queue (claimed, ended, pruned), paced as the
     workflows are: a key is only needed while its run waits, and a key's next start would replace
     its row anyway, so this only keeps the table from holding every key ever debounced."""
-    gone = await prune_paced(lambda: store.prune_debounces(batch), batch)
+    gone = await prune_paced(lambda: store.debounces.prune_debounces(batch), batch)
     if gone:
         log.info("retention: forgot %d debounce keys whose run has begun", gone)
     return gone
 
 
-async def prune_expired_streams(store: object, batch: int = PRUNE_BATCH) -> int:
+async def prune_expired_streams(store: Engine, batch: int = PRUNE_BATCH) -> int:
     """Free-standing Durable Streams whose Stream-TTL or Stream-Expires-At has passed, by their own
     clock (not ``older_than``), paced as the workflows are. A request that finds one expired deletes it
     too; this keeps streams nobody asks for again from staying forever."""
-    pool, schema = getattr(store, "pool", None), getattr(store, "schema", None)
-    if pool is None or schema is None:  # (a store of the tests' making)
-        return 0
-    from .store.free_streams import FreeStreams
-
-    streams = FreeStreams(pool, schema)
     try:
-        gone = await prune_paced(lambda: streams.delete_expired(batch), batch)
+        gone = await prune_paced(lambda: store.free_streams.delete_expired(batch), batch)
     except psycopg.errors.UndefinedTable:  # a schema older than 0029 (held back on purpose): none to prune
         return 0
     if gone:
@@ -119,9 +102,9 @@ async def prune_expired_streams(store: object, batch: int = PRUNE_BATCH) -> int:
     return gone
 
 
-async def tend_chunk_partitions(store: Prunable) -> None:
+async def tend_chunk_partitions(store: Engine) -> None:
     """The partitions service's pass: the partitions of the coming periods are made before a stream
     needs them, and those no stream is left in are dropped (whether or not this fleet prunes:
     ``App(retention=None)`` keeps every stream, and so every partition with a stream in it)."""
-    await store.add_chunk_partitions()
-    await store.drop_chunk_partitions()
+    await store.partitions.add_chunk_partitions()
+    await store.partitions.drop_chunk_partitions()

@@ -22,15 +22,14 @@ import psycopg
 from ..errors import ExecutionInterrupted, NonDeterministicWorkflow, Suspended
 from .connecting import linked, unconnectable
 from .current import current_execution
+from .engine import Engine, StepRecord, WorkflowRow, quote_identifier
+from .engine.migrations import check_owners
+from .engine.replay import ReplayReads
 from .execution import Execution
 from .outcomes import replay
 from .registry import Registry, StepSpec, WorkflowSpec
 from .runtime import Runtime
 from .status import ENDED
-from .store import StepRecord, Store, WorkflowRow
-from .store.migrations import check_owners
-from .store.replay import ReplayReads
-from .store.statements import quote_identifier
 
 
 class JournalEnd(ExecutionInterrupted):
@@ -68,7 +67,7 @@ class _NoStore:
     """Where a real execution keeps its store: a check has none to write to."""
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"check-replay writes nothing (Store.{name} was reached)")
+        raise RuntimeError(f"check-replay writes nothing (Engine.{name} was reached)")
 
 
 @dataclass(eq=False)
@@ -175,7 +174,7 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
 
 async def _check_one(spec: WorkflowSpec, runtime: Runtime, reads: ReplayReads, id: str, inputs: bytes,
                      journal: dict[int, StepRecord], horizon: int, within: float) -> Mismatch | None:
-    check = ReplayCheck(runtime=runtime, store=cast(Store, _NoStore()), workflow_id=id, attempt=0, claim_token=0,
+    check = ReplayCheck(runtime=runtime, store=cast(Engine, _NoStore()), workflow_id=id, attempt=0, claim_token=0,
                         journal=journal, token=anyio.lowlevel.current_token(), horizon=horizon, reads=reads)
     reset = current_execution.set(check)
     try:

@@ -12,19 +12,19 @@ import logging
 
 import anyio
 
+from .engine import Claimed, Engine, retrying
 from .outcomes import Outcome, runs
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
 from .status import Status
-from .store import Claimed, Store, retrying
 from .streams.writer import ChunkRefused
 
 log = logging.getLogger("pgflow.execution")
 
 
-async def retried(runtime: Runtime, store: Store, workflow: WorkflowSpec, claimed: Claimed, outcome: Outcome,
+async def retried(runtime: Runtime, store: Engine, workflow: WorkflowSpec, claimed: Claimed, outcome: Outcome,
                   failure: BaseException | None, freed: tuple[str, ...]) -> bool:
     """True when the failed ``outcome`` was given back to run again under the workflow's policy
     (or the claim was lost meanwhile); False when it is to be recorded as the workflow's end."""
@@ -39,7 +39,7 @@ async def retried(runtime: Runtime, store: Store, workflow: WorkflowSpec, claime
     delay = policy.delay(policy_attempt)
     with anyio.CancelScope(shield=True):
         try:
-            rerun = await retrying(lambda: store.retry_later(claimed.id, claimed.claim_token, delay, error),
+            rerun = await retrying(lambda: store.reruns.retry_later(claimed.id, claimed.claim_token, delay, error),
                                    f"queueing {claimed.id} to run again")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; the next claim fails it or runs it
             log.warning("could not queue %s to run again: %s", claimed.id, exc)

@@ -32,11 +32,11 @@ from psycopg_pool import PoolClosed
 from . import forks
 from .clock import OWNER, Clock
 from .connecting import check_connectable, linked
+from .engine import Engine, retrying
 from .pool import Pool
 from .pooler import warn_of_missing_settings
 from .registry import Config
 from .signals import Keyring, News, Signals
-from .store import Store, retrying
 from .streams.reader import ChunkFetcher, StreamRead, read_batches
 from .streams.writer import StreamWriter
 
@@ -91,14 +91,14 @@ class Runtime:
         self.retired_writes = (0, 0)  # batches and chunks of the writers of workers that have stopped
         self.end_batches = 0  # batches of ends recorded by the finishers of the workers on this loop
         self.ends = 0
-        self._store: Store | None = None
+        self._store: Engine | None = None
         self._opening = anyio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- the connection ---------------------------------------------------------------------------------
 
-    async def store(self) -> Store:
+    async def store(self) -> Engine:
         """The store on this loop's pool, opened (and the schema migrated) on first use."""
         if self._store is None:
             async with self._opening:
@@ -108,7 +108,7 @@ class Runtime:
                     self._store = await self._open()
         return self._store
 
-    async def _open(self) -> Store:
+    async def _open(self) -> Engine:
         config = await self.hub.config_async()
         if not self.hub.reached:
             # A wrong DSN fails now, and says why.
@@ -119,7 +119,7 @@ class Runtime:
         self.config = config
         pool = Pool(config)
         await pool.open(wait=True, timeout=30)
-        store = Store(pool, config.schema)
+        store = Engine(pool, config.schema)
         try:
             if config.pooled and not self.hub.pooled_checked:
                 self.hub.pooled_checked = True
@@ -134,11 +134,11 @@ class Runtime:
             return pool
 
         self.signals.start(config, opened_pool, lambda: linked(config.session_dsn, config.query_timeout),
-                           store.signal_keys)
+                           store.channel.signal_keys)
         self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
         return store
 
-    async def db(self, fn: Callable[[Store], Awaitable[T]]) -> T:
+    async def db(self, fn: Callable[[Engine], Awaitable[T]]) -> T:
         """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""
         store = await self.store()
         return await retrying(lambda: fn(store), "a query")
@@ -282,18 +282,18 @@ class Runtimes:
                 runtime = self._by_loop.setdefault(loop, Runtime(self))
         return runtime
 
-    async def migrate_once(self, store: Store) -> None:
+    async def migrate_once(self, store: Engine) -> None:
         if not self._migrated:
-            await store.migrate()
+            await store.migrations.migrate()
             self._migrated = True
 
-    async def load_keys(self, store: Store) -> None:
+    async def load_keys(self, store: Engine) -> None:
         """Load the keyring once per process (the signals service reloads it from then on). A role
         that may not read it works on, with pings between processes off: waits poll."""
         if self.keyring.loaded:
             return
         try:
-            self.keyring.load(await store.signal_keys())
+            self.keyring.load(await store.channel.signal_keys())
         except psycopg.errors.InsufficientPrivilege as exc:
             log.warning("cannot read the signal keys (%s): grant this role SELECT on %s.signal_keys; until then"
                         " this process tells other processes of nothing, and hears of them only on its poll",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from ..errors import WorkflowConflict
 from . import telemetry
 from .current import journaling
+from .engine.debounces import Debounce
+from .engine.starts import NO_TIMING, NewWorkflows, Timing
 from .registry import WorkflowSpec
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
-from .store.debounces import Debounce
-from .store.starts import NO_TIMING, NewWorkflows, Timing
 
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
@@ -40,7 +40,7 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     new = NewWorkflows(name=name, queue=queue, priority=priority, delay=delay, max_attempts=max_attempts,
                        timeout=timeout, parent=parent, traceparent=traceparent, when=when or NO_TIMING)
     started, rode = await runtime.db(lambda store: signals.ride(
-        news, lambda pings: store.enqueue(id, inputs, new, pings), when_quiet=True))
+        news, lambda pings: store.starts.enqueue(id, inputs, new, pings), when_quiet=True))
     if started.name != name:
         raise WorkflowConflict(
             f"workflow id {id!r} already belongs to a workflow {started.name!r}, not {name!r}; choose another id"
@@ -74,7 +74,7 @@ async def enqueue_debounced(runtime: Runtime, workflow: WorkflowSpec, id: str, i
                        delay=0.0, max_attempts=workflow.max_attempts, timeout=workflow.timeout,
                        traceparent=traceparent, when=when or NO_TIMING)
     found, rode = await runtime.db(lambda store: signals.ride(
-        news, lambda pings: store.enqueue_debounced(id, inputs, new, debounce, pings)))
+        news, lambda pings: store.debounces.enqueue_debounced(id, inputs, new, debounce, pings)))
     # (A joined run was queued and unclaimed under this statement's lock: it ends after the commit,
     # as a run created here would, so its end news is this loop's to hear either way.)
     signals.waiters.ends.started([(found.id, found.born)], hearing)
@@ -92,7 +92,7 @@ async def refuse_children(runtime: Runtime, chosen: list[tuple[str, list[str]]])
     parents = sorted({parent for _, candidates in chosen for parent in candidates})
     if not parents:
         return
-    existing = await runtime.db(lambda store: store.existing(parents))
+    existing = await runtime.db(lambda store: store.workflows.existing(parents))
     for id, candidates in chosen:
         for parent in (p for p in candidates if p in existing):
             raise ValueError(f"workflow id {id!r} is reserved: it is the id pgflow gives a child that workflow"
@@ -118,7 +118,7 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
                        max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
                        traceparent=traceparent, when=when or NO_TIMING)
     found, rode = await runtime.db(lambda store: signals.ride(
-        news, lambda pings: store.enqueue_many(ids, inputs, new, pings), when_quiet=True))
+        news, lambda pings: store.starts.enqueue_many(ids, inputs, new, pings), when_quiet=True))
     created = sum(1 for started in found if started.created)
     signals.waiters.ends.started(((id, started.born) for id, started in zip(ids, found, strict=True)
                                   if started.created), hearing)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from .batches import GroupCommit
-from .store import Fence, StepStart, Store
+from .engine import Engine, Fence, StepStart
 
 
 class StepStarts(GroupCommit[tuple[StepStart, "asyncio.Future[Fence]"]]):
@@ -19,7 +19,7 @@ class StepStarts(GroupCommit[tuple[StepStart, "asyncio.Future[Fence]"]]):
 
     drains = True  # a step cut short by the worker stopping waits for its note, which counts it
 
-    def __init__(self, store: Store, max_batch: int = 1000) -> None:
+    def __init__(self, store: Engine, max_batch: int = 1000) -> None:
         super().__init__(max_batch, max_in_flight=1)
         self._store = store
 
@@ -32,7 +32,7 @@ class StepStarts(GroupCommit[tuple[StepStart, "asyncio.Future[Fence]"]]):
 
     async def _flush(self, batch: list[tuple[StepStart, asyncio.Future[Fence]]]) -> None:
         try:
-            answers = await self._store.start_steps([note for note, _ in batch])
+            answers = await self._store.journal.start_steps([note for note, _ in batch])
         except Exception as exc:  # noqa: BLE001 - every waiter gets it, and decides
             for _, done in batch:
                 if not done.done():

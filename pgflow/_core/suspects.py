@@ -18,7 +18,7 @@ import logging
 import anyio
 import psycopg
 
-from .store import Claimed, Store
+from .engine import Claimed, Engine
 
 log = logging.getLogger("pgflow.worker")
 
@@ -53,13 +53,13 @@ class Suspects:
             self.alone = None
             self.wait = True
 
-    async def claim(self, store: Store, worker: str, queues: list[str], names: list[str],
+    async def claim(self, store: Engine, worker: str, queues: list[str], names: list[str],
                     lease: float) -> Claimed | None:
         """Claim one suspect. None when the claim failed (suspects still wait) or found none left
         (then they wait no more)."""
         try:
             with anyio.CancelScope(shield=True):
-                suspect = await store.claim_suspect(worker, queues, names, lease)
+                suspect = await store.claims.claim_suspect(worker, queues, names, lease)
         except (psycopg.Error, OSError) as exc:
             log.warning("claim of a suspect failed, trying again later: %s", exc)
             return None

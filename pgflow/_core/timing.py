@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from .store.starts import Timing
+from .engine.starts import Timing
 
 
 def timing(delay: float, eta: datetime | None, expires: datetime | float | None) -> Timing | None:

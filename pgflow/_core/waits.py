@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from ..errors import Suspended
+from .engine import Fenced, Receipt, Wake
 from .execution import Execution
 from .signals import News
 from .signals import keys as signal_keys
-from .store import Fenced, Receipt, Wake
 
 SLEEP = "pgflow.sleep"
 SET_EVENT = "pgflow.set_event:"  # + the key
@@ -30,7 +30,7 @@ async def sleep(execution: Execution, seconds: float) -> None:
         store = execution.store
 
         async def journal() -> Fenced[Wake]:
-            return await store.record_wake(
+            return await store.waits.record_wake(
                 execution.workflow_id, execution.attempt, execution.claim_token, position, SLEEP, seconds)
 
         wake = await execution.fenced(journal, "journal a sleep")
@@ -63,7 +63,7 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
     store = execution.store
 
     async def publish() -> Fenced[None]:
-        fence = await store.set_event(execution.workflow_id, execution.attempt, execution.claim_token, position,
+        fence = await store.waits.set_event(execution.workflow_id, execution.attempt, execution.claim_token, position,
                                       name, key, value)
         return fence.with_value(None)
 
@@ -87,7 +87,7 @@ async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None
 
     async def receive(final: bool) -> Receipt:
         async def statement() -> Fenced[Receipt]:
-            return await store.receive(
+            return await store.waits.receive(
                 execution.workflow_id, execution.attempt, execution.claim_token, position, name, topic, timeout, final)
 
         return await execution.fenced(statement, f"receive a message on {topic!r}")

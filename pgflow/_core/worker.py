@@ -34,12 +34,12 @@ from . import loops
 from .checks import check_queue
 from .claim_rounds import claim_round, next_look
 from .connecting import where
+from .engine import Claimed
 from .executor import give_back_unrun, run_claimed
 from .health import FleetVerdict, HealthServer, Liveness
 from .registry import Registry
 from .runtime import Runtimes
 from .signals import keys as signal_keys
-from .store import Claimed
 from .suspects import Suspects
 from .worker_parts import Parts, assemble
 
@@ -73,7 +73,7 @@ class Worker:
         self.registry = registry
         self.runtimes = runtimes
         self.concurrency = concurrency
-        # A queue named twice is served once (the claim reads each of its queues once, see Store._claim).
+        # A queue named twice is served once (the claim reads each of its queues once, see Engine._claim).
         self.queues = list(dict.fromkeys(check_queue(queue) for queue in queues)) if queues else ["default"]
         self.lease_seconds = lease
         self.heartbeat = heartbeat if heartbeat is not None else lease / 3
@@ -127,9 +127,9 @@ class Worker:
         for queue in self.queues:
             limits = self.registry.queues.get(queue)
             if limits is not None:
-                await store.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
-        here = await store.on_this_machine()  # (before registering: nothing to undo if it fails)
-        await store.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
+                await store.claims.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+        here = await store.db.on_this_machine()  # (before registering: nothing to undo if it fails)
+        await store.workers.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
         self._parts = parts = assemble(runtime, store, self.registry, self.queues, self.lease_seconds,
                                        self.heartbeat, self._limiter, self._cancellers, cohorts=not here)
@@ -163,7 +163,7 @@ class Worker:
         """What follows the worker's tasks: its registration given up, its probe closed."""
         with anyio.CancelScope(shield=True):
             try:
-                await self._on.store.unregister_worker(self.id)
+                await self._on.store.workers.unregister_worker(self.id)
             except Exception as exc:  # noqa: BLE001 - the maintenance service forgets it anyway
                 log.warning("could not unregister worker %s: %s", self.id, exc)
         if self.health is not None:
@@ -337,9 +337,9 @@ class Worker:
             await anyio.sleep(self.heartbeat)
             try:
                 with anyio.CancelScope(shield=True):
-                    leases = await store.heartbeat(self.id, self.lease_seconds, socket.gethostname(), os.getpid(),
-                                                   self.queues, __version__, sorted(self.registry.workflows),
-                                                   sorted(self.running), within=within)
+                    leases = await store.workers.heartbeat(
+                        self.id, self.lease_seconds, socket.gethostname(), os.getpid(), self.queues, __version__,
+                        sorted(self.registry.workflows), sorted(self.running), within=within)
             except Exception as exc:  # noqa: BLE001 - keep renewing; fencing protects the data
                 log.warning("lease renewal failed: %s", exc)
                 continue

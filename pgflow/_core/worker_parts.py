@@ -18,6 +18,7 @@ import anyio.lowlevel
 from .cancels import CancelWatch
 from .chores import UnservedNames, chores
 from .connecting import linked
+from .engine import Engine
 from .executor import Slot
 from .finisher import Finisher
 from .maintenance import Maintenance
@@ -26,7 +27,6 @@ from .runs import Runs
 from .runtime import Runtime
 from .signals import Waiter
 from .starts import StepStarts
-from .store import Store
 from .streams.writer import StreamWriter
 
 
@@ -36,7 +36,7 @@ class Parts:
     loop), and gone with the stop."""
 
     runtime: Runtime
-    store: Store
+    store: Engine
     wake: Waiter  # woken by pings on the worker's queues and by slots freeing up
     writer: StreamWriter
     finisher: Finisher
@@ -49,7 +49,7 @@ class Parts:
     stack: contextlib.AsyncExitStack  # the worker's task group, and the leaving that follows it
 
 
-def assemble(runtime: Runtime, store: Store, registry: Registry, queues: list[str], lease: float, heartbeat: float,
+def assemble(runtime: Runtime, store: Engine, registry: Registry, queues: list[str], lease: float, heartbeat: float,
              limiter: anyio.CapacityLimiter, cancellers: dict[str, Callable[[], None]], *, cohorts: bool) -> Parts:
     """The parts of a worker serving ``queues`` (``cancellers``: the cancel of each workflow it runs,
     by id; ``limiter``: its slots)."""

@@ -1,5 +1,5 @@
 """What the dashboard reads, and how often: decoded records over the statements of
-``pgflow._core.store.dashboard``, with the overview's parts shared by every open page.
+``pgflow._core.engine.dashboard``, with the overview's parts shared by every open page.
 
 The cost for the database is set here. The overview's queues and workers are read at most once per
 ``OVERVIEW_EVERY`` seconds, its health once per ``HEALTH_EVERY`` and its throughput once per
@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 import anyio
 
 from .._core.codec import decode
+from .._core.engine.dashboard import LISTED_FIELDS, Dashboard
 from .._core.status import Status
-from .._core.store import Store
-from .._core.store.dashboard import LISTED_FIELDS, DashboardStatements
 from ..app import App
 from ..records import Health, QueueInfo, WorkflowRecord
 
@@ -216,7 +215,7 @@ def _message(row: dict[str, Any]) -> Message:
 
 
 def detail_of(row: tuple[Any, ...]) -> Detail:
-    """A workflow's page from the row of ``DashboardStatements.workflow``."""
+    """A workflow's page from the row of ``Dashboard.workflow``."""
     n = len(RECORD_FIELDS)
     record = dict(zip(RECORD_FIELDS, row[:n], strict=True))
     (in_size, inputs, out_size, output, error, now, steps, tries, retried, events, received, sent, streams,
@@ -283,19 +282,12 @@ class Reader:
     _throughput: _Cached = field(default_factory=lambda: _Cached(THROUGHPUT_EVERY))
     _estimate: _Cached = field(default_factory=lambda: _Cached(60.0))
     _watched: dict[str, tuple[float, Any]] = field(default_factory=dict)
-    _stores: dict[int, DashboardStatements] = field(default_factory=dict)
 
-    async def _db(self, fn: Callable[[DashboardStatements], Awaitable[T]], cost: int = 1) -> T:
+    async def _db(self, fn: Callable[[Dashboard], Awaitable[T]], cost: int = 1) -> T:
         runtime = self.app._client.runtime()
 
-        async def run(store: Store) -> T:
-            statements = self._stores.get(id(store))
-            if statements is None or statements.pool is not store.pool:
-                statements = self._stores[id(store)] = DashboardStatements(store.pool, store.schema)
-            self.statements += cost
-            return await fn(statements)
-
-        return await runtime.db(run)
+        self.statements += cost
+        return await runtime.db(lambda store: fn(store.dashboard))
 
     def changed(self) -> None:
         """An action of this dashboard changed the queues: the next overview reads them anew."""

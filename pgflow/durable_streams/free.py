@@ -1,6 +1,6 @@
 """Free-standing streams: the whole protocol (PUT, POST, GET, HEAD, DELETE) on pgflow's tables.
 
-Each request is one transaction of ``FreeStreams`` (``_core/store/free_streams.py``); after an append
+Each request is one transaction of ``FreeStreams`` (``_core/engine/free_streams.py``); after an append
 commits, its stream's key is pinged, and readers waiting on it (long-poll, SSE, here or in any process
 of the fleet) look again, as they also do on the slow poll. So a reader never depends on a ping: the
 table is the only truth.

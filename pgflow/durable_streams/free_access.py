@@ -13,10 +13,9 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from .._core.engine.free_appends import Append, Appended
+from .._core.engine.free_streams import Chunk, FreeStream, FreeStreams
 from .._core.signals import News
-from .._core.store import Store
-from .._core.store.free_appends import Append, Appended
-from .._core.store.free_streams import Chunk, FreeStream, FreeStreams
 from ..app import App
 from .batching import Batcher
 
@@ -41,7 +40,6 @@ class FreeStreamsAccess:
         self.app = app
         self.long_poll = long_poll
         self.max_body = max_body
-        self._statements: dict[int, FreeStreams] = {}
         self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
         self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
 
@@ -54,13 +52,7 @@ class FreeStreamsAccess:
     async def db(self, fn: Callable[[FreeStreams], Awaitable[T]]) -> T:
         runtime = self.app._client.runtime()
 
-        async def run(store: Store) -> T:
-            statements = self._statements.get(id(store))
-            if statements is None or statements.pool is not store.pool:
-                statements = self._statements[id(store)] = FreeStreams(store.pool, store.schema)
-            return await fn(statements)
-
-        return await runtime.db(run)
+        return await runtime.db(lambda store: fn(store.free_streams))
 
     def ping(self, path: str) -> None:
         self.app._client.runtime().signals.announce(News([ping_key(path)]))

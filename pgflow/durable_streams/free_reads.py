@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from .._core.store.free_streams import Chunk, FreeStream, FreeStreams
+from .._core.engine.free_streams import Chunk, FreeStream, FreeStreams
 from . import protocol as p
 from .free_access import FreeStreamsAccess, ping_key
 from .http import Receive, Request, Send, answer, sse_control, sse_data, until_disconnect

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from .._core.store.free_appends import Append, Appended, Producer
-from .._core.store.free_streams import Created, Fork, FreeStream
+from .._core.engine.free_appends import Append, Appended, Producer
+from .._core.engine.free_streams import Created, Fork, FreeStream
 from . import protocol as p
 from .free_access import FreeStreamsAccess
 from .http import Receive, Request, Send, answer, read_body

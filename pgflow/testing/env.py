@@ -25,10 +25,10 @@ import psycopg
 
 from .._core.codec import decode
 from .._core.connecting import CONNECT_TIMEOUT, unconnectable
+from .._core.engine import Engine
 from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
-from .._core.store import Store
 from .._core.worker import Worker
 from ..app import App
 from ..handle import WorkflowHandle
@@ -191,7 +191,7 @@ class PgflowEnv:
         while True:
             self._alive()
             seen = clock.activity
-            due, running, _ = await (await self._store()).activity(self.queues, self.names)
+            due, running, _ = await (await self._store()).testing.activity(self.queues, self.names)
             parked = clock.parked_owners()
             busy = [id for id in running if id not in parked]
             working = clock.working()  # a schedule woken by the clock, its tick not started yet
@@ -208,10 +208,10 @@ class PgflowEnv:
 
     async def next_due_async(self) -> float | None:
         """Seconds until the next queued workflow of the worker's queues falls due."""
-        return (await (await self._store()).activity(self.queues, self.names))[2]
+        return (await (await self._store()).testing.activity(self.queues, self.names))[2]
 
     async def set_schema_clock(self, offset: float) -> None:
-        await (await self._store()).set_clock(offset)
+        await (await self._store()).testing.set_clock(offset)
 
     def wake_worker(self) -> None:
         """Tell the worker (and any other listener) to look at its queues now."""
@@ -239,7 +239,7 @@ class PgflowEnv:
         return self._call(lambda: self.events_async(workflow))
 
     async def events_async(self, workflow: WorkflowHandle[Any] | str) -> dict[str, Any]:
-        rows = await (await self._store()).events_of(self._handle(workflow).id)
+        rows = await (await self._store()).testing.events_of(self._handle(workflow).id)
         return {key: decode(value) for key, value in rows}
 
     def messages(self, workflow: WorkflowHandle[Any] | str) -> list[Message]:
@@ -247,7 +247,7 @@ class PgflowEnv:
         return self._call(lambda: self.messages_async(workflow))
 
     async def messages_async(self, workflow: WorkflowHandle[Any] | str) -> list[Message]:
-        rows = await (await self._store()).messages_of(self._handle(workflow).id)
+        rows = await (await self._store()).testing.messages_of(self._handle(workflow).id)
         return [Message(topic, decode(bytes(value)), sent, consumed) for topic, value, sent, consumed in rows]
 
     def stream(self, workflow: WorkflowHandle[Any] | str, key: str) -> list[Any]:
@@ -255,7 +255,7 @@ class PgflowEnv:
         return self._call(lambda: self.stream_async(workflow, key))
 
     async def stream_async(self, workflow: WorkflowHandle[Any] | str, key: str) -> list[Any]:
-        values, _ = await (await self._store()).chunks_of(self._handle(workflow).id, key)
+        values, _ = await (await self._store()).testing.chunks_of(self._handle(workflow).id, key)
         return [decode(value) for value in values]
 
     # -- plumbing ---------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class PgflowEnv:
     def _handle(self, workflow: WorkflowHandle[Any] | str) -> WorkflowHandle[Any]:
         return workflow if isinstance(workflow, WorkflowHandle) else self.app.handle(workflow)
 
-    async def _store(self) -> Store:
+    async def _store(self) -> Engine:
         return await self.app._client.runtime().store()
 
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..engine import WorkflowRow
 from ..status import Status
-from ..store import WorkflowRow
 from . import keys as signal_keys
 from .payload import End, News
 

@@ -24,8 +24,8 @@ from typing import Any
 import anyio
 import psycopg
 
+from ..engine import channel as channel_sql
 from ..pool import answered_within
-from ..store import channel as channel_sql
 from . import payload
 from .sealing import Keyring, Replays
 from .waiters import Waiters

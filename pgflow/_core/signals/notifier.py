@@ -18,8 +18,8 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..store import channel as channel_sql
-from ..store.channel import Pings
+from ..engine import channel as channel_sql
+from ..engine.channel import Pings
 from .payload import End, News
 
 log = logging.getLogger("pgflow.signals")

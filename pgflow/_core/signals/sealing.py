@@ -43,7 +43,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .. import forks
-from ..store.channel import Pings, SignalKey
+from ..engine.channel import Pings, SignalKey
 from . import payload
 from .payload import News
 
@@ -112,7 +112,7 @@ class Keyring:
         return self._sender
 
     def load(self, keys: Sequence[SignalKey]) -> None:
-        """Take the keys the server gives (``ChannelStatements.signal_keys``), replacing the others."""
+        """Take the keys the server gives (``Channel.signal_keys``), replacing the others."""
         now = time.monotonic()
         loaded = {k.id & 0xFFFF: (k.secret, None if k.accept_for is None else now + k.accept_for) for k in keys}
         sealing = sorted((now + max(0.0, k.seal_in), k.id) for k in keys)

@@ -21,9 +21,9 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from ..engine import unreachable
+from ..engine.channel import NO_PINGS, Pings, SignalKey
 from ..registry import Config
-from ..store import unreachable
-from ..store.channel import NO_PINGS, Pings, SignalKey
 from .listener import Listener
 from .notifier import QUEUE_FULL, Notifier, Refusals
 from .payload import News

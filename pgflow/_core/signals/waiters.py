@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 
 import psycopg
 
-from ..store import unreachable
+from ..engine import unreachable
 from . import keys as signal_keys
 from .ends import EndNews
 from .payload import News

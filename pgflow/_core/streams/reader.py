@@ -28,10 +28,10 @@ import psycopg
 from ...errors import UnknownWorkflow
 from .. import codec
 from ..batches import apart
+from ..engine import Engine, unreachable
 from ..signals import Outage, PollTicks, Waiters
 from ..signals import keys as signal_keys
 from ..status import ENDED
-from ..store import Store, unreachable
 
 log = logging.getLogger("pgflow.streams")
 
@@ -231,7 +231,7 @@ class StreamRead:
 class ChunkFetcher:
     """Shares reads among the readers of one loop."""
 
-    def __init__(self, store: Callable[[], Awaitable[Store]], ticks: PollTicks) -> None:
+    def __init__(self, store: Callable[[], Awaitable[Engine]], ticks: PollTicks) -> None:
         self._store = store
         self._ticks = ticks
         self._asked: list[StreamRead] = []
@@ -322,7 +322,7 @@ class ChunkFetcher:
     async def _read(self, batch: list[StreamRead]) -> None:
         store = await self._store()
         budget = min(READ_BYTES, QUERY_BYTES // len(batch))
-        found, cut, learnt, states = await store.read_streams(
+        found, cut, learnt, states = await store.chunks.read_streams(
             [r.sid for r in batch], [r.workflow_id for r in batch], [r.key for r in batch],
             [r.offset for r in batch], READ_BATCH, budget, WHOLE if len(batch) == 1 else budget)
         self.queries += 1

@@ -35,11 +35,11 @@ from typing import Protocol
 from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from .. import telemetry
 from ..batches import GroupCommit, apart
+from ..engine import Engine, Pings, retrying, unreachable
+from ..engine.chunks import Written
 from ..signals import Chunk, News, Signals
 from ..signals import keys as signal_keys
 from ..signals.payload import CARRY_CHUNK_AT_MOST
-from ..store import Pings, Store, retrying, unreachable
-from ..store.streams import Written
 
 CARRY_PER_BATCH = 32_000  # bytes of chunks carried by one batch's news; the rest of a wide batch is named
 COHORT_AT_LEAST = 32  # chunks: with cohorts, a queue of twice this and nothing in flight goes as two batches
@@ -115,7 +115,7 @@ class StreamWriter(GroupCommit[_Pending]):
     one, so a reader never sees a gap, and a batch that fails leaves nothing of its streams committed
     behind it."""
 
-    def __init__(self, store: Store, signals: Signals, *, cohorts: bool, max_batch: int = 5000,
+    def __init__(self, store: Engine, signals: Signals, *, cohorts: bool, max_batch: int = 5000,
                  max_in_flight: int = 2) -> None:
         super().__init__(max_batch, max_in_flight)
         self._store = store
@@ -212,7 +212,7 @@ class StreamWriter(GroupCommit[_Pending]):
             stream_ids = [p.stream.id for p in batch]
             assert None not in stream_ids
             try:
-                return await self._store.write_chunks(
+                return await self._store.chunks.write_chunks(
                     owners, chunk_owners, stream_ids, positions, values, pings,  # type: ignore[arg-type]
                     again=maybe_written, fence=fence)
             except Exception as exc:
@@ -228,7 +228,7 @@ class StreamWriter(GroupCommit[_Pending]):
         except Exception:
             if fence is not None and maybe_written:
                 # A try cut off may still be running on the server, under the fence's lock and past
-                # its check: whoever gives these workflows back waits for it (``Store.release``).
+                # its check: whoever gives these workflows back waits for it (``Engine.release``).
                 for owner in index:
                     owner.fence_cut = fence[0]
             raise
@@ -264,7 +264,7 @@ class StreamWriter(GroupCommit[_Pending]):
             self._signals.told(news, rode)
 
     async def _name(self, unnamed: list[_Pending]) -> None:
-        ids = await self._store.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
+        ids = await self._store.chunks.stream_ids([p.owner.workflow_id for p in unnamed], [p.key for p in unnamed])
         for p in unnamed:
             p.stream.id = ids[(p.owner.workflow_id, p.key)]
 

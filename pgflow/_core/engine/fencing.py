@@ -92,7 +92,7 @@ class Requeued(NamedTuple):
 
 class StepStart(NamedTuple):
     """A note that the execution holding ``claim_token`` (its claim number ``attempt``) starts attempt
-    ``step_attempt`` of the step at ``position`` (``Store.start_steps``)."""
+    ``step_attempt`` of the step at ``position`` (``Engine.start_steps``)."""
 
     workflow_id: str
     attempt: int

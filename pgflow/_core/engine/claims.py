@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
-from ..pool import Pool
 from . import wire
-from .statements import Statements
+from .database import Database, Port
+from .fencing import HOLDS_LOCKED
 
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
@@ -252,11 +252,11 @@ def _claimed(rows: Sequence[tuple[Any, ...]], owner: str, token: int) -> list[Cl
             retries, set_start, set_deadline, give_up, crashes, free, epoch, _, _ in rows]
 
 
-class ClaimStatements(Statements):
-    """The claim statements of ``Store`` (which provides the pool and the schema)."""
+class Claims(Port):
+    """The port that claims due workflows for a worker and gives them back."""
 
-    def __init__(self, pool: Pool, schema: str) -> None:
-        super().__init__(pool, schema)
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
         # By the names claimed (two workers of one loop may serve a queue's different workflows):
         # FLOORS as the last full claim found them, per queue; the time.monotonic() of the last full
         # claim, per set of queues.
@@ -387,3 +387,18 @@ class ClaimStatements(Statements):
                 "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
                 "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0))"
             ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period})
+    async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
+        """Give a workflow back to the queue now, so another worker resumes it without waiting.
+        ``fence_cut``: a batch of the run's chunks under that worker's fence was cut off and may still
+        run; the release moves the fence on in its own statement, so it commits only after that batch
+        (which does not lock this row) has ended, and one not yet past the fence is refused."""
+        row = await self._fetchone(
+            ("WITH moved AS (UPDATE {s}.worker_fences SET epoch = epoch + 1 WHERE worker = %s RETURNING 1),"
+             if fence_cut is not None else "WITH")
+            + " held AS (" + HOLDS_LOCKED + ")"
+            " UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = (SELECT id FROM held) RETURNING 1",
+            (fence_cut, id, claim_token) if fence_cut is not None else (id, claim_token),
+        )
+        return row is not None
+

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from . import arrays
-from .statements import Statements, quote_identifier
+from .database import Port, quote_identifier
 
 
 class Pings(NamedTuple):
@@ -77,8 +77,8 @@ class SignalKey(NamedTuple):
     accept_for: float | None
 
 
-class ChannelStatements(Statements):
-    """The keyring statements of ``Store`` (which provides the pool and the schema)."""
+class Channel(Port):
+    """The keyring statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def signal_keys(self) -> list[SignalKey]:
         """The keys pings may be sealed with or opened by; only roles that may read

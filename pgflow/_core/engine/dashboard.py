@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from .database import Port
 from .management import QueueRow
-from .statements import Statements
 
 # The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``):
 # each field, in order, and the column that gives it.
@@ -214,7 +214,7 @@ CHUNKS = (f"SELECT position, {value_column('value', '%(small)s')} FROM {{s}}.chu
 ESTIMATE = "SELECT reltuples::float8 FROM pg_catalog.pg_class WHERE oid = %(table)s::regclass"
 
 
-class DashboardStatements(Statements):
+class Dashboard(Port):
     """The dashboard's reads. Each method is one statement (a workflow's page one snapshot)."""
 
     async def _all(self, template: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from . import wire
 from .channel import Pings, ping_parameters, riding
-from .statements import Statements
+from .database import Port
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -89,8 +89,8 @@ STARTING = wire.Statement(
     expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL)
 
 
-class StartStatements(Statements):
-    """The start statements of ``Store`` (which provides the pool and the schema)."""
+class Starts(Port):
+    """The start statements of ``Engine`` (which provides the pool and the schema)."""
 
     _starts_in_flight = 0  # this store's single starts sent and not yet answered
     _durable_after: bool | None = None  # whether starts may commit lazily (see ``enqueue``); None: not asked yet

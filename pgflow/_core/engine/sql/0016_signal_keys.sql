@@ -2,7 +2,7 @@
 -- can connect may hear and send on pgflow's channel; a payload is therefore sealed (authenticated and
 -- encrypted) with a key kept here, where only the roles granted this table can read it. Rotation adds
 -- a key that is sealed with from seal_from on, and gives the older ones an accept_until (see
--- ChannelStatements.rotate_signal_key): every process accepts both while the fleet moves over.
+-- Channel.rotate_signal_key): every process accepts both while the fleet moves over.
 CREATE TABLE {schema}.signal_keys (
     id            integer PRIMARY KEY,
     -- 32 bytes from the server's strong random source (two version-4 UUIDs: 244 random bits).

@@ -11,7 +11,7 @@ import logging
 
 import psycopg
 
-from .statements import Statements
+from .database import Port
 
 log = logging.getLogger("pgflow.retention")
 
@@ -20,7 +20,7 @@ log = logging.getLogger("pgflow.retention")
 DROP_LOCK_TIMEOUT = "200ms"
 
 
-class PartitionStatements(Statements):
+class Partitions(Port):
     async def add_chunk_partitions(self) -> int:
         """Make the partitions of the current period and those ahead that are missing; how many."""
         row = await self._fetchone("SELECT {s}.add_chunk_partitions()", ())

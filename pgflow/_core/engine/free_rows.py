@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from .statements import Statements
+from .database import Port
 
 COLUMNS = ("id, path, content_type, tail, closed, closed_by, ttl_seconds, expires_at, stream_seq,"
            " forked_from, fork_offset, fork_anchor, fork_sub, deleted")
@@ -58,7 +58,7 @@ def base_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-class FreeStreamRows(Statements):
+class FreeStreamRows(Port):
     """Finding a stream's row (an expired one deleted on sight) and removing a stream."""
 
     async def _find(self, conn: AsyncConnection[Any], path: str, lock: bool) -> FreeStream | None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .channel import Pings, ping_parameters, riding
+from .database import Port
 from .starts import BORN, EXPIRES, NewWorkflows
-from .statements import Statements
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +91,8 @@ STALE = (
 )
 
 
-class DebounceStatements(Statements):
-    """The debounce statements of ``Store`` (which provides the pool and the schema)."""
+class Debounces(Port):
+    """The debounce statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def enqueue_debounced(self, id: str, inputs: bytes, new: NewWorkflows, debounce: Debounce,
                                 pings: Pings) -> Debounced:

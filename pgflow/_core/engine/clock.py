@@ -9,11 +9,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .statements import Statements
+from .database import Port
 
 
-class ClockStatements(Statements):
-    """Statements over ``Store``'s pool and schema for a test's clock and its reads."""
+class Testing(Port):
+    """The port of ``pgflow.testing``: a test's clock and the reads its assertions make."""
 
     async def set_clock(self, offset: float) -> None:
         """Make ``<schema>.clock_now()`` the server's ``now()`` plus ``offset`` seconds (migration 0019

@@ -8,12 +8,12 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from ..status import Status
+from .database import Port
 from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, Fenced, Receipt, Requeued, Wake
-from .statements import Statements
 
 
-class WaitStatements(Statements):
-    """The statements of ``Store`` for sleeps and suspensions (the pool and schema come from it)."""
+class Waits(Port):
+    """The statements of ``Engine`` for sleeps and suspensions (the pool and schema come from it)."""
 
     async def record_wake(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str,
                           seconds: float) -> Fenced[Wake]:
@@ -69,7 +69,7 @@ class WaitStatements(Statements):
 
     async def send(self, workflow_id: str, topic: str, value: bytes,
                    idempotency_key: str | None) -> tuple[bool, str, bool] | None:
-        """Store a message for a workflow (one per idempotency key); make the workflow due now when
+        """Engine a message for a workflow (one per idempotency key); make the workflow due now when
         it gave its slot back to wait for this topic. Returns (stored now, its queue, made due), or
         None when no such workflow exists. (See ``suspend`` for why the row is locked once the
         message is stored; a message stored before leaves the row alone, so a duplicate send cannot

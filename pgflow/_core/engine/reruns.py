@@ -8,8 +8,8 @@ import msgspec
 from psycopg.types.json import Jsonb
 
 from ..status import Status
+from .database import Port
 from .fencing import HOLDS_LOCKED
-from .statements import Statements
 
 
 class Rerun(NamedTuple):
@@ -21,8 +21,8 @@ class Rerun(NamedTuple):
     retries: int
 
 
-class RerunStatements(Statements):
-    """The statements of ``Store`` for workflow retries (the pool and schema come from it)."""
+class Reruns(Port):
+    """The statements of ``Engine`` for workflow retries (the pool and schema come from it)."""
 
     async def retry_later(self, workflow_id: str, claim_token: int, delay: float,
                           error: dict[str, Any]) -> Rerun | None:

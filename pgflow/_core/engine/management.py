@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from ..status import Status
-from .statements import Statements
+from .database import Port
 
 # The light record of a workflow (``pgflow.records.WorkflowRecord``): each of its fields, in order, and
 # the column that gives it. The record's class checks on import that its fields are these.
@@ -96,7 +96,7 @@ class HealthRead(NamedTuple):
     waiting: list[WaitingRow]
 
 
-class ManagementStatements(Statements):
+class Management(Port):
     async def list_workflows(self, status: str | None, name: str | None, queue: str | None,
                              created_after: datetime | None, created_before: datetime | None, limit: int,
                              newest_first: bool) -> list[tuple[Any, ...]]:

@@ -8,8 +8,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from .statements import quote_identifier
-from .store import JOURNAL, WORKFLOW_ROW, StepRecord, WorkflowRow, journal_of
+from .database import quote_identifier
+from .journal import JOURNAL, StepRecord, journal_of
+from .workflows import WORKFLOW_ROW, WorkflowRow
 
 # The journal as the workers read it, without the schema's clock: a check runs against the schema as it
 # is before a deploy, which may lack the clock's migration, and needs no sleep's time left (every
@@ -35,7 +36,7 @@ class ReplayReads:
         return [(str(r[0]), str(r[1]), str(r[2]), bytes(r[3])) for r in await cur.fetchall()]
 
     async def journal(self, workflow_id: str) -> tuple[dict[int, StepRecord], int]:
-        """As ``Store.journal``: the records, and the highest position reached (children included)."""
+        """As ``Engine.journal``: the records, and the highest position reached (children included)."""
         cur = await self.conn.execute(self._sql(CHECK_JOURNAL), {"id": workflow_id})
         return journal_of(await cur.fetchall())
 

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 
 from . import wire
 from .channel import Pings, riding
+from .database import Port
 from .fencing import held
-from .statements import Statements
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
 # rows the writers named (``asked``: ordinal i, id, lease, in id order, the order rows are locked in
@@ -79,8 +79,8 @@ class Written(NamedTuple):
     fence_held: bool
 
 
-class StreamStatements(Statements):
-    """The stream statements of ``Store`` (which provides the pool and the schema)."""
+class Chunks(Port):
+    """The stream statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def stream_ends(self, workflow_id: str) -> dict[str, int]:
         """The next free position of each of a workflow's streams: read once per execution, so

@@ -10,8 +10,8 @@ import msgspec
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from .database import Port
 from .fencing import OWNER, Fence
-from .statements import Statements
 
 R = TypeVar("R")
 KEEP_ATTEMPT_ERRORS = 10  # per step: the latest ones (a step retried 1000 times keeps 10 rows)
@@ -77,7 +77,7 @@ class StreamRead(NamedTuple):
 
 
 class DetailsRead(NamedTuple):
-    """One workflow read from one snapshot (``DetailStatements.details``)."""
+    """One workflow read from one snapshot (``Details.details``)."""
 
     workflow: WorkflowRead
     steps: list[StepRead]  # the first ``steps_limit``
@@ -132,7 +132,7 @@ NOTE_ERROR = (
 )
 
 
-class DetailStatements(Statements):
+class Details(Port):
     async def note_step_error(self, workflow_id: str, claim_token: int, position: int, run: int,
                               step_attempt: int, error: dict[str, Any]) -> Fence:
         """Keep the error of a step attempt that is retried, for the execution holding

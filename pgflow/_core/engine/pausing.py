@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .statements import Statements
+from .database import Port
 
 
-class PausingStatements(Statements):
+class Pausing(Port):
     async def pause_queue(self, name: str) -> datetime:
         """Pause ``name`` (again: nothing changes); since when it is paused."""
         row = await self._fetchone(

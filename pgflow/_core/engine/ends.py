@@ -8,8 +8,8 @@ import msgspec
 
 from . import wire
 from .channel import Pings, riding
+from .database import Port
 from .fencing import held
-from .statements import Statements
 
 _ERRORS = msgspec.json.Encoder()
 
@@ -50,8 +50,8 @@ FINISHING_ONE = wire.Statement(FINISH_ONE, id=wire.TEXT, lease=wire.INT8, status
                                error=wire.TEXT, pings_channels=wire.TEXTS, pings=wire.TEXTS)
 
 
-class EndStatements(Statements):
-    """The end statements of ``Store`` (which provides the pool and the schema)."""
+class Ends(Port):
+    """The end statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def finish_many(
         self, workflow_ids: list[str], claim_tokens: list[int], statuses: list[str], outputs: list[bytes | None],

@@ -20,6 +20,7 @@ does not exist is created, owned by the migrating role; an empty one of an expec
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from ...errors import ConfigurationError
+from .database import Port
 
 DEADLOCK_ATTEMPTS = 5
 OWNERS_VARIABLE = "PGFLOW_SCHEMA_OWNERS"  # roles besides the migrating one that may own the schema's objects
@@ -180,3 +182,16 @@ def refusal(schema: str, kind: str, name: str, owner: str, current: str, count: 
     return (f"{what} is owned by role {owner!r}, not by {current!r} which runs pgflow{more}: pgflow will not use"
             f" a schema another role can change under it; {fix}, or, if role {owner!r} is yours, name it in"
             f" {OWNERS_VARIABLE} (comma-separated)")
+
+
+class Schema(Port):
+    """The port that brings the schema up to date and says which version it is at."""
+
+    async def migrate(self) -> list[Migration]:
+        # Unbounded: a migration may build an index on a big table, or wait for another process's.
+        async with self.pool.connection(within=math.inf) as conn:
+            return await migrate(conn, self._s)
+
+    async def version(self) -> int:
+        async with self.pool.connection() as conn:
+            return await applied_version(conn, self._s)

@@ -1,0 +1,79 @@
+"""Looking at workflows and cancelling them: the rows as callers and handles see them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .database import Port
+from .fencing import held
+from .starts import BORN
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRow:
+    id: str
+    name: str
+    status: str
+    attempt: int  # claims so far: an end read of attempt N is newer than a row read before it ran
+    output: bytes | None
+    error: dict[str, Any] | None
+    born: int  # its created_at in microseconds: a workflow started again under a pruned one's id is another
+
+
+WORKFLOW_ROW = f"id, name, status, attempt, output, error, {BORN}"  # WorkflowRow's fields, in order
+
+
+class Cancelled(NamedTuple):
+    """What ``request_cancel`` did: the workflow's ``status`` afterwards, and the ids of the
+    ``descendants`` it cancelled or flagged."""
+
+    status: str
+    descendants: list[str]
+
+
+
+
+
+class Workflows(Port):
+    """The port that finds workflows by id and cancels them, with everything they started."""
+
+    async def existing(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` name workflows."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)"), (ids,))
+            return {str(row[0]) for row in await cur.fetchall()}
+
+    async def workflow(self, id: str) -> WorkflowRow | None:
+        row = await self._fetchone(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s", (id,))
+        return None if row is None else WorkflowRow(*row)
+
+    async def request_cancel(self, id: str) -> Cancelled | None:
+        """Cancel a queued workflow at once, or flag a running one, and the same for every workflow
+        its body started (children, theirs, ...) that has not ended. None: no such workflow."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH RECURSIVE tree AS (SELECT id FROM {s}.workflows WHERE id = %(id)s"
+                "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
+                " asked AS (UPDATE {s}.workflows SET"
+                "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
+                "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
+                "  cancel_requested = status IN ('queued', 'running')"
+                "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
+                "  RETURNING id, status)"
+                " SELECT id, status FROM asked ORDER BY id = %(id)s DESC"
+            ), {"id": id})
+            rows = await cur.fetchall()
+        if not rows or rows[0][0] != id:
+            return None
+        return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
+
+    async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
+        """Those of ``ids`` still running whose cancellation was asked for."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._sql(
+                "WITH " + held("cancelling", "(SELECT unnest(%s::text[]) AS id)", "w.id", by="w.cancel_requested")
+                + " SELECT id FROM cancelling"),
+                (list(ids),))
+            return [str(row[0]) for row in await cur.fetchall()]
