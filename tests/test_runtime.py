@@ -260,3 +260,15 @@ def test_no_function_is_over_60_lines() -> None:
                 if size > 60:
                     long[f"{module_of(path)}.{node.name}"] = size
     assert long == {}
+
+
+async def test_a_close_on_the_loop_leaves_a_closing_that_close_async_awaits(dsn: str, schema: str) -> None:
+    """``App.close()`` called on a running loop cannot wait for that loop's runtime: its closing is a
+    task the App holds, and ``close_async`` on the loop waits for it (no closing fired and forgotten)."""
+    app = pgflow.App(dsn=dsn, schema=schema)
+    await app.migrate_async()  # opens this loop's runtime and its pool
+    pool = (await app._runtimes.current().store()).pool
+    app.close()  # on the running loop: it cannot wait here
+    assert not pool.closed
+    await app.close_async()
+    assert pool.closed

@@ -228,6 +228,7 @@ class Runtimes:
         self._config: Config | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._closing: set[asyncio.Task[None]] = set()  # closings ``close`` could not wait for
         self._by_loop: dict[asyncio.AbstractEventLoop, Runtime] = {}
         forks.watch(self)
         self._migrated = False
@@ -251,8 +252,8 @@ class Runtimes:
     def forked(self) -> None:
         """In a forked child: the parent's runtimes (their loops do not run here, their pools are the
         parent's sessions) are left alone, and this process opens its own on first use."""
-        forks.keep_inherited(self._by_loop)
-        self._by_loop = {}
+        forks.keep_inherited(self._by_loop, self._closing)
+        self._by_loop, self._closing = {}, set()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -320,10 +321,13 @@ class Runtimes:
         return total
 
     async def aclose_current(self) -> None:
+        """Close this loop's runtime, and wait for the closings ``close`` left to this loop."""
         loop = asyncio.get_running_loop()
         runtime = self._by_loop.pop(loop, None)
         if runtime is not None:
             await runtime.aclose()
+        if closing := [task for task in self._closing if task.get_loop() is loop]:
+            await asyncio.wait(closing)
 
     def elsewhere(self) -> bool:
         """Whether runtimes live on loops other than the running one."""
@@ -334,7 +338,9 @@ class Runtimes:
         return any(loop is not running and not loop.is_closed() for loop in list(self._by_loop))
 
     def close(self, timeout: float = 10.0) -> None:
-        """Close the runtimes of loops that still run; those of closed loops closed with them."""
+        """Close the runtimes of loops that still run; those of closed loops closed with them. A
+        runtime of the calling loop (or of a loop paused between runs) cannot be waited for here: its
+        closing is a task this object holds until it ends, which ``aclose_current`` on that loop awaits."""
         with self._lock:
             runtimes, self._by_loop = self._by_loop, {}
         try:
@@ -345,10 +351,16 @@ class Runtimes:
             if loop.is_closed():
                 continue
             if loop is running:
-                loop.create_task(runtime.aclose())  # cannot block the loop we are called from
+                self._close_later(runtime)
             elif loop.is_running():
                 future = asyncio.run_coroutine_threadsafe(runtime.aclose(), loop)
                 with contextlib.suppress(Exception):
                     future.result(timeout)
             else:  # a loop paused between runs (a test runner's): closed as soon as it runs again
-                loop.call_soon_threadsafe(loop.create_task, runtime.aclose())
+                loop.call_soon_threadsafe(self._close_later, runtime)
+
+    def _close_later(self, runtime: Runtime) -> None:
+        """Close ``runtime`` in a task of the running loop's, held until it ends."""
+        task = asyncio.get_running_loop().create_task(runtime.aclose(), name="pgflow runtime closing")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
