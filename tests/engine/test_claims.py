@@ -255,6 +255,31 @@ class TestLostLeases:
         assert (again.attempt, again.run) == (2, 2)
         assert not await holds(peer, lost)
 
+    @pytest.mark.xfail(strict=True, reason="the full claim that rescues expired leases says suspects wait whenever it"
+                       " rescued any (EXISTS (SELECT FROM rescued)), also when none became a suspect (a live worker's"
+                       " lapsed lease): a worker that hears it drains until its next full claim says otherwise")
+    async def test_a_lost_lease_makes_no_round_say_suspects_wait(self, engine: Engine, peer: Engine) -> None:
+        kind = Kind()
+        worker = unique("w")
+        await engine.workers.register_worker(worker, "host", 1, [kind.queue], "test", [kind.name], 0.3)
+        await kind.run(engine, worker, lease=0.1)
+        said: list[bool | None] = []
+
+        async def heartbeats() -> None:
+            while True:
+                await engine.workers.heartbeat(worker, 0.1, "host", 1, [kind.queue], "test", [kind.name], [], 5.0)
+                await anyio.sleep(0.05)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(heartbeats)
+            with anyio.fail_after(5.0):
+                while not (found := await peer.claims.claim_round("o", [kind.queue], [kind.name], 10, LEASE)).claimed:
+                    said.append(found.suspects)
+                    await anyio.sleep(0.05)
+            tasks.cancel_scope.cancel()
+        assert not found.claimed[0].suspect
+        assert True not in said
+
 
 class TestLimitedQueues:
     """``declare_queue`` records a queue's limits (or forgets them when there are none), and
