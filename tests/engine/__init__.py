@@ -20,9 +20,10 @@ opens a fresh, empty store for a module and yields its engine, ``peer(engine)`` 
 engine on the same store, ``listening(channels)`` hears the pings that ride on the engine's commits)
 and add it to ``ENGINES`` there; every test then runs against it too. Each factory is still run once
 per server of the suite's parametrization (``server``: pg18, pg15); one that needs no server can
-``pytest.skip`` on pg15 so it runs once. The tests share one store per module and keep apart by
-unique workflow names, queues, ids and worker ids (``kit.unique``), so an engine must keep those apart
-as PostgreSQL does; none moves the store's clock.
+``pytest.skip`` on pg15 so it runs once. The tests share one store per engine and server (a store
+costs a migration) and keep apart by unique workflow names, queues, ids and worker ids
+(``kit.unique``), so an engine must keep those apart as PostgreSQL does; none moves the store's clock,
+and none counts on a store empty but of its own work.
 
 Leases are short (tenths of a second) where a rule is about a lease running out, and the tests then
 wait for it in real time: an engine measures leases on a clock of its own, not one a test can move.

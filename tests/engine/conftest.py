@@ -103,19 +103,20 @@ class PostgreSQL:
 ENGINES: dict[str, Callable[[str], EngineFactory]] = {"postgresql": PostgreSQL}
 
 
-@pytest.fixture(scope="module", params=sorted(ENGINES))
+@pytest.fixture(scope="session", params=sorted(ENGINES))
 def factory(request: pytest.FixtureRequest, server: tuple[str, EmbeddedServer | None]) -> EngineFactory:
     return ENGINES[request.param](server[0])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def engine(factory: EngineFactory) -> AsyncIterator[Engine]:
-    """One store per module (its tests keep apart by unique names and ids)."""
+    """One store per engine and server for the whole suite: a store costs a migration (most of a
+    second), and the tests keep apart by unique names, queues, ids and worker ids."""
     async with factory.store() as engine:
         yield engine
 
 
 @pytest.fixture
 def peer(factory: EngineFactory, engine: Engine) -> Engine:
-    """Another process's engine on the module's store."""
+    """Another process's engine on the suite's store."""
     return factory.peer(engine)
