@@ -239,7 +239,7 @@ class TestLostLeases:
     async def test_a_live_workers_lapsed_lease_is_lost_not_a_crash(self, engine: Engine, peer: Engine) -> None:
         kind = Kind()
         worker = unique("w")
-        await engine.workers.register_worker(worker, "host", 1, [kind.queue], "test", [kind.name], 0.4)
+        await engine.workers.register_worker(worker, "host", 1, [kind.queue], "test", [kind.name], 1.0)
         lost = await kind.run(engine, worker, lease=0.1)
 
         async def heartbeats() -> None:
@@ -261,7 +261,7 @@ class TestLostLeases:
     async def test_a_lost_lease_makes_no_round_say_suspects_wait(self, engine: Engine, peer: Engine) -> None:
         kind = Kind()
         worker = unique("w")
-        await engine.workers.register_worker(worker, "host", 1, [kind.queue], "test", [kind.name], 0.3)
+        await engine.workers.register_worker(worker, "host", 1, [kind.queue], "test", [kind.name], 1.0)
         await kind.run(engine, worker, lease=0.1)
         said: list[bool | None] = []
 

@@ -74,9 +74,9 @@ class TestWorkers:
     async def test_silent_workers_are_forgotten(self, engine: Engine) -> None:
         silent, heard = Kind(), Kind()
         await register(engine, silent)
-        await anyio.sleep(0.5)
+        await anyio.sleep(1.0)
         await register(engine, heard)
-        assert await engine.workers.forget_workers(0.4) >= 1
+        assert await engine.workers.forget_workers(0.8) >= 1
         assert not await engine.pausing.queue_known(silent.queue)
         assert await engine.pausing.queue_known(heard.queue)
 
