@@ -1,9 +1,10 @@
 """The PostgreSQL engine: every port pgflow's orchestration records through, over one pool and one schema.
 
 The layers above say what is recorded (a start, a claim, a step's end, a chunk); the ports below say
-how, in SQL. The engine composes the ports rather than inheriting them, so each can be read, tested
-(tests/test_engine_ports.py) and replaced on its own. The ports know rows, not workflows: they take and
-return bytes, strings and numbers, and leave encoding and the meaning of a step to the layers above.
+how, in SQL. The engine composes the ports rather than inheriting them, so each can be read, tested (the
+conformance suite in tests/engine/) and replaced on its own. The ports know rows, not workflows: they
+take and return bytes, strings and numbers, and leave encoding and the meaning of a step to the layers
+above.
 """
 
 from __future__ import annotations
