@@ -297,8 +297,9 @@ def _show_workflow(app: App, args: argparse.Namespace) -> int:
 def _children(app: App, workflow_id: str, limit: int) -> Children:
     """The workflows the body of ``workflow_id`` started: its journal holds no step record for their
     starts, so without them its positions would seem to jump."""
-    rows, total, positions = app._client.call(
-        lambda: app._client.runtime().db(lambda store: store.management.children(workflow_id, limit)))
+    internals = app._internals()
+    rows, total, positions = internals.call(
+        lambda: internals.runtime().db(lambda store: store.management.children(workflow_id, limit)))
     return Children([ChildInfo.of(row) for row in rows], total, positions)
 
 

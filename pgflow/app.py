@@ -33,6 +33,7 @@ from ._core.codec import DEFAULT_VALUE_LIMIT
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
 from ._core.engine import Engine
+from ._core.internals import AppInternals, Pointing
 from ._core.registry import (
     DEFAULT_MAX_ATTEMPTS,
     Config,
@@ -143,6 +144,7 @@ class App(Operations):
         self._runtimes = Runtimes(self._config, schema, config_blocks=self._dsn is None)
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
+        self._seam = AppInternals(self._client, self._pointing, self._point)
         register_canvas(self._client)
 
     @property
@@ -162,6 +164,21 @@ class App(Operations):
 
     def _config(self) -> Config:
         return Config(dsn=self.dsn, **self._settings)
+
+    def _internals(self) -> AppInternals:
+        """What pgflow's own tools (the pytest plugin, check-replay, the dashboard, Durable Streams, the
+        CLI) use of this App beyond its public API: they go through it and touch nothing else private
+        here, so the rest of the App can change without breaking them (see ``_core/internals.py``)."""
+        return self._seam
+
+    def _pointing(self) -> Pointing:
+        return Pointing(self._dsn, dict(self._settings))
+
+    def _point(self, pointing: Pointing) -> None:
+        self._runtimes.reset(self._config, pointing.settings["schema"], config_blocks=pointing.dsn is None)
+        self._dsn = pointing.dsn
+        self._settings.clear()
+        self._settings.update(pointing.settings)
 
     # -- registration -----------------------------------------------------------------------------------
 

@@ -51,15 +51,16 @@ async def check_replay_async(app: App, statuses: Sequence[str] = UNFINISHED, lim
     """Replay the journals of up to ``limit`` workflows in ``statuses`` (oldest first) against the
     workflows ``app`` registers, running no step and writing nothing; ``within`` bounds each body."""
     wanted, limit, within = _checked(statuses, limit, within)
-    config = await app._runtimes.config_async()
-    return await _check(app.registry, app._client.runtime(), config.dsn, config.schema, config.query_timeout,
+    internals = app._internals()
+    config = await internals.config()
+    return await _check(internals.registry, internals.runtime(), config.dsn, config.schema, config.query_timeout,
                         wanted, limit, within)
 
 
 def check_replay(app: App, statuses: Sequence[str] = UNFINISHED, limit: int = 10_000,
                  within: float = 30.0) -> ReplayReport:
     _checked(statuses, limit, within)
-    return app._client.call(lambda: check_replay_async(app, statuses, limit, within))
+    return app._internals().call(lambda: check_replay_async(app, statuses, limit, within))
 
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2

@@ -284,7 +284,7 @@ class Reader:
     _watched: dict[str, tuple[float, Any]] = field(default_factory=dict)
 
     async def _db(self, fn: Callable[[Dashboard], Awaitable[T]], cost: int = 1) -> T:
-        runtime = self.app._client.runtime()
+        runtime = self.app._internals().runtime()
 
         self.statements += cost
         return await runtime.db(lambda store: fn(store.dashboard))

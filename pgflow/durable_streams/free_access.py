@@ -50,9 +50,9 @@ class FreeStreamsAccess:
         return list(await self.db(lambda s: s.read_many(asks, READ_ROWS, READ_BYTES)))
 
     async def db(self, fn: Callable[[FreeStreams], Awaitable[T]]) -> T:
-        runtime = self.app._client.runtime()
+        runtime = self.app._internals().runtime()
 
         return await runtime.db(lambda store: fn(store.free_streams))
 
     def ping(self, path: str) -> None:
-        self.app._client.runtime().signals.announce(News([ping_key(path)]))
+        self.app._internals().runtime().signals.announce(News([ping_key(path)]))

@@ -127,7 +127,7 @@ class FreeReads(FreeStreamsAccess):
                 return stream, []
             return (stream, chunks) if chunks or stream.closed else None
 
-        runtime = self.app._client.runtime()
+        runtime = self.app._internals().runtime()
         return await runtime.wait_for([ping_key(path)], check, timeout)
 
     async def sse(self, path: str, stream: FreeStream, chunks: list[Chunk], position: int,

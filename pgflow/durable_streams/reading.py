@@ -21,7 +21,6 @@ from typing import Any
 
 import msgspec
 
-from .._core.twins import iterate
 from ..app import App
 from . import protocol as p
 from .free import FreeStreamsHttp
@@ -55,4 +54,4 @@ async def read_free_stream_async(app: App, path: str, offset: str = "-1", *, liv
 def read_free_stream(app: App, path: str, offset: str = "-1", *, live: bool = True,
                      wait: float = LONG_POLL) -> Iterator[tuple[str, Any]]:
     """Blocking twin of ``read_free_stream_async``."""
-    return iterate(app._client, read_free_stream_async(app, path, offset, live=live, wait=wait))
+    return app._internals().iterate(read_free_stream_async(app, path, offset, live=live, wait=wait))

@@ -129,7 +129,7 @@ class WorkflowStreamsHttp:
 
     async def _next(self, workflow_id: str, key: str, position: int) -> tuple[list[bytes], int | None, bool, bool]:
         """The next batch a pgflow reader gets from ``position``: (messages, end, closed, ended)."""
-        read: StreamRead = self.app._client.runtime().read_stream(workflow_id, key, position)
+        read: StreamRead = self.app._internals().runtime().read_stream(workflow_id, key, position)
         try:
             batch = await read.__anext__()
         except StopAsyncIteration:
@@ -148,7 +148,7 @@ class WorkflowStreamsHttp:
         async def event(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        read: StreamRead = self.app._client.runtime().read_stream(workflow_id, key, position)
+        read: StreamRead = self.app._internals().runtime().read_stream(workflow_id, key, position)
         async with anyio.create_task_group() as group:
             group.start_soon(until_disconnect, receive, group.cancel_scope)
             try:

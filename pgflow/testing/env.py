@@ -26,6 +26,7 @@ import psycopg
 from .._core.codec import decode
 from .._core.connecting import CONNECT_TIMEOUT, unconnectable
 from .._core.engine import Engine
+from .._core.internals import Pointing
 from .._core.maintenance import cron_service
 from .._core.signals import News
 from .._core.signals import keys as signal_keys
@@ -67,9 +68,10 @@ class PgflowEnv:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
-        self._saved: tuple[str | None, dict[str, Any]] | None = None
+        self._saved: Pointing | None = None
         self._created = False  # this start made the schema, so stop drops it
-        self.clock = VirtualClock(self, app._runtimes.clock)
+        self._internals = app._internals()
+        self.clock = VirtualClock(self, self._internals.clock)
 
     # -- life -------------------------------------------------------------------------------------------
 
@@ -83,14 +85,13 @@ class PgflowEnv:
             raise
 
     def _start(self) -> PgflowEnv:
-        app = self.app
+        app, internals = self.app, self._internals
         app.close()
-        self._saved = (app._dsn, dict(app._settings))
-        app._dsn = self.dsn
+        self._saved = saved = internals.pointing()
         # Finished workflows stay readable for the test's assertions, however far the clock moves.
-        app._settings.update(schema=self.schema, suspend_after=0.0, retention=None)
-        app._runtimes.reset(app._config, self.schema)
-        clock = app._runtimes.clock
+        internals.point(Pointing(self.dsn, {**saved.settings, "schema": self.schema, "suspend_after": 0.0,
+                                            "retention": None}))
+        clock = internals.clock
         clock.virtual = True
         self.clock = VirtualClock(self, clock)
         # Only a schema this start makes is dropped at the end (one a migration that fails half-way left
@@ -136,10 +137,7 @@ class PgflowEnv:
                 self._created = False
         finally:
             if self._saved is not None:
-                self.app._dsn, settings = self._saved
-                self.app._settings.clear()
-                self.app._settings.update(settings)
-                self.app._runtimes.reset(self.app._config, settings["schema"], self.app._dsn is None)
+                self._internals.point(self._saved)
                 self._saved = None
 
     def _serve(self) -> None:
@@ -160,14 +158,14 @@ class PgflowEnv:
                 self._ready.set()
                 await self._stop.wait()
         finally:
-            await self.app._runtimes.aclose_current()
+            await self._internals.close_here()
 
     async def _schedules_armed(self, worker: Worker, within: float = 30.0) -> None:
         """Wait until the worker runs the schedule of each cron workflow it serves and each has
         armed its timer for the next tick: a clock moved before that would skip the ticks between."""
         crons = {cron_service(spec.name) for spec in self.app.registry.workflows.values()
                  if spec.schedule is not None and spec.queue in self.queues}
-        clock = self.app._runtimes.clock
+        clock = self._internals.clock
         with anyio.fail_after(within):
             while not (crons <= worker.leading and clock.timers() >= len(crons)):
                 await anyio.sleep(IDLE_LOOK)
@@ -185,7 +183,7 @@ class PgflowEnv:
         self._call(lambda: self.run_until_idle_async(timeout))
 
     async def run_until_idle_async(self, timeout: float = 30.0) -> None:
-        clock = self.app._runtimes.clock
+        clock = self._internals.clock
         deadline = time.monotonic() + timeout
         calm: int | None = None
         while True:
@@ -215,7 +213,7 @@ class PgflowEnv:
 
     def wake_worker(self) -> None:
         """Tell the worker (and any other listener) to look at its queues now."""
-        runtime = self.app._client.runtime()
+        runtime = self._internals.runtime()
         runtime.signals.announce(News([signal_keys.queue(queue) for queue in self.queues]))
 
     # -- reading what happened --------------------------------------------------------------------------
@@ -264,10 +262,10 @@ class PgflowEnv:
         return workflow if isinstance(workflow, WorkflowHandle) else self.app.handle(workflow)
 
     async def _store(self) -> Engine:
-        return await self.app._client.runtime().store()
+        return await self._internals.runtime().store()
 
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return self.app._client.call(fn)
+        return self._internals.call(fn)
 
     @staticmethod
     def wall_deadline(timeout: float) -> float:
