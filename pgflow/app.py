@@ -30,6 +30,7 @@ from ._core.checks import (
 )
 from ._core.client import Client
 from ._core.codec import DEFAULT_VALUE_LIMIT
+from ._core.connecting import server_on_this_machine_setting
 from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: the search lived here
 from ._core.datadir import default_data_dir as default_data_dir
 from ._core.engine import Engine
@@ -92,6 +93,15 @@ class App(Operations):
     ``max_value_bytes`` bounds every value pgflow stores, encoded: a workflow's arguments and result,
     a step's output, an event's value, a message (8 MiB by default, as a stream chunk). A bigger one
     raises ``SerializationError`` naming it, its size and the limit, before anything is written.
+
+    ``server_on_this_machine`` (default ``$PGFLOW_SERVER_ON_THIS_MACHINE``, else None: guessed) says
+    whether the PostgreSQL server runs on this machine, sharing its cores; it decides how a worker
+    batches stream chunks. On another machine, writers that keep in step are cut into two cohorts whose
+    batches overlap a round trip; on this one, one batch a round costs less CPU on both ends. None
+    guesses from the connection: a unix socket or a loopback address, and a server reached on a loopback
+    address itself (not a pooler here in front of a server elsewhere), is this machine. Say it when the
+    guess cannot see: a server in a container of this host reached through a bridge address (True), or
+    a loopback tunnel to a server elsewhere (False).
     """
 
     def __init__(
@@ -111,6 +121,7 @@ class App(Operations):
         suspend_after: float = 5.0,
         max_value_bytes: int = DEFAULT_VALUE_LIMIT,
         signal_key_period: float | timedelta | None = timedelta(days=1),
+        server_on_this_machine: bool | None = None,
     ) -> None:
         schema = schema or os.environ.get("PGFLOW_SCHEMA") or "pgflow"
         with setting_up():
@@ -124,6 +135,7 @@ class App(Operations):
             seconds_kept = check_retention(retention)
             key_period = check_retention(signal_key_period, "signal_key_period (None: rotated only by hand)")
             check_value_limit(max_value_bytes)
+            server_on_this_machine = server_on_this_machine_setting(server_on_this_machine)
         self._dsn = dsn or os.environ.get("PGFLOW_DSN") or None
         listen_dsn = listen_dsn or os.environ.get("PGFLOW_LISTEN_DSN") or None
         if listen_dsn is not None and self._dsn is None:
@@ -137,7 +149,8 @@ class App(Operations):
         self._settings = dict(schema=schema, pool_size=pool_size, notify=notify,
                               notify_interval=notify_interval, poll_interval=poll_interval,
                               listen_idle=listen_idle, query_timeout=query_timeout, retention=seconds_kept,
-                              suspend_after=suspend_after, listen_dsn=listen_dsn, signal_key_period=key_period)
+                              suspend_after=suspend_after, listen_dsn=listen_dsn, signal_key_period=key_period,
+                              server_on_this_machine=server_on_this_machine)
         self.registry = Registry(value_limit=max_value_bytes)
         self.workflows: dict[str, Workflow[Any, Any]] = {}
         self.steps: dict[str, Step[Any, Any]] = {}

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgflow
-from pgflow._core.engine import Engine
 
 from .helpers import Point, query
 from .streaming import (
@@ -69,14 +68,15 @@ def build_counters(app: pgflow.App) -> dict[str, pgflow.Workflow]:  # type: igno
 
 @pytest.mark.parametrize("where", ["here", "elsewhere"])
 async def test_many_writers_and_readers_joining_at_different_times_see_every_chunk_in_order(
-    app: pgflow.App, dsn: str, schema: str, where: str, monkeypatch: pytest.MonkeyPatch,
+    dsn: str, schema: str, where: str,
 ) -> None:
-    """(The worker takes its server for one on this machine, whose writer sends writers in step as one
-    batch a round, or for one elsewhere, whose writer cuts them into two cohorts with two batches in
-    flight.)"""
-    async def on_this_machine(self: Engine) -> bool:
-        return where == "here"
-    monkeypatch.setattr(Engine, "on_this_machine", on_this_machine)
+    """(The worker is told its server is on this machine, whose writer sends writers in step as one
+    batch a round, or elsewhere, whose writer cuts them into two cohorts with two batches in flight.)"""
+    async with pgflow.App(dsn, schema=schema, poll_interval=0.5, server_on_this_machine=where == "here") as app:
+        await _many_writers_and_readers(app, dsn, schema, where)
+
+
+async def _many_writers_and_readers(app: pgflow.App, dsn: str, schema: str, where: str) -> None:
     flows = build_counters(app)
     workflows, n = 32, 200
     # Enqueued before any worker runs, so the first reader of each stream is attached before its

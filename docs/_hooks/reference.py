@@ -54,6 +54,9 @@ ENVIRONMENT = {
     "PGFLOW_SCHEMA": "The schema, when `App(schema=)` is not given (default `pgflow`).",
     "PGFLOW_LISTEN_DSN": "`App(listen_dsn=)`: the server itself, when `PGFLOW_DSN` is a transaction-mode "
                          "pooler (the LISTEN and the maintenance locks go there).",
+    "PGFLOW_SERVER_ON_THIS_MACHINE": "`App(server_on_this_machine=)`: `1` or `0` (also true/false, yes/no, "
+                                     "on/off) when the server does or does not share this machine's cores; unset "
+                                     "or `auto`: guessed from the connection's address.",
     "PGFLOW_HOME": "The embedded server's data directory, when `App(data_dir=)` is not given.",
     "PGFLOW_LOG_LEVEL": "The CLI's log level (`--log-level`): DEBUG, INFO (default), WARNING, ERROR or "
                         "CRITICAL.",

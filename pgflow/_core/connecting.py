@@ -100,6 +100,29 @@ def on_this_machine(host: str, hostaddr: str, server_addr: str | None) -> bool:
     return here and (server_addr is None or _loopback(server_addr))
 
 
+ON_THIS_MACHINE_VARIABLE = "PGFLOW_SERVER_ON_THIS_MACHINE"
+_SAID = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+         "": None, "auto": None}
+
+
+def server_on_this_machine_setting(given: bool | None) -> bool | None:
+    """The ``server_on_this_machine`` an App is given, else ``$PGFLOW_SERVER_ON_THIS_MACHINE`` (1/0,
+    true/false, yes/no, on/off; auto or unset: None, the guess of ``on_this_machine``). Where the server
+    runs is a fact of the deployment, not of the code: the variable lets one deployment say it without
+    a change of code, and a value it cannot read fails at once rather than leaving the guess in charge.
+    Refusals are TypeError and ValueError, which ``App`` (under ``checks.setting_up``) makes
+    ConfigurationErrors."""
+    if given is not None:
+        if not isinstance(given, bool):
+            raise TypeError(f"server_on_this_machine is True, False or None (guess), got {given!r}")
+        return given
+    said = os.environ.get(ON_THIS_MACHINE_VARIABLE, "").strip().lower()
+    if said not in _SAID:
+        raise ValueError(f"{ON_THIS_MACHINE_VARIABLE} is 1 or 0 (true/false, yes/no, on/off), or auto to"
+                                 f" guess, got {os.environ[ON_THIS_MACHINE_VARIABLE]!r}")
+    return _SAID[said]
+
+
 def _loopback(address: str) -> bool:
     try:
         ip = ipaddress.ip_address(address)

@@ -48,6 +48,7 @@ class Config:
     suspend_after: float = 5.0  # a wait longer than this (sleep, recv) gives the worker slot back
     listen_dsn: str | None = None  # the sessions (LISTEN, the fleet's service locks); None: dsn
     signal_key_period: float | None = 24 * 3600.0  # seconds a signal key is sealed with; None: until rotated by hand
+    server_on_this_machine: bool | None = None  # whether the server shares this machine's cores; None: guessed
 
     @property
     def session_dsn(self) -> str:

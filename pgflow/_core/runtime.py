@@ -138,6 +138,18 @@ class Runtime:
         self._task = self.loop.create_task(self._live(pool), name="pgflow runtime")
         return store
 
+    async def server_on_this_machine(self) -> bool:
+        """Whether the server runs on this machine, sharing its cores, which decides how a worker's stream
+        writer batches (``streams/writer.py``): the App's ``server_on_this_machine`` when it says, else
+        the guess from the connection's address (``connecting.on_this_machine``), which cannot see a
+        server in a container of this machine reached through a bridge address, nor a loopback tunnel
+        to a server elsewhere."""
+        store = await self.store()
+        assert self.config is not None  # (set by the store's opening)
+        if self.config.server_on_this_machine is not None:
+            return self.config.server_on_this_machine
+        return await store.db.on_this_machine()
+
     async def db(self, fn: Callable[[Engine], Awaitable[T]]) -> T:
         """``fn(store)``, tried again while the server cannot be reached; ``fn`` must be idempotent."""
         store = await self.store()

@@ -128,7 +128,7 @@ class Worker:
             limits = self.registry.queues.get(queue)
             if limits is not None:
                 await store.claims.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
-        here = await store.db.on_this_machine()  # (before registering: nothing to undo if it fails)
+        here = await runtime.server_on_this_machine()  # (before registering: nothing to undo if it fails)
         await store.workers.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
         self._parts = parts = assemble(runtime, store, self.registry, self.queues, self.lease_seconds,
