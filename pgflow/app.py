@@ -48,6 +48,7 @@ from ._core.runtime import Runtimes, Stats
 from ._core.sync import LoopThread
 from ._core.twins import blocking
 from ._core.worker import Worker
+from .canvas import CANVAS_QUEUE
 from .canvas import register as register_canvas
 from .cron import Cron
 from .errors import ConfigurationError
@@ -158,7 +159,6 @@ class App(Operations):
         self._sync = LoopThread(f"pgflow-sync-{schema}", self._runtimes.aclose_current)
         self._client = Client(self.registry, self._runtimes, self._sync)
         self._seam = AppInternals(self._client, self._pointing, self._point)
-        register_canvas(self._client)
 
     @property
     def dsn(self) -> str:
@@ -329,10 +329,16 @@ class App(Operations):
         ``health_port`` (0: any free one, see ``worker.health.port``) serves its liveness probe,
         ``GET /healthz``, for as long as the worker runs, and the fleet's verdict, ``GET /fleetz``
         (what ``pgflow status`` says; see pgflow/_core/health.py).
+
+        A worker serving queue "default" also runs canvases (``pgflow.chain``, ``group``, ``chord``),
+        which another process may start: see ``pgflow.canvas``.
         """
-        return Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
-                      grace=grace, health_port=health_port, health_host=health_host,
-                      fleet_problems=lambda: len(self.health().problems))
+        worker = Worker(self.registry, self._runtimes, concurrency, queues, lease=lease, heartbeat=heartbeat,
+                        grace=grace, health_port=health_port, health_host=health_host,
+                        fleet_problems=lambda: len(self.health().problems))
+        if CANVAS_QUEUE in worker.queues:  # (registered before the worker reads the names it serves)
+            register_canvas(self._client)
+        return worker
 
     async def migrate_async(self) -> int:
         """Apply pending migrations (also done on first use); return the schema version."""

@@ -1,11 +1,20 @@
 """Celery's canvas, durably: ``chain``, ``group`` and ``chord`` of workflow signatures (``wf.s(...)``).
 
-A canvas runs as a workflow of its own, ``pgflow.canvas``, which every App registers: its body starts
-each member as a child workflow and waits for it. A child's id comes from the canvas's journal position
+A canvas runs as a workflow of its own, ``pgflow.canvas``: its body starts each member as a child
+workflow and waits for it. A child's id comes from the canvas's journal position
 (``<canvas id>.<position>``), so a canvas replayed after its worker died finds the members it had
 started, running or ended, and starts none twice; a member that was cut off is taken over by another
 worker and replays its own journal. The plan travels as the canvas's argument, so any worker of its
 queue runs it, whether or not it imports the members' code (members run on their own queues).
+
+An App registers ``pgflow.canvas`` only when it is used, not as a workflow of every App: when this process
+first builds a canvas of its workflows (``chain``, ``group``, ``chord``), and when a worker starts serving
+the canvas's queue, ``"default"`` (``App.worker``). The second is for the usual deployment, where the
+process that starts canvases (a web handler) is not the worker that runs them, and the worker's module
+never touches the canvas: as a Celery worker runs the chains and chords a caller sends, with nothing
+declared, any worker serving "default" runs canvases. An App that never builds a canvas, served by workers
+of other queues, has no ``pgflow.canvas`` anywhere. A canvas sent to another queue
+(``with_options(queue=...)``) needs a worker of that queue whose App has built a canvas before it started.
 
 - ``chain(a.s(x), b.s(), c.s())``: a, then b with a's result as its first argument, then c with b's;
   the chain's result is the last one's.
@@ -24,6 +33,7 @@ is known only when it runs, and checked there.)
 from __future__ import annotations
 
 import inspect
+import threading
 import typing
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
@@ -44,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["Canvas", "Signature", "chain", "chord", "group"]
 
 CANVAS = "pgflow.canvas"  # the name of the workflow that runs a canvas
+CANVAS_QUEUE = "default"  # the queue a canvas runs on unless with_options(queue=) says otherwise
+_registering = threading.Lock()  # two threads building their first canvases register it once
 
 
 class Call(msgspec.Struct, tag="call", frozen=True):
@@ -100,6 +112,7 @@ class Canvas:
         return replace(self, id=self.id if id is None else id, queue=self.queue if queue is None else queue)
 
     def _starting(self, args: tuple[Any, ...]) -> Callable[[], Awaitable[WorkflowHandle[Any]]]:
+        register(self.client)  # (made by chain/group/chord, which registered it; a Canvas made by hand too)
         check_plan(self.plan, list(args), self.client.registry)
         return start_by_name(self.client, CANVAS, (self.plan, list(args)), None, queue=self.queue, id=self.id,
                              priority=None, delay=0.0, max_attempts=None, timeout=None)
@@ -186,6 +199,7 @@ def _nodes(members: Iterable[Member], what: str) -> tuple[list[Node], Client]:
         raise ValueError(f"{what} needs at least one member")
     if len(clients) > 1:
         raise ValueError(f"the members of a {what} belong to different Apps; a canvas runs in one")
+    register(client)  # the first use of the canvas API: this App's workers run canvases from now on
     return nodes, client
 
 
@@ -218,8 +232,18 @@ def chord(header: Canvas | Iterable[Member], callback: Member) -> Canvas:
 
 
 def register(client: Client) -> None:
-    """Register the workflow that runs canvases (on queue "default") in ``client``'s registry, where
-    workers find it; not among the App's own ``workflows``, which are the user's."""
+    """Register the workflow that runs canvases in ``client``'s registry, where workers find it, unless
+    it is there already; not among the App's own ``workflows``, which are the user's. Called on the
+    first use of the canvas API and by ``App.worker`` for a worker serving ``CANVAS_QUEUE``."""
+    with _registering:
+        if CANVAS not in client.registry.workflows:
+            client.registry.add_workflow(workflow(client))
+
+
+def workflow(client: Client) -> WorkflowSpec:
+    """The workflow that runs canvases, starting their members through ``client``; registered by
+    ``register``, and lent to ``check-replay``, which checks canvases' journals whether or not the App
+    it checks has used the canvas."""
 
     async def start(node: Node, extra: list[Any]) -> WorkflowHandle[Any]:
         """Start one member as a child: a workflow, or a nested canvas."""
@@ -247,6 +271,5 @@ def register(client: Client) -> None:
     async def canvas(plan: Node, extra: list[Any]) -> Any:
         return await run(plan, extra)
 
-    registry = client.registry
-    registry.add_workflow(WorkflowSpec.of(canvas, CANVAS, "default", 0, DEFAULT_MAX_ATTEMPTS, None, None,
-                                          registry.value_limit))
+    return WorkflowSpec.of(canvas, CANVAS, CANVAS_QUEUE, 0, DEFAULT_MAX_ATTEMPTS, None, None,
+                           client.registry.value_limit)

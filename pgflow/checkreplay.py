@@ -14,7 +14,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import psycopg
@@ -23,6 +23,8 @@ from ._core.replaycheck import Mismatch, ReplayReport
 from ._core.replaycheck import check_replay as _check
 from ._core.status import UNFINISHED as _UNFINISHED
 from .app import App
+from .canvas import CANVAS
+from .canvas import workflow as canvas_workflow
 from .errors import ConfigurationError, EmbeddedUnavailable
 
 __all__ = ["Mismatch", "ReplayReport", "check_replay", "check_replay_async"]
@@ -53,7 +55,13 @@ async def check_replay_async(app: App, statuses: Sequence[str] = UNFINISHED, lim
     wanted, limit, within = _checked(statuses, limit, within)
     internals = app._internals()
     config = await internals.config()
-    return await _check(internals.registry, internals.runtime(), config.dsn, config.schema, config.query_timeout,
+    registry = internals.registry
+    if CANVAS not in registry.workflows:
+        # pgflow's own workflow, which the new code runs too: canvases are checked whether or not the
+        # App has built one in this process (the usual caller of check-replay never has), and without
+        # registering it in the App, whose workers would then serve it.
+        registry = replace(registry, workflows={**registry.workflows, CANVAS: canvas_workflow(internals.client)})
+    return await _check(registry, internals.runtime(), config.dsn, config.schema, config.query_timeout,
                         wanted, limit, within)
 
 

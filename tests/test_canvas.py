@@ -226,3 +226,53 @@ async def test_canvas_arguments_are_checked_at_start_naming_the_workflow_and_arg
         assert [r.name for r in await app.list_workflows_async()] == ["c.parent"]
         fine = await pgflow.chord([add.s(2), add.s(3)], listed.s(reverse=True)).start_async(4)  # 4 to each
         assert await fine.result_async(timeout=30) == [7, 6]
+
+
+@pytest.mark.anyio
+async def test_the_canvas_workflow_is_registered_only_when_used(app: pgflow.App, second_app: pgflow.App) -> None:
+    """An App that builds no canvas has no ``pgflow.canvas``: not in its registry, not among the names
+    its workers serve. Building one registers it; so does a worker serving the canvas's queue, which runs
+    the canvases another process starts (``second_app`` here, whose pings reach ``app`` through the
+    server as another process's would), as a Celery worker runs the chains a caller sends."""
+    @app.workflow(name="c.plus", queue="bulk")
+    async def plus(x: int, y: int) -> int:
+        return x + y
+
+    @second_app.workflow(name="c.plus", queue="bulk")
+    async def plus_there(x: int, y: int) -> int:
+        return x + y
+
+    assert "pgflow.canvas" not in app.registry.workflows and "pgflow.canvas" not in second_app.registry.workflows
+    assert app.workflows.keys() == {"c.plus"}
+    async with app.worker(concurrency=2, queues=["bulk"]) as worker:
+        [listed] = [w for w in await app.workers_info_async() if w.id == worker.id]
+        assert listed.names == ["c.plus"] and listed.queues == ["bulk"]
+    assert "pgflow.canvas" not in app.registry.workflows
+
+    flow = pgflow.chain(plus_there.s(1, 2), plus_there.s(10))  # the first use, in the caller
+    assert "pgflow.canvas" in second_app.registry.workflows and "pgflow.canvas" not in app.registry.workflows
+    assert second_app.workflows.keys() == {"c.plus"}  # (not among the user's own)
+    handle = await flow.start_async()
+
+    async with app.worker(concurrency=4, queues=["default", "bulk"]) as worker:  # app has built no canvas
+        [listed] = [w for w in await app.workers_info_async() if w.id == worker.id]
+        assert listed.names == ["c.plus", "pgflow.canvas"]
+        assert await handle.result_async(timeout=30) == 13
+    assert "pgflow.canvas" in app.registry.workflows
+    assert app.workflows.keys() == {"c.plus"}
+
+
+@pytest.mark.anyio
+async def test_check_replay_checks_canvases_of_an_app_that_built_none(app: pgflow.App, second_app: pgflow.App) -> None:
+    """A canvas's journal is pgflow's code's as much as the App's: check-replay replays it whether or not
+    the App it checks has built a canvas, and leaves that App without ``pgflow.canvas``."""
+    from pgflow.checkreplay import check_replay_async
+
+    @second_app.workflow(name="c.one")
+    async def one() -> int:
+        return 1
+
+    handle = await pgflow.group(one.s(), one.s()).start_async()  # queued: no worker runs it
+    report = await check_replay_async(app, ["queued"])
+    assert report.passed == [handle.id] and report.skipped == [] and report.ok
+    assert "pgflow.canvas" not in app.registry.workflows

@@ -45,6 +45,12 @@ class AppInternals:
         self._point = point
 
     @property
+    def client(self) -> Client:
+        """What workflows and handles of the App reach the database through: for pgflow's code that
+        starts workflows as the App would (the canvas's workflow, which check-replay lends itself)."""
+        return self._client
+
+    @property
     def registry(self) -> Registry:
         """The workflows and steps this process can run (the App's ``registry``)."""
         return self._client.registry

@@ -32,6 +32,7 @@ from .._core.signals import News
 from .._core.signals import keys as signal_keys
 from .._core.worker import Worker
 from ..app import App
+from ..canvas import CANVAS_QUEUE
 from ..handle import WorkflowHandle
 from ..records import StepInfo, WorkflowRecord
 from .clock import VirtualClock
@@ -59,9 +60,11 @@ class PgflowEnv:
         self.dsn = dsn
         self.schema = schema or f"pgflow_test_{uuid.uuid4().hex[:12]}"
         self.concurrency = concurrency
-        served = {spec.queue for spec in app.registry.workflows.values()} | set(app.registry.queues)
-        self.queues = sorted(queues or served or {"default"})
-        self.names = sorted(app.registry.workflows)
+        # And the canvas's queue: a test may build its first canvas once the worker runs, and its
+        # pgflow.canvas must be served then (the worker registers it, see pgflow.canvas).
+        served = {spec.queue for spec in app.registry.workflows.values()} | set(app.registry.queues) | {CANVAS_QUEUE}
+        self.queues = sorted(queues or served)
+        self.names = sorted(app.registry.workflows)  # (the worker's, once it runs: with pgflow.canvas if it serves it)
         self.worker: Worker | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -154,6 +157,7 @@ class PgflowEnv:
         try:
             async with self.app.worker(concurrency=self.concurrency, queues=self.queues) as worker:
                 self.worker = worker
+                self.names = sorted(self.app.registry.workflows)
                 await self._schedules_armed(worker)
                 self._ready.set()
                 await self._stop.wait()
