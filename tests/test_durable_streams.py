@@ -13,7 +13,6 @@ import anyio
 import pytest
 
 import pgflow
-from pgflow._core.engine.free_streams import FreeStreams
 from pgflow._core.pruning import prune_expired_streams
 from pgflow.durable_streams import asgi_app, read_free_stream_async
 from pgflow.durable_streams import protocol as p
@@ -329,6 +328,6 @@ async def test_expired_streams_answer_404_and_are_pruned(app: pgflow.App) -> Non
     runtime = app._client.runtime()
     store = await runtime.store()
     assert await prune_expired_streams(store) == 1  # /short, which nobody asked for since
-    statements = FreeStreams(store.pool, store.schema)
+    statements = store.free_streams
     assert await statements.get("/short") is None
     assert await statements.get("/keep") is not None

@@ -16,8 +16,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgflow
-from pgflow._core.engine import Engine
 from pgflow._core.engine.channel import SignalKey
+from pgflow._core.engine.claims import Claims
 from pgflow._core.registry import Config
 from pgflow._core.signals import Chunk, End, Keyring, News
 from pgflow._core.signals import keys as signal_keys
@@ -174,14 +174,14 @@ async def test_a_replay_flood_costs_an_idle_worker_next_to_nothing(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     claims = 0
-    claim = Engine.claim
+    claim = Claims.claim
 
-    async def counted(self: Engine, *args: Any, **kwargs: Any) -> Any:
+    async def counted(self: Claims, *args: Any, **kwargs: Any) -> Any:
         nonlocal claims
         claims += 1
         return await claim(self, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "claim", counted)
+    monkeypatch.setattr(Claims, "claim", counted)
 
     async def noop(n: int) -> int:
         return n

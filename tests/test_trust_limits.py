@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import pgflow
-from pgflow._core.engine import Engine
+from pgflow._core.engine.chunks import Chunks
 from pgflow._core.streams import reader
 
 pytestmark = pytest.mark.anyio
@@ -42,14 +42,14 @@ async def test_a_shared_read_of_many_streams_holds_a_bounded_batch(
     monkeypatch.setattr(reader, "QUERY_BYTES", 1 << 20)
     big = b"x" * (2 << 20)
     queries: list[tuple[int, int]] = []  # (streams asked, bytes answered)
-    read_streams = Engine.read_streams
+    read_streams = Chunks.read_streams
 
-    async def recorded(self: Engine, *args: Any) -> Any:
+    async def recorded(self: Chunks, *args: Any) -> Any:
         answer = await read_streams(self, *args)
         queries.append((len(args[0]), sum(len(v or b"") for chunks in answer[0] for _, v in chunks)))
         return answer
 
-    monkeypatch.setattr(Engine, "read_streams", recorded)
+    monkeypatch.setattr(Chunks, "read_streams", recorded)
 
     async def write() -> None:
         for value in (b"a", big, b"b", big, b"c"):
