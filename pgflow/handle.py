@@ -130,7 +130,7 @@ class WorkflowHandle(Generic[R]):
             return data, check_idempotency_key(idempotency_key)
         sender = journaling()
         if sender is not None:
-            return data, f"{sender.workflow_id}.{sender.take_position()}"
+            return data, f"{sender.workflow_id}.{sender.journal.take()}"
         return data, str(uuid.uuid4())
 
     async def _send(self, topic: str, data: bytes, key: str) -> None:

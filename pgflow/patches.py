@@ -29,7 +29,7 @@ PATCH = "pgflow.patch:"  # + the change id: the journal entry of a patch that wa
 def _marker(change_id: str, what: str) -> tuple[Execution, str]:
     check_change_id(change_id)
     execution = running(what)
-    execution.check_interrupt()
+    execution.state.check()
     if inside_step.get() is not None:
         raise RuntimeError(f"pgflow.{what} is for the workflow body, not for the inside of a step: a step's code "
                            "is not replayed, so it can change freely")
@@ -41,14 +41,15 @@ def _decide(execution: Execution, name: str) -> bool:
     run got this far (the marker is then taken, to be written before the next journal write). False,
     taking no position, when an earlier run went past this point without it: an older body's
     journal, which the old path must replay."""
-    position = execution.next_position
-    record = execution.journal.get(position)
+    journal = execution.journal
+    position = journal.next_position
+    record = journal.records.get(position)
     if record is not None and record.name == name:
-        execution.take_position()
+        journal.take()
         return True
-    if record is not None or execution.horizon >= position:
+    if record is not None or journal.horizon >= position:
         return False
-    execution.marks[execution.take_position()] = name
+    journal.mark(name)
     return True
 
 
@@ -62,7 +63,7 @@ def patched(change_id: str) -> bool:
     after it was recorded either)."""
     execution, name = _marker(change_id, "patched")
     decided = _decide(execution, name)
-    if decided and execution.marks and not _on_a_loop():
+    if decided and execution.journal.marks and not _on_a_loop():
         from_thread("patched", _write)  # a ``def`` body's thread: written now
     return decided
 
@@ -79,7 +80,7 @@ async def patched_async(change_id: str) -> bool:
     """``patched``, with a fresh answer's marker written before it returns."""
     execution, name = _marker(change_id, "patched_async")
     decided = _decide(execution, name)
-    if execution.marks:
+    if execution.journal.marks:
         await execution.write_marks()
     return decided
 
@@ -93,6 +94,6 @@ def deprecate_patch(change_id: str) -> None:
     patch step over its marker, and fresh runs record nothing. Remove the call once no such journal
     is left."""
     execution, name = _marker(change_id, "deprecate_patch")
-    record = execution.journal.get(execution.next_position)
+    record = execution.journal.records.get(execution.journal.next_position)
     if record is not None and record.name == name:
-        execution.take_position()
+        execution.journal.take()

@@ -17,7 +17,7 @@ __all__ = ["MAX_CHUNK_BYTES", "MAX_KEY_BYTES", "close_stream", "close_stream_asy
 async def write_stream_async(key: str, value: object) -> None:
     """Append a chunk to the workflow's stream ``key``; returns once the chunk is committed."""
     check_key(key)
-    written = running("write_stream_async").put_chunk(key, encode_chunk(key, value))
+    written = running("write_stream_async").streams.put(key, encode_chunk(key, value))
     if written is not None:
         await written
 
@@ -25,7 +25,7 @@ async def write_stream_async(key: str, value: object) -> None:
 async def close_stream_async(key: str) -> None:
     """Close the stream: its readers stop after the chunks written so far."""
     check_key(key)
-    await running("close_stream_async").write_chunk(key, None)
+    await running("close_stream_async").streams.write(key, None)
 
 
 def write_stream(key: str, value: object) -> None:
@@ -45,8 +45,12 @@ def stream_offset(key: str) -> int:
     its earlier attempts, so a retried step can resume where it stopped instead of repeating itself.
     In the workflow body: how many chunks the stream holds."""
     check_key(key)
-    return running("stream_offset").stream_offset(key)
+    return running("stream_offset").streams.offset(key)
 
 
 def _write_from_thread(what: str, key: str, value: bytes | None) -> None:
-    from_thread(what, Execution.write_chunk, key, value)
+    from_thread(what, _write, key, value)
+
+
+async def _write(execution: Execution, key: str, value: bytes | None) -> None:
+    await execution.streams.write(key, value)

@@ -290,7 +290,7 @@ class Starter(Generic[P, R]):
             if parent is not None:
                 # One journal position for the whole call, as ``start`` takes one per child: a parent
                 # replayed after a crash or a resume finds the children it started.
-                position = parent.take_position()
+                position = parent.journal.take()
                 return [f"{parent.workflow_id}.{position}.{n}" for n in range(len(inputs))], inputs
             return [str(uuid.uuid4()) for _ in inputs], inputs
         return check_many_ids(ids, len(inputs)), inputs
@@ -334,7 +334,7 @@ def new_id(given: str | None) -> tuple[str, str | None]:
     if given is not None:
         return given, parent.workflow_id if parent is not None else None
     if parent is not None:
-        return f"{parent.workflow_id}.{parent.take_position()}", parent.workflow_id
+        return f"{parent.workflow_id}.{parent.journal.take()}", parent.workflow_id
     return str(uuid.uuid4()), None
 
 

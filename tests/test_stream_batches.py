@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from pgflow._core.connecting import on_this_machine
-from pgflow._core.streams.writer import COHORT_AT_LEAST, RunOver, Stream, StreamWriter, _Pending
+from pgflow._core.run_state import RunOver, RunState
+from pgflow._core.streams.writer import COHORT_AT_LEAST, Stream, StreamWriter, _Pending
 
 pytestmark = pytest.mark.anyio
 
@@ -20,15 +21,13 @@ pytestmark = pytest.mark.anyio
 class _Owner:
     def __init__(self, n: int) -> None:
         self.workflow_id = f"w{n}"
-        self.attempt = 1
         self.claim_token = n
-        self.interrupt = None
+        self.state = RunState(self.workflow_id, 1)
         self.named_streams: dict[str, Stream] = {}
         self.fence = None
         self.chunks_in_flight = 0
         self.settled = None
         self.fence_cut = None
-        self.poisoned = False
 
 
 def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:
@@ -81,7 +80,7 @@ async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_fligh
     assert writer.settle(_Owner(3)) is None  # nothing in flight: nothing to wait for
     settled = writer.settle(owner)
     assert settled is not None and not settled.done()
-    assert isinstance(owner.interrupt, RunOver)
+    assert isinstance(owner.state.reason, RunOver)
     _queued(writer, [Stream("late")], [owner])
     [late] = writer._queue
     assert writer._take_batch() == []  # a chunk put after the settle is not sent, and fails

@@ -208,7 +208,7 @@ async def test_a_run_ends_only_after_its_batch_in_flight(app: pgflow.App, dsn: s
             await handle.cancel_async()
 
             async def settling_or_ended() -> bool:
-                return await _status(dsn, schema, handle.id) != "running" or runs[0].settled is not None
+                return await _status(dsn, schema, handle.id) != "running" or runs[0].streams.settled is not None
 
             await wait_for(settling_or_ended)
             assert await _status(dsn, schema, handle.id) == "running"  # its end waits for the chunk in flight

@@ -36,7 +36,7 @@ async def keep_attempt_error(execution: Execution, name: str, position: int, ste
     """Note the error of attempt ``step_attempt`` of the step at ``position``, bounded (outcomes.attempt_error)
     and fenced by the execution's claim. Shielded and bounded in time, as the start's note is; a note
     that fails costs only the record (logged), and a lost lease or a cancellation it learns of is left
-    in ``execution.interrupt`` for the retry to act on."""
+    in the run's state (run_state.py) for the retry to act on."""
     error = attempt_error(exc)
 
     async def note() -> Fenced[None]:

@@ -26,7 +26,8 @@ log = logging.getLogger("pgflow.worker")
 
 class CancelWatch:
     """Watches the ``ended`` pings of the workflows given to ``watch``; ``run`` stops those whose
-    cancellation was asked for, through their worker's ``cancellers``."""
+    cancellation was asked for, through their worker's ``cancellers`` (each a run's
+    ``RunState.cancel``, the one way a run is cancelled)."""
 
     def __init__(self, store: Engine, waiters: Waiters, cancellers: dict[str, Callable[[], None]]) -> None:
         self._store = store

@@ -1,6 +1,6 @@
 """The execution that a piece of code runs on behalf of, found from wherever that code is.
 
-Apart from ``execution.py``, which is the journal of one run: this is how code that is handed no
+Apart from ``execution.py``, which is one run as its body sees it: this is how code that is handed no
 execution (``pgflow.step``'s wrapper, ``pgflow.sleep``, ``pgflow.attempt()``, a child's start, a
 sync workflow's thread) finds the one it runs in, and reaches the worker's loop from a thread."""
 

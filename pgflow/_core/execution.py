@@ -1,20 +1,23 @@
-"""The journal of one run of a workflow: step calls, replay, retries, stream writes, and the fenced
-writes that the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
+"""One run of a workflow as its body sees it: step calls, replay, retries, and the fenced writes that
+the durable primitives (``waits.py``) make; ``executor.py`` runs the body to its end.
 
 A workflow's steps (and sleeps, receives, events, child starts) are numbered in call order. A position
 the journal already holds returns its recorded output (or raises its recorded exception) without
 running; a new position runs the step, with retries, and records the final outcome once, fenced by the
 execution's attempt. Sync workflows run in a thread and call back into the worker's loop for every
 journal operation, so there is one implementation of a step call, not two. (How code finds the
-execution it runs in: ``current.py``.)"""
+execution it runs in: ``current.py``.)
+
+A run's state is kept apart, each part by one owner: what earlier runs recorded and the positions
+taken (``RunJournal``, run_journal.py), its streams (``RunStreams``, run_streams.py, the stream
+writer's owner of its chunks), and why it must stop (``RunState``, run_state.py, which orders the
+reasons and is the one way a run is cancelled). This module calls their methods."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,27 +28,19 @@ import anyio.lowlevel
 import psycopg
 from anyio.from_thread import run as run_in_loop
 
-from ..errors import (
-    CancelRequested,
-    ExecutionInterrupted,
-    LeaseLost,
-    NonDeterministicWorkflow,
-    SerializationError,
-    StepTimeout,
-    StoreUnavailable,
-    Suspended,
-)
+from ..errors import ExecutionInterrupted, NonDeterministicWorkflow, SerializationError, StoreUnavailable, Suspended
 from . import codec, telemetry
 from .attempt_errors import keep_attempt_error
-from .cancels import CancelWatch
 from .engine import Engine, Fenced, StepRecord, StepStart, WorkflowRow, retrying, unreachable
 from .outcomes import describe, replay
 from .registry import StepSpec
+from .run_journal import RunJournal
+from .run_state import RunState
+from .run_streams import RunStreams
 from .runtime import Runtime
 from .starts import StepStarts
 from .status import ENDED
 from .step_body import StepRun, inside_step, run_step_body
-from .streams.writer import Stream, StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
@@ -62,45 +57,18 @@ class Execution:
     workflow_id: str
     attempt: int  # the claim's number (a claim lost in a server crash leaves it to be handed out again)
     claim_token: int  # never handed out twice: it fences every write of this run
-    journal: dict[int, StepRecord]
+    journal: RunJournal
     token: anyio.lowlevel.EventLoopToken
-    writer: StreamWriter | None = None
+    state: RunState  # why it must stop, if it must (the only place that says so)
+    streams: RunStreams
     starts: StepStarts | None = None  # the worker's batcher of step-start notes
-    # Per stream key: the next free position in the table, and how far this run's deterministic
-    # replay of the workflow body has got (see write_chunk).
-    stream_ends: dict[str, int] = field(default_factory=dict)
-    stream_cursor: dict[str, int] = field(default_factory=dict)
-    closed_streams: set[str] = field(default_factory=set)
-    named_streams: dict[str, Stream] = field(default_factory=dict)  # what the writer knows of each stream
-    next_position: int = 0
-    interrupt: ExecutionInterrupted | None = field(default=None)
     # Step calls made in an async workflow and not yet started; one still unstarted when the body
     # returns was called without ``await``.
     unstarted: list[tuple[str, Coroutine[Any, Any, Any]]] = field(default_factory=list)
     run: int = 1  # the attempt counted against the workflow's budget (``pgflow.attempt()``)
-    # When the journal was read: its seconds until a wake-up are counted from then.
-    loaded_at: float = field(default_factory=time.monotonic)
     value_limit: int | None = None  # bytes of a value the body publishes (an event)
-    # The highest journal position an earlier run reached, by a record or by a child it started
-    # (-1: none): ``patched`` answers False below it, where an older body went on without asking.
-    horizon: int = -1
-    # Patch markers taken by ``patched`` and not yet written, by position: each is written before
-    # anything the body journals after it (see ``write_marks``).
-    marks: dict[int, str] = field(default_factory=dict)
-    marks_lock: anyio.Lock | None = None
-    failure: BaseException | None = None  # what the body raised, for the workflow's retry policy
-    # The worker fence (worker id, epoch) the claim was made under, while it holds: it fences this
-    # run's chunk batches (migration 0026); None: the workflow's row does.
-    fence: tuple[str, int] | None = None
-    cancels: CancelWatch | None = None  # told of the workflow once its chunks are fenced by its worker
-    chunks_in_flight: int = 0  # the writer's count of this run's chunks in batches being written
-    fence_cut: str | None = None  # a batch of its chunks under this worker's fence was cut off
-    poisoned: bool = False  # a chunk of its was not written (the writer's mark: none after it may be)
-    settled: asyncio.Future[None] | None = None  # the writer's, once the run's end waits for them
+    marks_lock: anyio.Lock | None = None  # (``write_marks``)
     alone: bool = False  # a suspect of a crash, run alone by its worker (see worker.py)
-    # Per journal position not recorded, the step attempts that earlier runs began there: this run's
-    # tries go on from them (``pgflow.step_attempt()`` counts every try of the step).
-    tries_before: dict[int, int] = field(default_factory=dict)
 
     @property
     def suspend_after(self) -> float:
@@ -109,16 +77,7 @@ class Execution:
         return config.suspend_after if config is not None else 5.0
 
     def seconds_left(self, remaining_when_loaded: float) -> float:
-        return remaining_when_loaded - (self.runtime.hub.clock.monotonic() - self.loaded_at)
-
-    def take_position(self) -> int:
-        position = self.next_position
-        self.next_position += 1
-        return position
-
-    def check_interrupt(self) -> None:
-        if self.interrupt is not None:
-            raise self.interrupt
+        return remaining_when_loaded - (self.runtime.hub.clock.monotonic() - self.journal.loaded_at)
 
     def step_call(self, step: StepSpec, args: Any, kwargs: Any) -> Coroutine[Any, Any, Any]:
         """The awaitable of a step call in an async workflow. It takes its journal position when it
@@ -145,17 +104,17 @@ class Execution:
 
     async def call_step(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         """The journaled call of a step: replayed when recorded, otherwise run, retried and recorded."""
-        self.check_interrupt()
-        position = self.take_position()
+        self.state.check()
+        position = self.journal.take()
         record = self.recorded(position, step.name)
         if record is not None:
-            for key, end in (record.stream_ends or {}).items():
-                self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
+            if record.stream_ends:
+                self.streams.caught_up(record.stream_ends)
             return replay(record, step)
         # Tries are counted over every run: those that earlier runs began here (cut short by a crash or
         # a stop) come first. The step's retries are spent by the tries of this run only, so a try that
         # another workflow's crash cut short costs this one no retry.
-        before = self.tries_before.get(position, 0)
+        before = self.journal.tries_before.get(position, 0)
         step_attempt = before + 1
         while True:
             try:
@@ -168,7 +127,7 @@ class Execution:
                     await keep_attempt_error(self, step.name, position, step_attempt, exc)
                     step_attempt += 1
                     await self.runtime.hub.clock.sleep(delay, owner=self.workflow_id)
-                    self.check_interrupt()
+                    self.state.check()
                     continue
                 await self._record(position, step.name, None, describe(exc), step_attempt)
                 raise
@@ -190,15 +149,15 @@ class Execution:
         The notes of a worker's concurrent steps go out together (``StepStarts``). ``before``: the tries
         that earlier runs began here; the note holds this run's."""
         await self._note_start(step.name, position, step_attempt - before)
-        self.check_interrupt()  # (a lost lease or a cancellation the note learnt of: the step does not run)
+        self.state.check()  # (a lost lease or a cancellation the note learnt of: the step does not run)
         with telemetry.step(step.name, self.workflow_id, position, step_attempt):
             return await run_step_body(step, StepRun(step_attempt), self.workflow_id, args, kwargs)
 
     async def _note_start(self, name: str, position: int, tries: int) -> None:
         """Note an attempt of a step (``tries``: this run's count of them there). Shielded, and bounded:
         a worker stopping as the step starts must not cancel the note that counts it, nor wait long for
-        it. A lost lease or a cancellation it learns of is left in ``interrupt``, for the attempt to act
-        on."""
+        it. A lost lease or a cancellation it learns of is left in the run's state, for the attempt to
+        act on."""
 
         start = StepStart(self.workflow_id, self.attempt, self.claim_token, position, tries)
 
@@ -214,7 +173,7 @@ class Execution:
     async def _record(
         self, position: int, name: str, output: bytes | None, error: dict[str, Any] | None, attempts: int,
     ) -> None:
-        ends = dict(self.stream_ends)
+        ends = dict(self.streams.ends)
 
         async def record() -> Fenced[None]:
             fence = await self.store.journal.record_step(
@@ -224,12 +183,12 @@ class Execution:
         try:
             await self.fenced(record, f"record step {name!r}")
         finally:
-            for key, end in ends.items():
-                self.stream_cursor[key] = max(self.stream_cursor.get(key, 0), end)
+            if ends:
+                self.streams.caught_up(ends)
 
     async def fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T:
         """``_fenced``, once the patch markers taken before it are written."""
-        if self.marks:
+        if self.journal.marks:
             await self.write_marks()
         return await self._fenced(operation, what)
 
@@ -242,19 +201,19 @@ class Execution:
         if self.marks_lock is None:
             self.marks_lock = anyio.Lock()
         async with self.marks_lock:
-            for position, name in sorted(self.marks.items()):
+            for position, name in sorted(self.journal.marks.items()):
                 async def record(position: int = position, name: str = name) -> Fenced[None]:
                     fence = await self.store.journal.record_step(self.workflow_id, self.attempt, self.claim_token,
                                                          position, name, None, None, 1)
                     return fence.with_value(None)
 
                 await self._fenced(record, f"journal {name!r}")
-                del self.marks[position]
+                self.journal.marked(position)
 
     async def before_child_start(self, ids: list[str], name: str) -> bool:
         """Called as the body starts child workflows (``ids``, of the workflow ``name``); True when
         they are to be written (a replay check writes nothing)."""
-        if self.marks:
+        if self.journal.marks:
             await self.write_marks()
         return True
 
@@ -279,34 +238,34 @@ class Execution:
         the server is away; its value, once its fence is looked at. A lost lease or a
         cancellation interrupts the execution, and so does a server that stays away: not the
         workflow's failure, the run stops and the workflow is resumed once the database is back (the
-        writes are fenced and idempotent, so a retry cannot double one)."""
+        writes are fenced and idempotent, so a retry cannot double one). What stops it is the reason
+        in force afterwards (run_state.py orders them)."""
         try:
             answer = await retrying(operation, what)
         except psycopg.Error as exc:
             if not unreachable(exc):
                 raise
-            self.interrupt = StoreUnavailable(f"cannot {what}: {exc}")
-            raise self.interrupt from exc
+            raise self.state.interrupt(StoreUnavailable(f"cannot {what}: {exc}")) from exc
         if not answer.owner:
-            self.interrupt = LeaseLost(f"workflow {self.workflow_id!r} attempt {self.run} lost its lease")
+            self.state.lose_lease()
         elif answer.cancel:
-            self.interrupt = CancelRequested(f"workflow {self.workflow_id!r} was cancelled")
-        self.check_interrupt()
+            self.state.cancel()
+        self.state.check()
         return answer.value
 
     def entry(self, name: str, what: str) -> tuple[int, StepRecord | None]:
         """The next journal position for a durable operation of the workflow body (a sleep, a
         message received, an event set), and what the journal recorded there."""
-        self.check_interrupt()
+        self.state.check()
         if inside_step.get() is not None:
             raise RuntimeError(f"pgflow.{what} is for the workflow body, not for the inside of a step: a step "
                                "may run more than once, and its waits would not be journaled")
-        position = self.take_position()
+        position = self.journal.take()
         return position, self.recorded(position, name)
 
     def recorded(self, position: int, name: str) -> StepRecord | None:
         """The journal's record at ``position``, checked to be of ``name``."""
-        record = self.journal.get(position)
+        record = self.journal.records.get(position)
         if record is not None and record.name != name:
             raise NonDeterministicWorkflow(
                 f"workflow {self.workflow_id!r} called {name!r} at position {position}, "
@@ -315,52 +274,6 @@ class Execution:
                 "(time, randomness, I/O) into a step."
             )
         return record
-
-    def put_chunk(self, key: str, value: bytes | None) -> asyncio.Future[None] | None:
-        """Hand a chunk (``None`` closes the stream) to the worker's writer at the stream's next
-        position: the future is done once it is committed, and fails with the reason it was not
-        (the execution was interrupted meanwhile). None when there is nothing to write.
-
-        From a step, a chunk is appended after whatever the stream holds: a retried step's chunks
-        follow those of its earlier attempts (``stream_offset`` tells it how many there were). From the
-        workflow body, the n-th write to a key lands at the same position on every run, so a workflow
-        replayed after a crash skips the writes that were already committed instead of repeating them.
-        (Not a coroutine: a writer awaits the future itself, one frame less to resume per chunk.)"""
-        run = inside_step.get()
-        if run is not None and run.abandoned:
-            raise StepTimeout(f"stream {key!r}: the step attempt writing it ran past its timeout and was abandoned")
-        if self.interrupt is not None:
-            raise self.interrupt
-        closed = self.closed_streams
-        if closed and key in closed:
-            raise ValueError(f"stream {key!r} of workflow {self.workflow_id!r} is closed")
-        if value is None:
-            closed.add(key)
-        end = self.stream_ends.get(key, 0)
-        if run is None:
-            cursor = self.stream_cursor.get(key, 0)
-            self.stream_cursor[key] = cursor + 1
-            if cursor < end:
-                return None
-        self.stream_ends[key] = end + 1
-        writer = self.writer
-        if writer is None:
-            raise RuntimeError("streams are written by workflows run by a worker")
-        if self.fence is not None and self.cancels is not None:
-            self.cancels.watch(self.workflow_id)  # its chunks do not read its row (see cancels.py)
-        return writer.put(self, key, end, value)
-
-    async def write_chunk(self, key: str, value: bytes | None) -> None:
-        """``put_chunk``, awaited."""
-        written = self.put_chunk(key, value)
-        if written is not None:
-            await written
-
-    def stream_offset(self, key: str) -> int:
-        """Inside a step: chunks this step call has committed to ``key`` so far, earlier attempts
-        included. In the workflow body: how many chunks the stream holds."""
-        end = self.stream_ends.get(key, 0)
-        return end - self.stream_cursor.get(key, 0) if inside_step.get() else end
 
     def call_step_from_thread(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
         """The same journaled call, made from a sync workflow's thread."""

@@ -26,12 +26,15 @@ from .finisher import Finisher
 from .outcomes import CANCELLED, Outcome, log_end, refused, runs
 from .registry import WorkflowSpec
 from .reruns import retried
+from .run_journal import RunJournal
+from .run_state import ChunkRefused, RunState, TimedOut
+from .run_streams import RunStreams
 from .runtime import Runtime
 from .signals import End, News
 from .signals import keys as signal_keys
 from .starts import StepStarts
 from .status import Status
-from .streams.writer import ChunkRefused, StreamWriter
+from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
 
@@ -47,6 +50,8 @@ class Slot:
     writer: StreamWriter
     finisher: Finisher
     token: anyio.lowlevel.EventLoopToken
+    # The cancel of each running run by workflow id (``RunState.cancel``): how the worker's heartbeat
+    # and its cancel watch reach a run they hear was cancelled.
     cancellers: dict[str, Callable[[], None]] | None = None
     starts: StepStarts | None = None
     cancels: CancelWatch | None = None  # hears of cancellations for runs fenced by their worker
@@ -59,14 +64,14 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
     Anything that stops the run from outside (the worker shutting down, cancelling ``scope``, or a
     lost connection) gives the workflow back to the queue at once, so another worker resumes it from
     its journal without waiting for the lease to expire. ``freed`` are pings for workers waiting on a
-    limited queue's free slot. While it runs, ``slot.cancellers[id]`` cancels it where it stands (its
-    worker learnt that somebody cancelled it), and it is recorded as cancelled. (``scope`` holds the
-    body only: a stop that comes while a resumed run reads its journal lets the read finish, and the
-    body then stops at its first await.)
+    limited queue's free slot. A cancel cancels it where it stands (``RunState.cancel``, which
+    cancels ``scope`` too), and it is recorded as cancelled. (``scope`` holds the body only: a stop
+    that comes while a resumed run reads its journal lets the read finish, and the body then stops at
+    its first await.)
     """
     execution: Execution | None = None
     try:
-        execution = await _open(slot, workflow, claimed)
+        execution = await _open(slot, workflow, claimed, scope)
         with telemetry.running(workflow.name, claimed.queue, claimed.id, claimed.run, claimed.traceparent,
                                claimed.waited) as span:
             began = time.monotonic()
@@ -79,7 +84,7 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
             if outcome is not None:
                 await _settle(slot, execution)
             if outcome is not None and await retried(slot.runtime, slot.store, workflow, claimed, outcome,
-                                                     execution.failure, freed):
+                                                     execution.state.failure, freed):
                 telemetry.ended(span, "retried", outcome.error)
                 outcome = None
             if outcome is not None:
@@ -87,32 +92,33 @@ async def run_claimed(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scop
                 await _finish(slot.finisher, execution, claimed, workflow, outcome, began, freed)
     except Suspended as pause:
         assert execution is not None
-        execution.interrupt = pause  # a sync body's thread, should it go on, writes nothing more
+        execution.state.interrupt(pause)  # a sync body's thread, should it go on, writes nothing more
         await _settle(slot, execution)
         await _suspend(slot.runtime, slot.store, workflow, claimed, pause, freed)
     except _Stopped:
         assert execution is not None
         await _settle(slot, execution)
-        await _give_back(slot, claimed, execution.fence_cut)
+        await _give_back(slot, claimed, execution.streams.fence_cut)
     except BaseException:
         if execution is not None:
             await _settle(slot, execution)
-        await _give_back(slot, claimed, execution.fence_cut if execution is not None else None)
+        await _give_back(slot, claimed, execution.streams.fence_cut if execution is not None else None)
         raise
 
 
 async def _settle(slot: Slot, execution: Execution) -> None:
     """Before the workflow changes hands: the run writes no chunk more, and those it has in flight
     are committed (or refused) first, shielded (see ``StreamWriter.settle``)."""
-    settled = slot.writer.settle(execution)
+    settled = slot.writer.settle(execution.streams)
     if settled is not None:
         with anyio.CancelScope(shield=True):
             await settled
 
 
-async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Execution:
+async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scope: anyio.CancelScope) -> Execution:
     """The execution of a claimed run, with what earlier runs recorded: its journal and where each of
-    its streams ends. A first attempt has nothing recorded yet, so only a run before it is read."""
+    its streams ends. A first attempt has nothing recorded yet, so only a run before it is read.
+    ``scope`` is what its body runs in, which its cancel cancels."""
     first = claimed.attempt == 1
     journal, horizon = ({}, -1) if first else await slot.store.journal.journal(claimed.id)
     # Tries of steps that earlier runs began and did not record: only a run after a crash, a stop or a
@@ -122,12 +128,14 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed) -> Executi
     # After the read, not before it: the journal's time left until a wake-up was computed on the server
     # meanwhile, and a clock started before the read would end a replayed sleep early.
     loaded_at = slot.runtime.hub.clock.monotonic()
+    ends = None if first else await slot.store.chunks.stream_ends(claimed.id)
+    state = RunState(claimed.id, claimed.run, scope)
     return Execution(
         runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
-        claim_token=claimed.claim_token, journal=journal, horizon=horizon, token=slot.token, writer=slot.writer,
-        starts=slot.starts, stream_ends={} if first else await slot.store.chunks.stream_ends(claimed.id),
-        run=claimed.run, loaded_at=loaded_at, value_limit=workflow.codec.limit, fence=claimed.fence,
-        cancels=slot.cancels, alone=claimed.suspect, tries_before=tries,
+        claim_token=claimed.claim_token, journal=RunJournal(journal, horizon, tries, loaded_at), token=slot.token,
+        state=state, streams=RunStreams(state, slot.writer, claimed.id, claimed.claim_token, ends, claimed.fence,
+                                        slot.cancels),
+        starts=slot.starts, run=claimed.run, value_limit=workflow.codec.limit, alone=claimed.suspect,
     )
 
 
@@ -137,14 +145,12 @@ class _Stopped(Exception):
 
 async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
                            execution: Execution, scope: anyio.CancelScope) -> Outcome | None:
-    """The body's outcome, run in ``scope`` with a canceller registered for as long as it runs: a
+    """The body's outcome, run in ``scope`` with its cancel registered for as long as it runs: a
     cancellation that its worker hears of stops it where it stands, and the outcome is then
     "cancelled". The worker stopping cancels ``scope`` too (``_Stopped``: the run is given back)."""
     outcome: Outcome | None
     with scope:
-        def canceller() -> None:
-            _cancel(execution, scope)
-
+        canceller = execution.state.cancel
         cancellers = slot.cancellers
         if cancellers is not None:
             cancellers[claimed.id] = canceller
@@ -157,7 +163,7 @@ async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
             if cancellers is not None and cancellers.get(claimed.id) is canceller:
                 del cancellers[claimed.id]  # not another execution's of the same id
     if scope.cancelled_caught:
-        if isinstance(execution.interrupt, CancelRequested):
+        if execution.state.cancelled:
             return CANCELLED
         raise _Stopped
     return outcome
@@ -214,13 +220,6 @@ async def _suspend(runtime: Runtime, store: Engine, workflow: WorkflowSpec, clai
     runtime.signals.announce(News(sorted(told)))
 
 
-def _cancel(execution: Execution, scope: anyio.CancelScope) -> None:
-    """Stop a running workflow now, not at its next step: anything it tries to write after this is
-    refused, and its end is recorded as cancelled."""
-    execution.interrupt = CancelRequested(f"workflow {execution.workflow_id!r} was cancelled")
-    scope.cancel()
-
-
 async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                        limiter: anyio.CapacityLimiter, seconds_left: float) -> Outcome | None:
     """Run the workflow, cut short when its timeout passes (a sync one's thread is abandoned and
@@ -229,7 +228,7 @@ async def _run_in_time(workflow: WorkflowSpec, claimed: Claimed, execution: Exec
         return await _run(workflow, claimed, execution, limiter)
     assert scope.cancelled_caught
     message = f"workflow {claimed.id!r} did not finish within its timeout of {workflow.timeout}s"
-    execution.interrupt = CancelRequested(message)
+    execution.state.interrupt(TimedOut(message))
     return Outcome.failed(WorkflowTimeout(message))
 
 
@@ -244,7 +243,7 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
             try:
                 result = await workflow.fn(*args, **kwargs)
             except BaseException as exc:
-                execution.failure = exc
+                execution.state.failed(exc)
                 execution.check_awaited(report=False)
                 raise
             execution.check_awaited()
@@ -256,7 +255,7 @@ async def _run(workflow: WorkflowSpec, claimed: Claimed, execution: Execution,
                     abandon_on_cancel=True,
                 )
             except BaseException as exc:
-                execution.failure = exc
+                execution.state.failed(exc)
                 raise
         return Outcome(Status.SUCCEEDED, workflow.codec.encode_result(result))
     except CancelRequested:

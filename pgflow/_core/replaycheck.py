@@ -28,6 +28,9 @@ from .engine.replay import ReplayReads
 from .execution import Execution
 from .outcomes import replay
 from .registry import Registry, StepSpec, WorkflowSpec
+from .run_journal import RunJournal
+from .run_state import RunState
+from .run_streams import RunStreams
 from .runtime import Runtime
 from .status import ENDED
 
@@ -87,7 +90,7 @@ class ReplayCheck(Execution):
         return 0.0  # a recorded sleep is over for the check: what follows it is recorded or the end
 
     def recorded(self, position: int, name: str) -> StepRecord | None:
-        record = self.journal.get(position)
+        record = self.journal.records.get(position)
         if record is not None and record.name != name and self.found is None:
             self.found = (position, name, record.name)
         return super().recorded(position, name)
@@ -99,8 +102,8 @@ class ReplayCheck(Execution):
         return position, record
 
     async def call_step(self, step: StepSpec, args: Any, kwargs: Any) -> Any:
-        self.check_interrupt()
-        position = self.take_position()
+        self.state.check()
+        position = self.journal.take()
         record = self.recorded(position, step.name)
         if record is None:
             raise JournalEnd(f"position {position}")
@@ -111,7 +114,7 @@ class ReplayCheck(Execution):
             raise
 
     async def write_marks(self) -> None:
-        self.marks.clear()  # a patch taken fresh is past the journal's end: nothing follows to check
+        self.journal.marks.clear()  # a patch taken fresh is past the journal's end: nothing follows to check
 
     async def before_child_start(self, ids: list[str], name: str) -> bool:
         """A child the stored run started must be there under the id this start gives it, and be of
@@ -174,8 +177,10 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
 
 async def _check_one(spec: WorkflowSpec, runtime: Runtime, reads: ReplayReads, id: str, inputs: bytes,
                      journal: dict[int, StepRecord], horizon: int, within: float) -> Mismatch | None:
+    state = RunState(id, 0)  # (no scope: nothing cancels a check)
     check = ReplayCheck(runtime=runtime, store=cast(Engine, _NoStore()), workflow_id=id, attempt=0, claim_token=0,
-                        journal=journal, token=anyio.lowlevel.current_token(), horizon=horizon, reads=reads)
+                        journal=RunJournal(journal, horizon), token=anyio.lowlevel.current_token(), state=state,
+                        streams=RunStreams(state, None, id, 0), reads=reads)
     reset = current_execution.set(check)
     try:
         with anyio.fail_after(within):
@@ -203,7 +208,7 @@ async def _check_one(spec: WorkflowSpec, runtime: Runtime, reads: ReplayReads, i
         if check.found is not None:
             position, called, recorded = check.found
             return Mismatch(id, spec.name, position, called, recorded, str(exc))
-        return Mismatch(id, spec.name, check.next_position, None, None,
+        return Mismatch(id, spec.name, check.journal.next_position, None, None,
                         f"the body raises {type(exc).__name__} while replaying its journal: {exc}")
     finally:
         current_execution.reset(reset)

@@ -15,11 +15,11 @@ import anyio
 from .engine import Claimed, Engine, retrying
 from .outcomes import Outcome, runs
 from .registry import WorkflowSpec
+from .run_state import ChunkRefused
 from .runtime import Runtime
 from .signals import News
 from .signals import keys as signal_keys
 from .status import Status
-from .streams.writer import ChunkRefused
 
 log = logging.getLogger("pgflow.execution")
 

@@ -38,7 +38,7 @@ async def run_step_body(step: StepSpec, run: StepRun, workflow_id: str, args: An
             context = contextvars.copy_context()
             # A thread cannot be interrupted: on cancellation it is abandoned, and fencing refuses
             # anything it tries to write after its workflow was given back (and a timed-out
-            # attempt's stream writes are refused by ``Execution.put_chunk``).
+            # attempt's stream writes are refused by ``RunStreams.put``).
             return await anyio.to_thread.run_sync(lambda: context.run(step.fn, *args, **kwargs),
                                                   abandon_on_cancel=True)
         run.abandoned = True

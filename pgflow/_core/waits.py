@@ -50,7 +50,7 @@ async def hold(execution: Execution, left: float, until: datetime, reason: str) 
     await clock.sleep(max(0.0, left), owner=execution.workflow_id)
     # A wake-up journaled by the server may be a little later than this loop's clock says.
     await clock.sleep(max(0.0, deadline - clock.monotonic()), owner=execution.workflow_id)
-    execution.check_interrupt()
+    execution.state.check()
 
 
 async def set_event(execution: Execution, key: str, value: bytes) -> None:

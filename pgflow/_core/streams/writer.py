@@ -24,6 +24,11 @@ of its streams (fencing refuses the others), so it assigns positions in memory, 
 read once when it starts. A batch that fails is retried whole; if it cannot be written, every execution
 that had a chunk in it is interrupted and given back to the queue, so no later chunk of theirs lands
 behind a gap, and the execution that resumes them reads the ends afresh.
+
+A chunk goes out only while its run has no reason to stop (its ``RunState``): looked at as a batch is
+taken, and again before each half of a batch the server refused, so nothing of a run lands after a
+chunk of its that did not. What the writer learns (a lease lost, a cancel, a batch that failed or was
+refused) it tells the run's state, which keeps the reason that decides (run_state.py).
 """
 
 from __future__ import annotations
@@ -32,11 +37,11 @@ import asyncio
 import logging
 from typing import Protocol
 
-from ...errors import CancelRequested, ExecutionInterrupted, LeaseLost
 from .. import telemetry
 from ..batches import GroupCommit, apart
 from ..engine import Engine, Pings, retrying, unreachable
 from ..engine.chunks import Written
+from ..run_state import ChunkRefused, RunOver, RunState, StreamWriteFailed
 from ..signals import Chunk, News, Signals
 from ..signals import keys as signal_keys
 from ..signals.payload import CARRY_CHUNK_AT_MOST
@@ -46,30 +51,17 @@ COHORT_AT_LEAST = 32  # chunks: with cohorts, a queue of twice this and nothing 
 
 log = logging.getLogger("pgflow.streams")
 
-class StreamWriteFailed(ExecutionInterrupted):
-    """A batch of chunks could not be written; the execution stops and another run resumes it."""
-
-
-class ChunkRefused(ExecutionInterrupted):
-    """The server refused a chunk for what it holds; its workflow fails with this reason."""
-
-
-class RunOver(ExecutionInterrupted):
-    """The run has ended or given its workflow back: nothing it writes from now on may land."""
-
-
 class Owner(Protocol):
-    """The execution a chunk is written for: its fencing token, and where to say it must stop."""
+    """The run a chunk is written for (``run_streams.RunStreams``): its fencing token, and its state,
+    which is told when it must stop."""
 
     workflow_id: str
-    attempt: int
     claim_token: int
-    interrupt: ExecutionInterrupted | None
+    state: RunState
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
     fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
     chunks_in_flight: int  # of its chunks, those in a batch being written
     fence_cut: str | None  # the worker whose fence a batch of its chunks held when it was cut off
-    poisoned: bool  # a chunk of its was not written: none after it may be (``interrupt`` may change later)
     settled: asyncio.Future[None] | None  # done once none is (see ``StreamWriter.settle``)
 
 
@@ -146,8 +138,9 @@ class StreamWriter(GroupCommit[_Pending]):
             limit = min(limit, (len(self._queue) + 1) // 2)
         busy = self._busy
         for p in self._queue:
-            if p.owner.interrupt is not None:
-                p.resolve(p.owner.interrupt)  # a failed batch poisoned it: nothing more goes out
+            reason = p.owner.state.reason
+            if reason is not None:
+                p.resolve(reason)  # a run that must stop (a failed batch's included): nothing more goes out
             elif len(batch) >= limit or p.stream in busy:
                 waiting.append(p)
             else:
@@ -172,8 +165,9 @@ class StreamWriter(GroupCommit[_Pending]):
         the batches holding some of them are. A batch fenced by its worker does not look at the
         workflow's row, so one that committed after the row moved on could land in a stream its next
         owner writes, or after the end its readers saw."""
-        if owner.interrupt is None:
-            owner.interrupt = RunOver(f"the run of workflow {owner.workflow_id!r} is over")
+        state = owner.state
+        if state.reason is None:  # (the usual case: no reason is made when a stronger one stands)
+            state.interrupt(RunOver(f"the run of workflow {owner.workflow_id!r} is over"))
         if not owner.chunks_in_flight:
             return None
         if owner.settled is None:
@@ -187,7 +181,7 @@ class StreamWriter(GroupCommit[_Pending]):
         await apart(batch, self._write, self._refused)
 
     async def _write(self, batch: list[_Pending]) -> None:
-        batch = [p for p in batch if not self._poisoned(p)]
+        batch = [p for p in batch if not self._must_stop(p)]
         if not batch:
             return
         # What the statement sends: the executions of the batch, each named once (a chunk names its
@@ -246,18 +240,17 @@ class StreamWriter(GroupCommit[_Pending]):
         """Answer each writer of a batch that was sent: written, or stopped by what the batch found."""
         if not fenced and not cancelled:  # the usual case: every chunk of the batch is in
             for p in batch:
-                p.resolve(p.owner.interrupt)  # (an execution stopped meanwhile: its writer stops here)
+                p.resolve(p.owner.state.reason)  # (an execution stopped meanwhile: its writer stops here)
             self._signals.told(news, rode)
             return
         for p in batch:
-            owner = p.owner
-            if (owner.workflow_id, owner.claim_token) in fenced:
-                owner.interrupt = LeaseLost(f"workflow {owner.workflow_id!r} attempt {owner.attempt} lost its lease")
-                p.resolve(owner.interrupt)
+            state = p.owner.state
+            if (p.owner.workflow_id, p.owner.claim_token) in fenced:
+                p.resolve(state.lose_lease())
                 continue
-            if owner.workflow_id in cancelled and owner.interrupt is None:
-                owner.interrupt = CancelRequested(f"workflow {owner.workflow_id!r} was cancelled")
-            p.resolve(owner.interrupt)  # committed, but its writer stops here
+            if p.owner.workflow_id in cancelled and not state.cancelled:
+                state.cancel()
+            p.resolve(state.reason)  # committed, but its writer stops here
         if fenced:  # nothing rode: the streams are named, plainly, to every process
             self._signals.announce(news.plain())
         else:
@@ -296,23 +289,21 @@ class StreamWriter(GroupCommit[_Pending]):
         if unreachable(exc):
             log.error("a batch of %d chunks could not be written: %s", len(batch), exc)
             for p in batch:
-                p.owner.interrupt = StreamWriteFailed(
-                    f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")
-                p.owner.poisoned = True
-                p.resolve(p.owner.interrupt)
+                p.resolve(p.owner.state.interrupt(StreamWriteFailed(
+                    f"chunks of workflow {p.owner.workflow_id!r} could not be written: {exc}")))
             return
         [p] = batch
         log.error("a chunk of stream %r of workflow %r was refused: %s", p.key, p.owner.workflow_id, exc)
-        p.owner.interrupt = ChunkRefused(
-            f"a chunk of stream {p.key!r} could not be stored ({type(exc).__name__}: {exc})")
-        p.owner.poisoned = True
-        p.resolve(p.owner.interrupt)
+        p.resolve(p.owner.state.interrupt(ChunkRefused(
+            f"a chunk of stream {p.key!r} could not be stored ({type(exc).__name__}: {exc})")))
 
     @staticmethod
-    def _poisoned(p: _Pending) -> bool:
-        """(A flag of its own: a cancel or a timeout that comes afterwards replaces ``interrupt``, and
-        the later half of a split batch must still skip the chunks after the one refused.)"""
-        if p.owner.poisoned:
-            p.resolve(p.owner.interrupt)
+    def _must_stop(p: _Pending) -> bool:
+        """Whether ``p``'s run has a reason to stop (its chunk is then answered with it, not sent).
+        The reason of a chunk not written is never replaced by a weaker one (run_state.py), so the
+        later half of a split batch skips every chunk after the one refused."""
+        reason = p.owner.state.reason
+        if reason is not None:
+            p.resolve(reason)
             return True
         return False
