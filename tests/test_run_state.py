@@ -9,14 +9,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
 from pgflow._core import run_state
+from pgflow._core.engine import Fenced
+from pgflow._core.execution import Execution
+from pgflow._core.run_journal import RunJournal
 from pgflow._core.run_state import ChunkRefused, RunOver, RunState, StreamWriteFailed, TimedOut
+from pgflow._core.run_streams import RunStreams
 from pgflow._core.streams.writer import Stream, StreamWriter, _Pending
 from pgflow.errors import CancelRequested, ExecutionInterrupted, LeaseLost, StoreUnavailable, Suspended
 
@@ -164,3 +170,42 @@ async def test_an_outage_interrupts_every_run_of_the_batch() -> None:
     assert isinstance(owners[0].state.reason, StreamWriteFailed)
     assert isinstance(owners[1].state.reason, CancelRequested)
     assert [type(p.done.exception()) for p in batch] == [StreamWriteFailed, CancelRequested]
+
+
+def _execution(scope: anyio.CancelScope) -> Execution:
+    """An execution with nothing behind it but its state: only its fenced writes' answers are looked at."""
+    state = RunState("w", 2, scope)
+    return Execution(runtime=None, store=None, workflow_id="w", attempt=1, claim_token=1,  # type: ignore[arg-type]
+                     journal=RunJournal({}), token=anyio.lowlevel.current_token(), state=state,
+                     streams=RunStreams(state, None, "w", 1), run=2)
+
+
+def _answer(owner: bool, cancel: bool) -> Callable[[], Awaitable[Fenced[int]]]:
+    async def write() -> Fenced[int]:
+        return Fenced(owner, cancel, 7)
+    return write
+
+
+async def test_a_fenced_write_that_finds_the_cancel_cancels_the_run_where_it_stands() -> None:
+    """The same path as the heartbeat's cancel: the body's scope is cancelled, not only the write's
+    caller told, so a body that goes on (or a sibling branch of it) stops at its next await."""
+    scope = anyio.CancelScope()
+    execution = _execution(scope)
+    assert await execution.fenced(_answer(True, False), "write") == 7
+    went_on = False
+    with anyio.fail_after(10), scope:
+        with pytest.raises(CancelRequested):
+            await execution.fenced(_answer(True, True), "write")
+        went_on = True
+        await anyio.sleep(3600)  # (a body that swallowed the CancelRequested: its scope stops it)
+    assert went_on and scope.cancelled_caught and execution.state.cancelled
+
+
+async def test_a_fenced_write_that_finds_the_lease_lost_keeps_it_over_the_cancel() -> None:
+    scope = anyio.CancelScope()
+    execution = _execution(scope)
+    with pytest.raises(LeaseLost, match="workflow 'w' attempt 2 lost its lease"):
+        await execution.fenced(_answer(False, False), "write")
+    with pytest.raises(LeaseLost):
+        await execution.fenced(_answer(True, True), "write")  # (a cancel seen after the lease was lost)
+    assert scope.cancel_called and not execution.state.cancelled

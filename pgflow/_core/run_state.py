@@ -15,8 +15,8 @@ rank   reason                                      what becomes of the run
                                                    this one does can be recorded, not even a cancel
 2      ``CancelRequested``                         recorded as cancelled: somebody asked, and the row
                                                    says so whatever else went wrong
-3      ``StoreUnavailable``, ``StreamWriteFailed``  given back, to run again from its journal (an
-       ``ChunkRefused``                            outage); failed with the reason (a refused chunk)
+3      ``StoreUnavailable``,                       given back, to run again from its journal (an
+       ``StreamWriteFailed``, ``ChunkRefused``     outage); failed with the reason (a refused chunk)
 4      ``TimedOut``                                failed with ``WorkflowTimeout`` (decided as the
                                                    deadline passed; this only stops what is left)
 5      ``Suspended``                               its slot given back until its wait is due
