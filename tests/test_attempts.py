@@ -203,7 +203,7 @@ async def test_a_crash_loop_stops_at_its_limit_and_never_shows_an_attempt_above_
     for _ in range(limit):
         await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() - interval \'1 s\''
                          ' WHERE id = %s', handle.id)
-        store._full_claim_at.clear()  # noqa: SLF001 - the next claim is a full one, which rescues it
+        store.claims._full_claim_at.clear()  # noqa: SLF001 - the next claim is a full one, which rescues it
         assert await store.claims.claim("B", ["default"], names, 4, LEASE) == ([], None)
         the_same(await everywhere(app, handle.id), runs[-1])  # queued again: the attempt it had
         again = await store.claims.claim_suspect("B", ["default"], names, LEASE)

@@ -125,7 +125,7 @@ async def _expire(dsn: str, schema: str, *ids: str, ago: str = "1 s") -> None:
 
 
 async def _full_claim(store: Engine, worker: str, names: list[str]) -> list[Claimed]:
-    store._full_claim_at.clear()  # noqa: SLF001 - a full claim now, not in a second
+    store.claims._full_claim_at.clear()  # noqa: SLF001 - a full claim now, not in a second
     claimed, _ = await store.claims.claim(worker, ["default"], names, 8, LEASE)
     return claimed
 
