@@ -35,6 +35,7 @@ from ._core.datadir import PROJECT_MARKERS as PROJECT_MARKERS  # re-exported: th
 from ._core.datadir import default_data_dir as default_data_dir
 from ._core.engine import Engine
 from ._core.internals import AppInternals, Pointing
+from ._core.key_options import KeyFunction, check_key_limits
 from ._core.registry import (
     DEFAULT_MAX_ATTEMPTS,
     Config,
@@ -202,13 +203,13 @@ class App(Operations):
     def workflow(
         self, /, *, name: str | None = None, queue: str = "default", priority: int = 0,
         max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None, schedule: str | None = None,
-        retry: RetryPolicy | None = None,
+        retry: RetryPolicy | None = None, key: KeyFunction | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
         self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None, queue: str = "default",
         priority: int = 0, max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, timeout: float | None = None,
-        schedule: str | None = None, retry: RetryPolicy | None = None,
+        schedule: str | None = None, retry: RetryPolicy | None = None, key: KeyFunction | None = None,
     ) -> Any:
         """Make a function a durable workflow, run by workers that serve ``queue``.
 
@@ -223,6 +224,8 @@ class App(Operations):
         ``retry`` (a ``RetryPolicy``) runs the body again when it raises an exception the policy
         retries: up to ``max_attempts`` runs in all, after its backoff (the slot is given back
         meanwhile); recorded steps replay, the step that failed runs again.
+        ``key`` (a function of the workflow's arguments, returning a string): the key of each start that
+        gives none (``with_options(key=...)``), in a queue with per-key limits (see ``queue``).
         """
 
         def register(fn: Callable[..., Any]) -> Workflow[Any, Any]:
@@ -230,7 +233,7 @@ class App(Operations):
                 check_registrable(fn, "workflow")
                 cron = Cron.parse(schedule) if schedule is not None else None
             spec = WorkflowSpec.of(fn, name or qualified_name(fn), queue, priority, max_attempts, timeout, cron,
-                                   self.registry.value_limit, retry)
+                                   self.registry.value_limit, retry, key)
             self.registry.add_workflow(spec)
             workflow: Workflow[Any, Any] = Workflow(spec, self._client)
             self.workflows[spec.name] = workflow
@@ -281,14 +284,21 @@ class App(Operations):
         return register if fn is None else register(fn)
 
     def queue(self, name: str, *, concurrency: int | None = None, rate_limit: int | None = None,
-              per: float = 1.0) -> None:
+              per: float = 1.0, key_concurrency: int | None = None, key_rate_limit: int | None = None) -> None:
         """Limit a queue across every worker: at most ``concurrency`` of its workflows running at
         once, and at most ``rate_limit`` started per ``per`` seconds. Workers serving the queue write
-        the limits to the database when they start."""
+        the limits to the database when they start.
+
+        Per key (the ``key`` a start gives, ``with_options(key=...)`` or the workflow's key function):
+        at most ``key_concurrency`` of one key's workflows running at once, and at most
+        ``key_rate_limit`` of them started per ``per`` seconds. The workflows started without a key
+        share one key. Between keys the claims take turns, so a key with a long backlog does not hold
+        back another key's work (engine/key_limits.py)."""
         with setting_up():
             check_queue(name)
             per = check_queue_limits(concurrency, rate_limit, per)
-        self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per)
+            check_key_limits(key_concurrency, key_rate_limit)
+        self.registry.queues[name] = QueueLimits(concurrency, rate_limit, per, key_concurrency, key_rate_limit)
 
     # -- entry points -----------------------------------------------------------------------------------
 

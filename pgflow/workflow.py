@@ -39,6 +39,7 @@ from ._core.debounce_options import (
 )
 from ._core.engine.debounces import Debounce
 from ._core.engine.starts import Timing
+from ._core.key_options import check_key, key_of
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
 from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children
 from ._core.sync import on_a_loop
@@ -85,6 +86,7 @@ class StartOptions:
     debounce: float | None = None
     debounce_key: str | None = None
     debounce_max: float | None = None
+    key: str | None = None
 
     def timing(self) -> Timing | None:
         """The stored timing; for a debounced start its expiry alone, checked to come after the
@@ -137,11 +139,13 @@ class Workflow(Generic[P, R]):
     def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
                      delay: float | None = None, eta: datetime | None = None,
                      expires: datetime | timedelta | float | None = None, debounce: float | None = None,
-                     debounce_key: str | None = None, debounce_max: float | None = None) -> Starter[P, R]:
+                     debounce_key: str | None = None, debounce_max: float | None = None,
+                     key: str | None = None) -> Starter[P, R]:
         """A starter with these options bound; see ``Starter.with_options``."""
         return Starter(self, StartOptions()).with_options(id=id, queue=queue, priority=priority, delay=delay,
                                                           eta=eta, expires=expires, debounce=debounce,
-                                                          debounce_key=debounce_key, debounce_max=debounce_max)
+                                                          debounce_key=debounce_key, debounce_max=debounce_max,
+                                                          key=key)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Enqueue the workflow with its default options; see ``Starter.start``."""
@@ -177,7 +181,8 @@ class Starter(Generic[P, R]):
     def with_options(self, *, id: str | None = None, queue: str | None = None, priority: int | None = None,
                      delay: float | None = None, eta: datetime | None = None,
                      expires: datetime | timedelta | float | None = None, debounce: float | None = None,
-                     debounce_key: str | None = None, debounce_max: float | None = None) -> Starter[P, R]:
+                     debounce_key: str | None = None, debounce_max: float | None = None,
+                     key: str | None = None) -> Starter[P, R]:
         """Options for the starts made through the result. ``eta`` (a timezone-aware datetime) is
         when it may start, instead of ``delay`` seconds from now; ``expires`` (an aware datetime, or
         seconds from the start call) is when a workflow that has not started yet is cancelled instead
@@ -193,7 +198,11 @@ class Starter(Generic[P, R]):
         created it; its arguments and expiry are the latest start's. Not with ``id``, ``delay`` or
         ``eta`` (the key names the run, the window says when it is due), not in ``start_many``, and
         not from a workflow's body (from a step, it is). Every refusal is a ValueError before
-        anything is written."""
+        anything is written.
+
+        ``key`` (a non-empty string): what the start counts against in a queue with per-key limits
+        (``app.queue(..., key_concurrency=, key_rate_limit=)``), in place of the key the workflow's key
+        function would give. In a queue without them it changes nothing."""
         if id is not None:
             check_chosen_id(id)
         check_run_options(queue=queue, priority=priority)
@@ -203,12 +212,13 @@ class Starter(Generic[P, R]):
             eta = check_eta(eta)
         expiry = None if expires is None else check_expires(expires)
         window = None if debounce is None else check_debounce_window(debounce)
-        key = None if debounce_key is None else check_debounce_key(debounce_key)
+        debounce_key_ = None if debounce_key is None else check_debounce_key(debounce_key)
         most = None if debounce_max is None else check_debounce_max(debounce_max)
+        counted = None if key is None else check_key(key)
         changes: dict[str, Any] = {k: v for k, v in
                                    {"id": id, "queue": queue, "priority": priority, "delay": delay, "eta": eta,
-                                    "expires": expiry, "debounce": window, "debounce_key": key,
-                                    "debounce_max": most}.items()
+                                    "expires": expiry, "debounce": window, "debounce_key": debounce_key_,
+                                    "debounce_max": most, "key": counted}.items()
                                    if v is not None}
         options = replace(self._options, **changes)
         check_debounce_combination(window=options.debounce, most=options.debounce_max, id=options.id,
@@ -223,23 +233,25 @@ class Starter(Generic[P, R]):
         debounce = self._debounced()
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
+            key = self._key(args, kwargs)
             id, parent = new_id(self._options.id)
             span.set_attribute(telemetry.WORKFLOW_ID, id)
             if debounce is not None:
                 return self._workflow._client.call(self._enqueue_debounced, id, inputs, debounce,
-                                                   telemetry.traceparent())
-            return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent())
+                                                   telemetry.traceparent(), key)
+            return self._workflow._client.call(self._enqueue, id, parent, inputs, telemetry.traceparent(), key)
 
     async def start_async(self, *args: P.args, **kwargs: P.kwargs) -> WorkflowHandle[R]:
         """Async twin of ``start``."""
         debounce = self._debounced()
         with telemetry.starting(self._workflow.name, self._queue()) as span:
             inputs = self._workflow.spec.codec.encode_arguments(args, kwargs)
+            key = self._key(args, kwargs)
             id, parent = new_id(self._options.id)
             span.set_attribute(telemetry.WORKFLOW_ID, id)
             if debounce is not None:
-                return await self._enqueue_debounced(id, inputs, debounce, telemetry.traceparent())
-            return await self._enqueue(id, parent, inputs, telemetry.traceparent())
+                return await self._enqueue_debounced(id, inputs, debounce, telemetry.traceparent(), key)
+            return await self._enqueue(id, parent, inputs, telemetry.traceparent(), key)
 
     def _debounced(self) -> Debounce | None:
         """The start's debounce, checked; refused in a workflow's body. A body's starts are replayed
@@ -256,25 +268,34 @@ class Starter(Generic[P, R]):
     def _queue(self) -> str:
         return self._options.queue or self._workflow.queue
 
+    def _key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+        """The start's key: the one given, else the workflow's key function's (checked), else none."""
+        if self._options.key is not None:
+            return self._options.key
+        function = self._workflow.spec.key
+        return None if function is None else key_of(function, self._workflow.name, args, kwargs)
+
     def start_many(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                    ) -> list[WorkflowHandle[R]]:
         """Start one workflow per item of ``calls`` (each a tuple of positional arguments) in one
         statement, with this starter's queue, priority and delay; handles come back in order. Every
         argument is checked before anything is written. ``ids`` (one per call) make the starts
         idempotent as ``start`` is: an id that exists starts nothing and its handle comes back."""
-        ids_, inputs = self._many(calls, ids)
+        ids_, inputs, keys = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
             return self._workflow._client.call(self._enqueue_many, ids_, inputs, parent_id(), telemetry.traceparent(),
-                                               ids is not None)
+                                               ids is not None, keys)
 
     async def start_many_async(self, calls: Iterable[Sequence[Any]], *, ids: Sequence[str] | None = None,
                                ) -> list[WorkflowHandle[R]]:
         """Async twin of ``start_many``."""
-        ids_, inputs = self._many(calls, ids)
+        ids_, inputs, keys = self._many(calls, ids)
         with telemetry.starting(self._workflow.name, self._queue(), count=len(ids_)):
-            return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None)
+            return await self._enqueue_many(ids_, inputs, parent_id(), telemetry.traceparent(), ids is not None, keys)
 
-    def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None) -> tuple[list[str], list[bytes]]:
+    def _many(self, calls: Iterable[Sequence[Any]], ids: Sequence[str] | None,
+              ) -> tuple[list[str], list[bytes], list[str | None]]:
+        """The ids, encoded arguments and keys of ``start_many``'s calls, all checked."""
         if self._options.id is not None:
             raise ValueError("start_many takes its ids from ids=, not from with_options(id=)")
         if self._options.debounce is not None or self._options.debounce_key is not None:
@@ -283,46 +304,49 @@ class Starter(Generic[P, R]):
                              "start() for each item, or start_many without debounce")
         encode = self._workflow.spec.codec.encode_arguments
         inputs: list[bytes] = []
+        keys: list[str | None] = []
         for call in calls:
             inputs.append(encode(check_call(call), {}))
+            keys.append(self._key(call, {}))
         if ids is None:
             parent = journaling()
             if parent is not None:
                 # One journal position for the whole call, as ``start`` takes one per child: a parent
                 # replayed after a crash or a resume finds the children it started.
                 position = parent.journal.take()
-                return [f"{parent.workflow_id}.{position}.{n}" for n in range(len(inputs))], inputs
-            return [str(uuid.uuid4()) for _ in inputs], inputs
-        return check_many_ids(ids, len(inputs)), inputs
+                return [f"{parent.workflow_id}.{position}.{n}" for n in range(len(inputs))], inputs, keys
+            return [str(uuid.uuid4()) for _ in inputs], inputs, keys
+        return check_many_ids(ids, len(inputs)), inputs, keys
 
     async def _enqueue_many(self, ids: list[str], inputs: list[bytes], parent: str | None,
-                            traceparent: str | None, chosen: bool = False) -> list[WorkflowHandle[R]]:
+                            traceparent: str | None, chosen: bool = False, keys: list[str | None] | None = None,
+                            ) -> list[WorkflowHandle[R]]:
         workflow, options = self._workflow, self._options
         if ids and chosen:
             await refuse_children(workflow._client.runtime(), [check_chosen_id(id) for id in ids])
         if ids:
             await enqueue_many(workflow._client.runtime(), workflow.spec, ids, inputs, queue=options.queue,
                                priority=options.priority, delay=options.delay, parent=parent,
-                               traceparent=traceparent, when=options.timing())
+                               traceparent=traceparent, when=options.timing(), keys=keys)
         return [WorkflowHandle(workflow._client, id) for id in ids]
 
     async def _enqueue_debounced(self, id: str, inputs: bytes, debounce: Debounce, traceparent: str | None,
-                                 ) -> WorkflowHandle[R]:
+                                 key: str | None = None) -> WorkflowHandle[R]:
         """``id``: the run's, should this start begin one; the handle is of the run the key has."""
         workflow, options = self._workflow, self._options
         run = await enqueue_debounced(workflow._client.runtime(), workflow.spec, id, inputs, debounce,
                                       queue=options.queue, priority=options.priority, traceparent=traceparent,
-                                      when=options.timing())
+                                      when=options.timing(), key=key)
         return WorkflowHandle(workflow._client, run)
 
     async def _enqueue(self, id: str, parent: str | None, inputs: bytes, traceparent: str | None,
-                       ) -> WorkflowHandle[R]:
+                       key: str | None = None) -> WorkflowHandle[R]:
         workflow, options = self._workflow, self._options
         if options.id is not None:
             await refuse_children(workflow._client.runtime(), [check_chosen_id(id)])
         await enqueue(workflow._client.runtime(), workflow.spec, id, inputs, queue=options.queue,
                       priority=options.priority, delay=options.delay, parent=parent, traceparent=traceparent,
-                      when=options.timing())
+                      when=options.timing(), key=key)
         return WorkflowHandle(workflow._client, id)
 
 
@@ -360,6 +384,8 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
     timeout = check_run_options(queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout)
     inputs = encode_unchecked(args, check_kwargs(kwargs), f"the arguments of start_by_name({name!r})",
                               client.registry.value_limit)
+    # (the registration's key function, as its other options: of the arguments as given)
+    key = None if spec is None or spec.key is None else key_of(spec.key, name, args, kwargs or {})
     workflow_id, parent = new_id(None if id is None else check_chosen_id(id)[0])
     delay = check_seconds(delay, "delay")
 
@@ -372,7 +398,7 @@ def start_by_name(client: Client, name: str, args: tuple[Any, ...], kwargs: dict
             priority=priority if priority is not None else (spec.priority if spec else 0),
             delay=delay, max_attempts=max_attempts if max_attempts is not None else (
                 spec.max_attempts if spec else DEFAULT_MAX_ATTEMPTS),
-            timeout=timeout if timeout is not None else (spec.timeout if spec else None), parent=parent,
+            timeout=timeout if timeout is not None else (spec.timeout if spec else None), parent=parent, key=key,
         )
         return WorkflowHandle(client, workflow_id)
 

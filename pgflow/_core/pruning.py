@@ -76,6 +76,7 @@ async def prune(store: Engine, older_than: float, batch: int = PRUNE_BATCH) -> i
         log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
     await prune_expired_streams(store, batch)
     await prune_debounces(store, batch)
+    await prune_key_buckets(store, batch)
     return deleted
 
 
@@ -86,6 +87,16 @@ async def prune_debounces(store: Engine, batch: int = PRUNE_BATCH) -> int:
     gone = await prune_paced(lambda: store.debounces.prune_debounces(batch), batch)
     if gone:
         log.info("retention: forgot %d debounce keys whose run has begun", gone)
+    return gone
+
+
+async def prune_key_buckets(store: Engine, batch: int = PRUNE_BATCH) -> int:
+    """The per-key token buckets that are full again (engine/key_limits.py): a key without a bucket
+    has a full one, so this keeps the table to the keys that started work within the last period,
+    rather than every key that ever did."""
+    gone = await prune_paced(lambda: store.key_limits.prune_buckets(batch), batch)
+    if gone:
+        log.info("retention: forgot %d full per-key token buckets", gone)
     return gone
 
 

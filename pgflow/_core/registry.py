@@ -24,6 +24,7 @@ from .checks import (
     setting_up,
 )
 from .codec import DEFAULT_VALUE_LIMIT, FunctionCodec, decode
+from .key_options import KeyFunction, check_key_function
 
 NotifyMode = Literal["buffered", "off"]
 
@@ -91,6 +92,8 @@ class QueueLimits:
     concurrency: int | None
     rate_limit: int | None
     per: float
+    key_concurrency: int | None = None  # per key (see engine/key_limits.py); ``per`` is both rates' period
+    key_rate_limit: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,11 +133,12 @@ class WorkflowSpec:
     is_async: bool
     codec: FunctionCodec
     retry: RetryPolicy | None = None  # the body's own: run again from its journal after it raised
+    key: KeyFunction | None = None  # the key of a start that gives none, from its arguments (key_options.py)
 
     @classmethod
     def of(cls, fn: Callable[..., Any], name: str, queue: str, priority: int, max_attempts: int | None,
            timeout: float | None, schedule: Cron | None, limit: int | None = None,
-           retry: RetryPolicy | None = None) -> WorkflowSpec:
+           retry: RetryPolicy | None = None, key: object = None) -> WorkflowSpec:
         with setting_up():
             check_name(name)
             check_queue(queue)  # both required here: None is no default
@@ -144,8 +148,10 @@ class WorkflowSpec:
                 check_schedulable(fn, name)
             if retry is not None and not isinstance(retry, RetryPolicy):
                 raise TypeError(f"a workflow's retry is a pgflow.RetryPolicy, got {retry!r}")
+            key_function = check_key_function(key)
         return cls(fn, name, queue, priority, max_attempts, timeout, schedule,
-                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit), retry)
+                   inspect.iscoroutinefunction(fn), FunctionCodec(fn, f"workflow {name!r}", limit), retry,
+                   key_function)
 
     @property
     def takes_tick(self) -> bool:

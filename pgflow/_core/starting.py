@@ -15,21 +15,22 @@ from .signals import keys as signal_keys
 
 async def enqueue(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, *, queue: str | None = None,
                   priority: int | None = None, delay: float = 0.0, parent: str | None = None,
-                  traceparent: str | None = None, when: Timing | None = None) -> bool:
+                  traceparent: str | None = None, when: Timing | None = None, key: str | None = None) -> bool:
     """Insert the workflow unless ``id`` exists; True when this call created it. An id taken by a
     workflow of another name raises WorkflowConflict. ``traceparent``: the caller's trace, stored."""
     return await enqueue_named(runtime, workflow.name, id, inputs, queue=queue or workflow.queue,
                                priority=workflow.priority if priority is None else priority, delay=delay,
                                max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
-                               traceparent=traceparent, when=when)
+                               traceparent=traceparent, when=when, key=key)
 
 
 async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, queue: str, priority: int,
                         delay: float, max_attempts: int | None, timeout: float | None,
                         parent: str | None = None, traceparent: str | None = None,
-                        when: Timing | None = None) -> bool:
+                        when: Timing | None = None, key: str | None = None) -> bool:
     """``enqueue`` for a workflow known by its name only (``start_by_name``). ``parent``: the
-    workflow whose body starts it, cancelled with it."""
+    workflow whose body starts it, cancelled with it. ``key``: what it counts against in a queue
+    with per-key limits (None: no key)."""
     starter = journaling()
     if starter is not None and not await starter.before_child_start([id], name):
         return False
@@ -38,7 +39,7 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
     news = News([signal_keys.queue(queue)])  # delayed ones too: idle workers re-read when the next falls due
     hearing = signals.hearing()
     new = NewWorkflows(name=name, queue=queue, priority=priority, delay=delay, max_attempts=max_attempts,
-                       timeout=timeout, parent=parent, traceparent=traceparent, when=when or NO_TIMING)
+                       timeout=timeout, parent=parent, traceparent=traceparent, when=when or NO_TIMING, key=key)
     started, rode = await runtime.db(lambda store: signals.ride(
         news, lambda pings: store.starts.enqueue(id, inputs, new, pings), when_quiet=True))
     if started.name != name:
@@ -55,7 +56,7 @@ async def enqueue_named(runtime: Runtime, name: str, id: str, inputs: bytes, *, 
 
 async def enqueue_debounced(runtime: Runtime, workflow: WorkflowSpec, id: str, inputs: bytes, debounce: Debounce, *,
                             queue: str | None = None, priority: int | None = None, traceparent: str | None = None,
-                            when: Timing | None = None) -> str:
+                            when: Timing | None = None, key: str | None = None) -> str:
     """A debounced start (``with_options(debounce=..., debounce_key=...)``): join the pending run of
     the workflow's name and ``debounce.key`` with these arguments, or begin one under ``id``; the run's
     id either way, which every starter of the burst hands out.
@@ -72,7 +73,7 @@ async def enqueue_debounced(runtime: Runtime, workflow: WorkflowSpec, id: str, i
     hearing = signals.hearing()
     new = NewWorkflows(name=workflow.name, queue=queue, priority=workflow.priority if priority is None else priority,
                        delay=0.0, max_attempts=workflow.max_attempts, timeout=workflow.timeout,
-                       traceparent=traceparent, when=when or NO_TIMING)
+                       traceparent=traceparent, when=when or NO_TIMING, key=key)
     found, rode = await runtime.db(lambda store: signals.ride(
         news, lambda pings: store.debounces.enqueue_debounced(id, inputs, new, debounce, pings)))
     # (A joined run was queued and unclaimed under this statement's lock: it ends after the commit,
@@ -102,9 +103,10 @@ async def refuse_children(runtime: Runtime, chosen: list[tuple[str, list[str]]])
 
 async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str], inputs: list[bytes], *,
                        queue: str | None = None, priority: int | None = None, delay: float = 0.0,
-                       parent: str | None = None, traceparent: str | None = None, when: Timing | None = None) -> None:
+                       parent: str | None = None, traceparent: str | None = None, when: Timing | None = None,
+                       keys: list[str | None] | None = None) -> None:
     """Insert many workflows in one statement, skipping ids that exist; ids taken by a workflow of
-    another name raise WorkflowConflict (after the others were started)."""
+    another name raise WorkflowConflict (after the others were started). ``keys``: each one's key."""
     queue = queue or workflow.queue
     priority = workflow.priority if priority is None else priority
     starter = journaling()
@@ -118,7 +120,7 @@ async def enqueue_many(runtime: Runtime, workflow: WorkflowSpec, ids: list[str],
                        max_attempts=workflow.max_attempts, timeout=workflow.timeout, parent=parent,
                        traceparent=traceparent, when=when or NO_TIMING)
     found, rode = await runtime.db(lambda store: signals.ride(
-        news, lambda pings: store.starts.enqueue_many(ids, inputs, new, pings), when_quiet=True))
+        news, lambda pings: store.starts.enqueue_many(ids, inputs, new, pings, keys), when_quiet=True))
     created = sum(1 for started in found if started.created)
     signals.waiters.ends.started(((id, started.born) for id, started in zip(ids, found, strict=True)
                                   if started.created), hearing)

@@ -127,7 +127,8 @@ class Worker:
         for queue in self.queues:
             limits = self.registry.queues.get(queue)
             if limits is not None:
-                await store.claims.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per)
+                await store.claims.declare_queue(queue, limits.concurrency, limits.rate_limit, limits.per,
+                                                 limits.key_concurrency, limits.key_rate_limit)
         here = await runtime.server_on_this_machine()  # (before registering: nothing to undo if it fails)
         await store.workers.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)

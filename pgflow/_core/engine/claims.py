@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 from . import wire
 from .database import Database, Port
 from .fencing import HOLDS_LOCKED
+from .key_limits import NEXT_TOKEN, keyed_queued
 
 # Claiming: each queue read by its own scan of the queued index in priority and due order, the scans
 # merged, so a worker serving many queues reads no more rows than one serving one; and, in the same
@@ -108,10 +109,11 @@ def _queued(suspect: bool) -> str:
     )
 
 
-def _claim(full: bool, suspect: bool = False) -> str:
+def _claim(full: bool, suspect: bool = False, keyed: bool = False) -> str:
     """The claim statement: a full one also rescues workflows whose lease ran out, and says whether
-    suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else."""
-    queued = _queued(suspect)
+    suspects wait; a ``suspect`` one claims one suspect, for a worker that runs nothing else; a
+    ``keyed`` one claims from one queue with per-key limits (``key_limits.py``)."""
+    queued = keyed_queued(_VERDICT, _NOT_PAUSED.format(queue="%(queue)s")) if keyed else _queued(suspect)
     # Suspects wait (due, in these queues, for these names): the full claim's answer, beside the due time.
     waiting = ("EXISTS (SELECT FROM rescued) OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
                "  AND crashes IS NOT NULL AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
@@ -173,6 +175,9 @@ CLAIMING = wire.Statement(CLAIM, **_PARAMETERS)
 FULL_CLAIMING = wire.Statement(FULL_CLAIM, **_PARAMETERS)
 SUSPECT_CLAIMING = wire.Statement(SUSPECT_CLAIM, **{name: kind for name, kind in _PARAMETERS.items()
                                                    if name not in ("floors", "limit")})
+_KEYED_PARAMETERS = {**{name: kind for name, kind in _PARAMETERS.items() if name != "floors"}, "queue": wire.TEXT}
+KEYED_CLAIMING = wire.Statement(_claim(full=False, keyed=True), **_KEYED_PARAMETERS)
+FULL_KEYED_CLAIMING = wire.Statement(_claim(full=True, keyed=True), **_KEYED_PARAMETERS)
 
 FULL_CLAIM_EVERY = 1.0  # seconds between the claims that read whole queues and look for expired leases
 FLOOR_MARGIN = 2.0  # seconds a floor stays below the oldest due time it saw: for the starts in flight
@@ -304,13 +309,14 @@ class Claims(Port):
             # the lock before us (a count taken in the locking statement would predate them).
             cur = await conn.execute(self._sql(
                 "SELECT concurrency, rate_limit, rate_period,"
-                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period)"
+                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period),"
+                "  key_concurrency IS NOT NULL OR key_rate_limit IS NOT NULL, key_rate_limit IS NOT NULL"
                 " FROM {s}.queues WHERE name = %s FOR UPDATE"
             ), (queue,))
             row = await cur.fetchone()
             if row is None:
                 return await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
-            concurrency, rate_limit, period, tokens = row
+            concurrency, rate_limit, period, tokens, keyed, key_rated = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
                     "SELECT count(*) FROM {s}.workflows"
@@ -320,19 +326,26 @@ class Claims(Port):
                 limit = min(limit, concurrency - int(running[0] if running else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            found = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
+            found = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True, keyed=keyed)
                      if limit > 0 else Round([], None))
+            if key_rated and 0 < limit and len(found.claimed) < limit:  # short: perhaps for a key's tokens
+                cur = await conn.execute(NEXT_TOKEN.for_schema(self._s), {"queue": queue, "names": list(names)})
+                next_token = await cur.fetchone()
+                if next_token is not None and next_token[0] is not None:
+                    found = found._replace(refill=max(0.0, float(next_token[0])))
             if rate_limit is None:
                 return found
             left = float(tokens) - len(found.claimed)
             await conn.execute(self._sql(
                 "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
             ), (left, queue))
-            return found._replace(refill=(1 - left) * float(period) / rate_limit if left < 1 else None)
+            refill = (1 - left) * float(period) / rate_limit if left < 1 else None
+            return found._replace(refill=refill if found.refill is None or refill is None
+                                  else min(refill, found.refill))
 
     async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
                      names: Sequence[str], limit: int, lease_seconds: float,
-                     durable: bool = False) -> Round:
+                     durable: bool = False, keyed: bool = False) -> Round:
         """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
         workflow of these queues falls due (None when none waits), in the same round trip.
 
@@ -341,6 +354,8 @@ class Claims(Port):
         ``queues`` are distinct (the worker's are): a queue's second scan would find the rows its
         first just locked (a transaction's own locks do not make it skip them) and hand them out twice."""
         served, floors = frozenset(names), self._floors
+        if keyed:  # (one queue, read by the walk over its keys: no floors)
+            return await self._claim_keyed(conn, owner, queues[0], names, limit, lease_seconds)
         full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
             or any((queue, served) not in floors for queue in queues)
         if full:
@@ -352,6 +367,19 @@ class Claims(Port):
             "queues": queues, "floors": [None if full else floors[queue, served] for queue in queues],
             "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
             "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
+        due, suspects = rows[-1][-2:]
+        return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
+
+    async def _claim_keyed(self, conn: AsyncConnection[Any], owner: str, queue: str, names: Sequence[str],
+                           limit: int, lease_seconds: float) -> Round:
+        """``_claim`` from a queue with per-key limits, under its lock (``key_limits.py``)."""
+        at, claims = time.monotonic(), (frozenset([queue]), frozenset(names))
+        full = at - self._full_claim_at.get(claims, -math.inf) >= FULL_CLAIM_EVERY
+        if full:
+            self._full_claim_at[claims] = at
+        rows = await wire.fetch(conn, FULL_KEYED_CLAIMING if full else KEYED_CLAIMING, self._s, {
+            "queue": queue, "queues": [queue], "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
+            "token": (token := secrets.randbits(63)), "commit": "on"}, prepare=self.pool.prepares)
         due, suspects = rows[-1][-2:]
         return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
@@ -374,19 +402,24 @@ class Claims(Port):
             return [str(row[0]) for row in await cur.fetchall()]
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
-                            rate_period: float) -> None:
+                            rate_period: float, key_concurrency: int | None = None,
+                            key_rate_limit: int | None = None) -> None:
         """Record a queue's limits (the bucket starts full), or forget them when there are none."""
         async with self.pool.connection() as conn:
-            if concurrency is None and rate_limit is None:
+            if concurrency is None and rate_limit is None and key_concurrency is None and key_rate_limit is None:
                 await conn.execute(self._sql("DELETE FROM {s}.queues WHERE name = %s"), (name,))
                 return
             await conn.execute(self._sql(
-                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens)"
-                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0))"
+                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens, key_concurrency,"
+                "  key_rate_limit)"
+                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0), %(key_concurrency)s,"
+                "  %(key_rate)s)"
                 " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
                 "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
-                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0))"
-            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period})
+                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0)),"
+                "  key_concurrency = excluded.key_concurrency, key_rate_limit = excluded.key_rate_limit"
+            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period,
+                "key_concurrency": key_concurrency, "key_rate": key_rate_limit})
     async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting.
         ``fence_cut``: a batch of the run's chunks under that worker's fence was cut off and may still

@@ -54,7 +54,7 @@ _DUE_LATEST = ("least({s}.clock_now() + make_interval(secs => %(window)s),"
 # Under the key's lock: the pending run (queued and never claimed) joined, or a new one begun and the
 # key pointed at it. A joined run's due time only moves later (``greatest``): a run already due keeps
 # its place in the queue (a claim's floor never sees a due time go back), and it never passes
-# first_at + most. Its arguments, expiry and trace become this start's; its queue, priority and
+# first_at + most. Its arguments, expiry and trace become this start's; its queue, priority, key and
 # limits stay those of the start that created it.
 DEBOUNCE = (
     "WITH pending AS MATERIALIZED (SELECT w.id, d.first_at FROM {s}.debounces d"
@@ -66,10 +66,10 @@ DEBOUNCE = (
     f"  expires_at = {EXPIRES}, traceparent = coalesce(%(traceparent)s, w.traceparent)"
     f"  FROM pending p WHERE w.id = p.id RETURNING w.id, {BORN} AS born),"
     " new AS (INSERT INTO {s}.workflows"
-    "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent, expires_at)"
+    "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent, expires_at, key)"
     "  SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
     "   {s}.clock_now() + make_interval(secs => %(window)s), %(max_attempts)s, %(timeout)s, %(parent)s,"
-    f"   %(traceparent)s, {EXPIRES}"
+    f"   %(traceparent)s, {EXPIRES}, coalesce(%(start_key)s, '')"
     "  WHERE NOT EXISTS (SELECT FROM pending)"
     f"  ON CONFLICT (id) DO NOTHING RETURNING id, {BORN} AS born),"
     " pointed AS (INSERT INTO {s}.debounces (name, key, workflow_id, first_at)"

@@ -21,6 +21,7 @@ from .details import Details
 from .ends import Ends
 from .free_streams import FreeStreams
 from .journal import Journal
+from .key_limits import KeyLimits
 from .management import Management
 from .migrations import Schema
 from .partitions import Partitions
@@ -56,6 +57,7 @@ class Engine:
         self.details = Details(db)
         self.management = Management(db)
         self.pausing = Pausing(db)
+        self.key_limits = KeyLimits(db)
         self.partitions = Partitions(db)
         self.migrations = Schema(db)
         self.dashboard = Dashboard(db)

@@ -39,7 +39,8 @@ class NewWorkflows:
     """What ``enqueue`` and ``enqueue_many`` start workflows with, besides their ids and inputs: the
     workflow's ``name``, where and how it runs, ``parent`` (the workflow whose body started it, which
     cancels it with itself) and ``traceparent`` (the starting caller's trace). Due ``delay`` seconds
-    from now unless ``when`` says otherwise."""
+    from now unless ``when`` says otherwise. ``key``: what the start counts against in a queue with
+    per-key limits (None: no key, stored as '': see migration 0032)."""
 
     name: str
     queue: str
@@ -50,11 +51,12 @@ class NewWorkflows:
     parent: str | None = None
     traceparent: str | None = None
     when: Timing = NO_TIMING
+    key: str | None = None
 
     def parameters(self) -> dict[str, Any]:
         return {"name": self.name, "queue": self.queue, "priority": self.priority, "delay": self.delay,
                 "max_attempts": self.max_attempts, "timeout": self.timeout, "parent": self.parent,
-                "traceparent": self.traceparent, **self.when.parameters()}
+                "traceparent": self.traceparent, "start_key": self.key, **self.when.parameters()}
 
 
 class Started(NamedTuple):
@@ -75,9 +77,9 @@ START = (
     " new AS ("
     " INSERT INTO {s}.workflows"
     "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
-    "   expires_at)"
+    "   expires_at, key)"
     " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(inputs)s,"
-    f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES})"
+    f"  {DUE}, %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}, coalesce(%(start_key)s, ''))"
     f" ON CONFLICT (id) DO NOTHING RETURNING name, {BORN} AS born)"
     " SELECT true, name, born FROM new WHERE EXISTS (SELECT FROM lazy)"
     f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
@@ -86,7 +88,8 @@ START = (
 STARTING = wire.Statement(
     START, id=wire.TEXT, name=wire.TEXT, queue=wire.TEXT, priority=wire.INT4, inputs=wire.BYTEA, eta=wire.TIMESTAMPTZ,
     delay=wire.FLOAT8, max_attempts=wire.INT4, timeout=wire.FLOAT8, parent=wire.TEXT, traceparent=wire.TEXT,
-    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL)
+    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL,
+    start_key=wire.TEXT)
 
 
 class Starts(Port):
@@ -128,25 +131,26 @@ class Starts(Port):
         return Started(bool(row[0]), str(row[1]), int(row[2]))
 
     async def enqueue_many(self, ids: list[str], inputs: list[bytes], new: NewWorkflows,
-                           pings: Pings) -> list[Started]:
+                           pings: Pings, keys: list[str | None] | None = None) -> list[Started]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; what
-        each start found, in the order of ``ids``."""
+        each start found, in the order of ``ids``. ``keys``: each start's key (None: ``new.key``)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[])"
-                "   WITH ORDINALITY AS a(id, inputs, n)),"
+                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[], %(keys)s::text[])"
+                "   WITH ORDINALITY AS a(id, inputs, key, n)),"
                 " new AS (INSERT INTO {s}.workflows"
                 "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
-                "   expires_at)"
+                "   expires_at, key)"
                 f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
-                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}"
+                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}, coalesce(key, '')"
                 "  FROM asked ORDER BY n"
                 f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
                 " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
                 "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
                 " LEFT JOIN new ON new.id = a.id"
                 " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
-            ), {"ids": ids, "inputs": inputs, **new.parameters(), **ping_parameters(conn, pings)})
+            ), {"ids": ids, "inputs": inputs, "keys": keys if keys is not None else [new.key] * len(ids),
+                **new.parameters(), **ping_parameters(conn, pings)})
             rows = await cur.fetchall()
         found: list[Started] = [Started(False, "", 0)] * len(ids)
         created_here: set[str] = set()

@@ -1,0 +1,290 @@
+"""Per-key limits (``app.queue(..., key_concurrency=, key_rate_limit=)``, ``with_options(key=...)``, a
+workflow's key function): at most so many of one key's workflows at once and so many started per period,
+across worker processes and through a worker's SIGKILL; turns between keys, so a key's backlog holds
+no other key back; bad input refused before anything is written; the sync and async starts alike.
+
+Every wait is for an event (a result, a row another process wrote), bounded. Time figures are read
+from the rows (when each run began and ended, when each claim took its workflow), and only as lower
+bounds or orders, never as "it happened fast".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import pgflow
+
+from .apps import keyed
+from .helpers import TIMEOUT, query, query_sync
+from .processes import Processes, result_of, wait_until
+
+pytestmark = pytest.mark.anyio
+
+KEYED_APP = "tests.apps.keyed:app"
+
+
+def peak(intervals: Iterable[tuple[datetime, datetime]]) -> int:
+    """The most intervals open at once (an end before a start at a tie)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    open_, most = 0, 0
+    for _, delta in events:
+        open_ += delta
+        most = max(most, open_)
+    return most
+
+
+def probe_rows(dsn: str, schema: str) -> list[tuple[str, int, datetime, datetime | None]]:
+    """(tenant, pid, started, ended) of every run the probe recorded."""
+    return [(str(t), int(p), s, e) for t, p, s, e in query_sync(
+        dsn, f'SELECT tenant, pid, started, ended FROM "{schema}".probe ORDER BY n')]
+
+
+def started_order(dsn: str, schema: str, queue: str) -> list[tuple[str, datetime]]:
+    """(key, started_at) of the queue's workflows that were claimed, in claim order."""
+    return [(str(k), at) for k, at in query_sync(
+        dsn, f'SELECT key, started_at FROM "{schema}".workflows WHERE queue = %s AND started_at IS NOT NULL'
+             " ORDER BY started_at, id", (queue,))]
+
+
+async def keys_of(dsn: str, schema: str) -> dict[str, str]:
+    return {str(id): str(key) for id, key in await query(dsn, f'SELECT id, key FROM "{schema}".workflows')}
+
+
+# -- concurrency, across processes ------------------------------------------------------------------------
+
+
+def test_key_concurrency_holds_across_two_worker_processes(
+    app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes,
+) -> None:
+    """Two processes of four slots each, three tenants of six workflows: without the limit a tenant's
+    workflows could run eight at once; with it, two, across both processes together. The tenants
+    run beside each other (the limit is per key, not the queue's)."""
+    flows = keyed.build(app)
+    app.migrate()
+    query_sync(dsn, keyed.PROBE.format(table=flows.probe))
+    workers = [procs.worker(f"worker-{i}", KEYED_APP, worker_env, queues=keyed.TENANTS, concurrency=4)
+               for i in range(2)]
+    handles = [flows.tenant_work.start(tenant, "", 0.4) for tenant in ("a", "b", "c") for _ in range(6)]
+    pids = [result_of(h, procs) for h in handles]
+    rows = probe_rows(dsn, schema)
+    assert len(rows) == 18, rows
+    for tenant in ("a", "b", "c"):
+        runs = [(s, e) for t, _, s, e in rows if t == tenant and e is not None]
+        assert peak(runs) <= keyed.KEY_CONCURRENCY, (tenant, rows)
+    # More than one process ran the tenants' work, so the limit held across processes, not within one.
+    assert set(pids) == {w.pid for w in workers}, f"{set(pids)}\n{procs.logs()}"
+    assert peak([(s, e) for _, _, s, e in rows if e is not None]) > keyed.KEY_CONCURRENCY, rows
+    assert all(w.alive() for w in workers), procs.logs()
+
+
+# -- a worker killed --------------------------------------------------------------------------------------
+
+
+def test_a_killed_workers_runs_hold_their_keys_slots_until_run_again(
+    app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
+) -> None:
+    """Worker A runs two of tenant k's six workflows (its limit), held at a gate, and is SIGKILLed.
+    Workers B and C take over: A's two runs are rescued and run again, the other four run, all six
+    succeed, and at no time do more than two of k's workflows run in B and C together (A's runs held
+    their places until they were rescued, then until they ran again, alone, as suspects)."""
+    flows = keyed.build(app)
+    app.migrate()
+    query_sync(dsn, keyed.PROBE.format(table=flows.probe))
+    gate = tmp_path / "gate"
+    a = procs.worker("worker-A", KEYED_APP, worker_env, queues=keyed.TENANTS, concurrency=4)
+    handles = [flows.tenant_work.start("k", str(gate), 0.3) for _ in range(6)]
+    wait_until(lambda: sum(1 for _, pid, _, _ in probe_rows(dsn, schema) if pid == a.pid) == 2,
+               "worker A to run two of k's workflows", procs, a)
+    a.kill()
+    assert sum(1 for _, pid, _, _ in probe_rows(dsn, schema) if pid == a.pid) == 2  # never more than its limit
+    others = [procs.worker(name, KEYED_APP, worker_env, queues=keyed.TENANTS, concurrency=2)
+              for name in ("worker-B", "worker-C")]
+    gate.touch()
+    pids = [result_of(h, procs) for h in handles]
+    assert set(pids) <= {w.pid for w in others}, pids
+    rows = probe_rows(dsn, schema)
+    survivors = [(s, e) for _, pid, s, e in rows if pid != a.pid]
+    assert len(survivors) == 6 and all(e is not None for _, e in survivors), rows
+    assert peak(survivors) <= keyed.KEY_CONCURRENCY, rows  # type: ignore[arg-type]
+    attempts = query_sync(dsn, f'SELECT attempt FROM "{schema}".workflows ORDER BY attempt')
+    assert [n for (n,) in attempts] == [1, 1, 1, 1, 2, 2], attempts  # A's two ran again
+
+
+# -- turns between keys ----------------------------------------------------------------------------------
+
+
+async def test_a_lone_keys_workflow_is_claimed_in_the_first_round_behind_a_hot_keys_backlog(
+        app: pgflow.App, dsn: str, schema: str) -> None:
+    """Ten thousand queued workflows of one key, then one of another, started last: the worker's first
+    claim (two slots) takes the lone key's workflow beside the hot key's first. (Without turns, the
+    claim's order of priority and due time would put it behind the ten thousand.)"""
+    app.queue("fair", key_concurrency=2)
+
+    @app.workflow(name="keys.noop", queue="fair")
+    async def noop(n: int) -> int:
+        return n
+
+    await noop.with_options(key="a-hot").start_many_async([(n,) for n in range(10_000)])
+    lone = await noop.with_options(key="b-lone").start_async(-1)
+    async with app.worker(concurrency=2, queues=["fair"]):
+        assert await lone.result_async(timeout=TIMEOUT) == -1
+    claims = started_order(dsn, schema, "fair")
+    first_round = [key for key, at in claims if at == claims[0][1]]
+    assert sorted(first_round) == ["a-hot", "b-lone"], claims[:5]
+
+
+async def test_keys_take_turns_round_after_round(app: pgflow.App, dsn: str, schema: str) -> None:
+    """Three keys' backlogs, started one key after the other, through one slot: the claims go round the
+    keys (a, b, c, a, b, c, ...), each round beginning after the key the last one ended at."""
+    app.queue("turns", key_concurrency=100)  # (a limit that never binds: the turns alone order them)
+
+    @app.workflow(name="keys.turn", queue="turns", key=lambda key, n: key)
+    async def turn(key: str, n: int) -> int:
+        return n
+
+    handles = [await turn.start_async(key, n) for key in ("a", "b", "c") for n in range(3)]
+    async with app.worker(concurrency=1, queues=["turns"]):
+        for handle in handles:
+            await handle.result_async(timeout=TIMEOUT)
+    assert [key for key, _ in started_order(dsn, schema, "turns")] == ["a", "b", "c"] * 3
+
+
+# -- the rate, across two workers --------------------------------------------------------------------------
+
+
+async def test_key_rate_limit_paces_each_key_apart_across_two_workers(
+        app: pgflow.App, second_app: pgflow.App, dsn: str, schema: str) -> None:
+    """Two keys of six workflows, at most 3 started per 2 s per key, claimed by two workers of two Apps
+    (two pools, as two processes): each key's bucket starts full, so its first three start together and
+    the rest one per 2/3 s at the soonest; the keys are paced apart (each key's first three start
+    before the other key's fourth)."""
+    rate, per = 3, 2.0
+    flows = []
+    for each in (app, second_app):
+        each.queue("metered", key_rate_limit=rate, per=per)
+        flows.append(each.workflow(name="keys.metered", queue="metered", key=lambda key, n: key)(_metered))
+    handles = [await flows[0].start_async(key, n) for key in ("x", "y") for n in range(6)]
+    async with app.worker(concurrency=8, queues=["metered"]), second_app.worker(concurrency=8, queues=["metered"]):
+        for handle in handles:
+            await handle.result_async(timeout=TIMEOUT)
+    claims = started_order(dsn, schema, "metered")
+    by_key = {key: [at for k, at in claims if k == key] for key in ("x", "y")}
+    for key, other in (("x", "y"), ("y", "x")):
+        offsets = [(at - by_key[key][0]).total_seconds() for at in by_key[key]]
+        for k, offset in enumerate(offsets):  # by t seconds, at most 3 + 1.5 t have started
+            assert offset >= (k + 1 - rate) * per / rate - 0.05, (key, offsets)
+        assert by_key[key][rate - 1] < by_key[other][rate], claims
+
+
+async def _metered(key: str, n: int) -> int:
+    return n
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+
+
+def refusals(app: pgflow.App, wf: pgflow.Workflow[Any, Any], bad_function: pgflow.Workflow[Any, Any],
+             ) -> list[tuple[str, Callable[[], Any]]]:
+    """Each bad key, as a call that must raise ValueError (nothing written)."""
+    return [
+        ("a key that is no string", lambda: wf.with_options(key=42)),  # type: ignore[arg-type]
+        ("bytes", lambda: wf.with_options(key=b"tenant")),  # type: ignore[arg-type]
+        ("an empty key", lambda: wf.with_options(key="")),
+        ("a NUL", lambda: wf.with_options(key="a\x00b")),
+        ("too long", lambda: wf.with_options(key="k" * 10_000)),
+        ("a key function's int", lambda: bad_function.start(7)),
+        ("a key function's int, in start_many", lambda: bad_function.start_many([(1,), (7,)])),
+        ("a key function's int, by name", lambda: app.start_by_name("keys.bad_function", 7)),
+    ]
+
+
+def test_bad_keys_and_limits_are_refused_before_anything_is_written(app: pgflow.App, dsn: str, schema: str) -> None:
+    @app.workflow(name="keys.refused")
+    def refused(n: int) -> int:
+        return n
+
+    @app.workflow(name="keys.bad_function", key=lambda n: n if n == 7 else str(n))
+    def bad_function(n: int) -> int:
+        return n
+
+    app.migrate()
+    for what, call in refusals(app, refused, bad_function):
+        with pytest.raises(ValueError, match="key") as raised:
+            call()
+        assert "key" in str(raised.value), what
+    with pytest.raises(ValueError, match="the key function of workflow 'keys.bad_function' returned 7"):
+        bad_function.start(7)
+    # A key function that raises: its error, as it is.
+    failing = app.workflow(name="keys.failing", key=lambda n: {}[n])(lambda n: n)
+    with pytest.raises(KeyError):
+        failing.start(1)
+    for bad in ("tenant", 42):
+        with pytest.raises(pgflow.ConfigurationError, match="a workflow's key is a function"):
+            app.workflow(name=f"keys.bad_{bad}", key=bad)(lambda n: n)  # type: ignore[call-overload]
+    for options in ({"key_concurrency": 0}, {"key_concurrency": "2"}, {"key_rate_limit": -1},
+                    {"key_rate_limit": True}, {"key_rate_limit": 2.5}, {"key_rate_limit": 3, "per": 0}):
+        with pytest.raises(pgflow.ConfigurationError):
+            app.queue("keys.q", **options)  # type: ignore[arg-type]
+    assert "keys.q" not in app.queues
+    assert query_sync(dsn, f'SELECT count(*) FROM "{schema}".workflows') == [(0,)]
+
+
+async def test_bad_keys_are_refused_by_the_async_twins(app: pgflow.App, dsn: str, schema: str) -> None:
+    @app.workflow(name="keys.bad_async", key=lambda n: None)
+    async def bad_async(n: int) -> int:
+        return n
+
+    await app.migrate_async()
+    with pytest.raises(ValueError, match="returned None: key is a non-empty string"):
+        await bad_async.start_async(1)
+    with pytest.raises(ValueError, match="returned None"):
+        await bad_async.start_many_async([(1,)])
+    with pytest.raises(ValueError, match="key is a non-empty string"):
+        await bad_async.with_options(key=3.5).start_async(1)  # type: ignore[arg-type]
+    assert await query(dsn, f'SELECT count(*) FROM "{schema}".workflows') == [(0,)]
+
+
+# -- every way of starting ------------------------------------------------------------------------------------
+
+
+async def test_sync_and_async_starts_carry_their_keys(app: pgflow.App, dsn: str, schema: str) -> None:
+    """The key given (sync from a plain thread, as a sync web framework calls it; async), the key
+    function's (start, start_many, start_by_name, a debounced start), the given one over the
+    function's, and none: each row holds its start's key, and the work runs in the key-limited queue."""
+    app.queue("tenants", key_concurrency=2)
+    ran: list[str] = []
+
+    @app.workflow(name="keys.doc", queue="tenants", key=lambda tenant, doc: f"tenant-{tenant}")
+    def doc(tenant: str, doc: str) -> str:
+        ran.append(doc)
+        return doc
+
+    @app.workflow(name="keys.plain", queue="tenants")
+    async def plain(doc: str) -> str:
+        return doc
+
+    def sync_starts() -> list[pgflow.WorkflowHandle[Any]]:
+        return [doc.start("1", "sync-function"), doc.with_options(key="given").start("1", "sync-given"),
+                plain.with_options(key="tenant-9").start("sync-plain")]
+
+    handles = await anyio.to_thread.run_sync(sync_starts)
+    handles += [await doc.start_async("2", "async-function"),
+                await doc.with_options(key="given").start_async("2", "async-given"),
+                await plain.start_async("no-key"),
+                *await doc.start_many_async([("3", "many-a"), ("4", "many-b")]),
+                await app.start_by_name_async("keys.doc", "5", "by-name"),
+                await doc.with_options(debounce=0.1, debounce_key="d").start_async("6", "debounced")]
+    keys = await keys_of(dsn, schema)
+    assert [keys[h.id] for h in handles] == [
+        "tenant-1", "given", "tenant-9", "tenant-2", "given", "", "tenant-3", "tenant-4", "tenant-5", "tenant-6"]
+    async with app.worker(concurrency=4, queues=["tenants"]):
+        results = [await h.result_async(timeout=TIMEOUT) for h in handles]
+    assert results == ["sync-function", "sync-given", "sync-plain", "async-function", "async-given", "no-key",
+                       "many-a", "many-b", "by-name", "debounced"]
+    assert sorted(ran) == sorted(r for r in results if r not in ("sync-plain", "no-key"))
