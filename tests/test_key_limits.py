@@ -86,24 +86,28 @@ def test_key_concurrency_holds_across_two_worker_processes(
 # -- a worker killed --------------------------------------------------------------------------------------
 
 
-def test_a_killed_workers_runs_hold_their_keys_slots_until_run_again(
+@pytest.mark.parametrize("limit", ["key", "queue"])
+def test_a_killed_workers_runs_hold_their_places_until_run_again(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
+    limit: str,
 ) -> None:
-    """Worker A runs two of tenant k's six workflows (its limit), held at a gate, and is SIGKILLed.
-    Workers B and C take over: A's two runs are rescued and run again, the other four run, all six
-    succeed, and at no time do more than two of k's workflows run in B and C together (A's runs held
-    their places until they were rescued, then until they ran again, alone, as suspects)."""
+    """Worker A runs two of tenant k's six workflows (its limit: per key, or the queue's own), held at
+    a gate, and is SIGKILLed. Workers B and C take over: A's two runs are rescued and run again, the
+    other four run, all six succeed, and at no time do more than two of k's workflows run in B and C
+    together (A's runs held their places until they were rescued, then until they ran again, alone, as
+    suspects: counting the live leases alone ran three at once)."""
     flows = keyed.build(app)
     app.migrate()
     query_sync(dsn, keyed.PROBE.format(table=flows.probe))
     gate = tmp_path / "gate"
-    a = procs.worker("worker-A", KEYED_APP, worker_env, queues=keyed.TENANTS, concurrency=4)
-    handles = [flows.tenant_work.start("k", str(gate), 0.3) for _ in range(6)]
+    queue, work = (keyed.TENANTS, flows.tenant_work) if limit == "key" else (keyed.CAPPED, flows.capped_work)
+    a = procs.worker("worker-A", KEYED_APP, worker_env, queues=queue, concurrency=4)
+    handles = [work.start("k", str(gate), 0.3) for _ in range(6)]
     wait_until(lambda: sum(1 for _, pid, _, _ in probe_rows(dsn, schema) if pid == a.pid) == 2,
                "worker A to run two of k's workflows", procs, a)
     a.kill()
     assert sum(1 for _, pid, _, _ in probe_rows(dsn, schema) if pid == a.pid) == 2  # never more than its limit
-    others = [procs.worker(name, KEYED_APP, worker_env, queues=keyed.TENANTS, concurrency=2)
+    others = [procs.worker(name, KEYED_APP, worker_env, queues=queue, concurrency=2)
               for name in ("worker-B", "worker-C")]
     gate.touch()
     pids = [result_of(h, procs) for h in handles]

@@ -22,6 +22,7 @@ import pgflow
 
 TENANTS = "tenants"  # at most KEY_CONCURRENCY of a tenant's workflows at once
 KEY_CONCURRENCY = 2
+CAPPED = "capped"  # at most KEY_CONCURRENCY of its workflows at once, whatever their key (the queue's own limit)
 GATE_POLL = 0.05  # seconds between looks at the gate file
 GATE_LIMIT = 180.0  # seconds the step waits for its gate before giving up (a test that died)
 
@@ -31,6 +32,7 @@ PROBE = ("CREATE TABLE {table} (n serial PRIMARY KEY, workflow text NOT NULL, te
 
 def build(app: pgflow.App) -> SimpleNamespace:
     app.queue(TENANTS, key_concurrency=KEY_CONCURRENCY)
+    app.queue(CAPPED, concurrency=KEY_CONCURRENCY)
     probe = f'"{app.schema}".probe'
 
     @app.step
@@ -53,7 +55,11 @@ def build(app: pgflow.App) -> SimpleNamespace:
     async def tenant_work(tenant: str, gate: str, hold: float) -> int:
         return await occupy(pgflow.workflow_id(), tenant, gate, hold)
 
-    return SimpleNamespace(occupy=occupy, tenant_work=tenant_work, probe=probe)
+    @app.workflow(queue=CAPPED)
+    async def capped_work(tenant: str, gate: str, hold: float) -> int:
+        return await occupy(pgflow.workflow_id(), tenant, gate, hold)
+
+    return SimpleNamespace(occupy=occupy, tenant_work=tenant_work, capped_work=capped_work, probe=probe)
 
 
 app = pgflow.App()  # env-configured; connects lazily, so only a worker process serving it connects

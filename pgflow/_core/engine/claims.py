@@ -300,7 +300,14 @@ class Claims(Port):
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
                             lease_seconds: float) -> Round:
         """Claim from a queue with limits, holding its row lock so the limits hold across workers:
-        at most ``concurrency`` live leases at once, and starts paced by a token bucket.
+        at most ``concurrency`` running at once, and starts paced by a token bucket; per key too, when
+        the queue has per-key limits (``key_limits.py``).
+
+        A dead worker's runs keep their places, until a full claim rescues them and then, as suspects,
+        until they run again (alone, and without a look at the limits, in the place they held):
+        counting live leases alone, new runs took those places once the leases ran out, and the
+        suspects ran beside them (tests/test_key_limits.py saw 3 at once at a limit of 2). So the
+        claim runs with no slot free too: its full claims rescue what holds the places.
 
         Returns what ``claim_round`` does, and, when the bucket ran dry, the seconds until its next token.
         """
@@ -319,15 +326,16 @@ class Claims(Port):
             concurrency, rate_limit, period, tokens, keyed, key_rated = row
             if concurrency is not None:
                 cur = await conn.execute(self._sql(
-                    "SELECT count(*) FROM {s}.workflows"
-                    " WHERE queue = %s AND status = 'running' AND lease_expires_at >= now()"
-                ), (queue,))
-                running = await cur.fetchone()
-                limit = min(limit, concurrency - int(running[0] if running else 0))
+                    "SELECT (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'running')"
+                    " + (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'queued'"
+                    "  AND crashes IS NOT NULL)"
+                ), {"queue": queue})
+                held = await cur.fetchone()
+                limit = min(limit, concurrency - int(held[0] if held else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
-            found = (await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True, keyed=keyed)
-                     if limit > 0 else Round([], None))
+            limit = max(0, limit)
+            found = await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True, keyed=keyed)
             if key_rated and 0 < limit and len(found.claimed) < limit:  # short: perhaps for a key's tokens
                 cur = await conn.execute(NEXT_TOKEN.for_schema(self._s), {"queue": queue, "names": list(names)})
                 next_token = await cur.fetchone()

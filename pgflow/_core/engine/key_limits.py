@@ -80,7 +80,7 @@ def keyed_queued(verdict: str, not_paused: str) -> str:
         # A full round moves the cursor to the key it ended at; a round that came up short served
         # every key all it could, and leaves it.
         " moved AS (UPDATE {s}.queues SET key_cursor = (SELECT key FROM taken ORDER BY pass DESC, pos DESC LIMIT 1)"
-        "   WHERE name = %(queue)s AND (SELECT count(*) FROM taken) >= %(limit)s),"
+        "   WHERE name = %(queue)s AND %(limit)s > 0 AND (SELECT count(*) FROM taken) >= %(limit)s),"
         # Each key's tokens, less what the round took (the queue's lock makes the read-then-write exact).
         " spent AS (INSERT INTO {s}.queue_keys AS b (queue, key, tokens, refilled_at)"
         "   SELECT %(queue)s, key, tokens - count(*), now() FROM taken WHERE tokens IS NOT NULL GROUP BY key, tokens"
