@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 import pgflow
+from pgflow._core import pruning
+from pgflow._core.engine import claims, quote_identifier
 
 from .apps import keyed
 from .helpers import TIMEOUT, query, query_sync
 from .processes import Processes, result_of, wait_until
+from .test_claims import assert_found_by_the_key, subtree
 
 pytestmark = pytest.mark.anyio
 
@@ -292,3 +296,59 @@ async def test_sync_and_async_starts_carry_their_keys(app: pgflow.App, dsn: str,
     assert results == ["sync-function", "sync-given", "sync-plain", "async-function", "async-given", "no-key",
                        "many-a", "many-b", "by-name", "debounced"]
     assert sorted(ran) == sorted(r for r in results if r not in ("sync-plain", "no-key"))
+
+
+# -- the buckets ---------------------------------------------------------------------------------------------
+
+
+async def test_retention_forgets_the_buckets_that_are_full_again(app: pgflow.App, dsn: str, schema: str) -> None:
+    """A key without a bucket has a full one: the retention pass deletes the buckets that refilled, and
+    those of a queue with no per-key rate any more, and keeps the ones still short of tokens."""
+    await app.migrate_async()
+    s = f'"{schema}"'
+    await query(dsn, f"INSERT INTO {s}.queues (name, key_rate_limit, rate_period) VALUES ('m', 2, 60)")
+    await query(dsn, f"INSERT INTO {s}.queue_keys (queue, key, tokens, refilled_at) VALUES"
+                     " ('m', 'dry', 0, now()), ('m', 'half', 1, now() - interval '29 s'),"
+                     " ('m', 'refilled', 0, now() - interval '61 s'), ('m', 'topped', 1, now() - interval '31 s'),"
+                     " ('unlimited', 'x', 0, now())")
+    runtime = app._client.runtime()
+    assert await runtime.db(lambda store: pruning.prune_key_buckets(store)) == 3
+    assert await query(dsn, f"SELECT key FROM {s}.queue_keys ORDER BY key") == [("dry",), ("half",)]
+
+
+# -- the plan --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "bounded"])
+async def test_a_keyed_claim_walks_the_keys_through_their_index_and_scans_no_table(
+        app: pgflow.App, dsn: str, schema: str, full: bool) -> None:
+    """Planned once for any values (a generic plan, as pgflow's prepared claims run), on a backlog of
+    30,000 over 1,000 keys beside finished work: the walk from key to key and each key's turn are
+    probes of the keyed index, in its order (no sort of a key's rows), and the claimed rows are found
+    by the primary key."""
+    await app.migrate_async()
+    s = f'"{schema}"'
+    await query(dsn, f"INSERT INTO {s}.workflows (id, name, queue, inputs, priority, due_at, status, key)"
+                     " SELECT 'w' || i, 'n.a', 'q', '\\x80'::bytea, i %% 3, now() - make_interval(secs => i %% 7),"
+                     "  CASE WHEN i %% 5 = 0 THEN 'succeeded' ELSE 'queued' END, 'k' || (i %% 1000)"
+                     " FROM generate_series(1, 30000) AS i")
+    await query(dsn, f"ANALYZE {s}.workflows")
+    statement = claims.FULL_KEYED_CLAIMING if full else claims.KEYED_CLAIMING
+    template = statement.for_schema(quote_identifier(schema))[0].decode()
+    given = {"queue": "'q'", "limit": "16", "names": "'{n.a}'::text[]", "queues": "'{q}'::text[]", "commit": "'on'",
+             "token": "1", "owner": "'probe'", "lease": "10.0"}
+    types = {"queue": "text", "limit": "int4", "names": "text[]", "queues": "text[]", "commit": "text",
+             "token": "int8", "owner": "text", "lease": "float8"}
+    names = statement._names  # noqa: SLF001 - the order of its $n
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("SET jit = off")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE keyed({', '.join(types[n] for n in names)}) AS {template}")
+        cur = await conn.execute(f"EXPLAIN EXECUTE keyed({', '.join(given[n] for n in names)})")
+        text = "\n".join(row[0] for row in await cur.fetchall())
+    assert "Seq Scan on workflows" not in text, text
+    ring, first = subtree(text, "CTE ring"), subtree(text, "CTE first")
+    assert "Index Only Scan using workflows_queued_by_key" in ring and "Sort" not in ring, text
+    assert "Index Scan using workflows_queued_by_key" in first and "Sort" not in first, text
+    assert_found_by_the_key(text)
+    assert ("CTE expired" in text) == full, text
