@@ -352,3 +352,25 @@ async def test_a_keyed_claim_walks_the_keys_through_their_index_and_scans_no_tab
     assert "Index Scan using workflows_queued_by_key" in first and "Sort" not in first, text
     assert_found_by_the_key(text)
     assert ("CTE expired" in text) == full, text
+
+
+# -- a limited queue that is not the workflow's own --------------------------------------------------------
+
+
+@pytest.mark.parametrize("limits", [{"concurrency": 1}, {"key_concurrency": 1}], ids=["queue", "key"])
+async def test_a_slot_freed_in_a_limited_queue_wakes_its_claims_whatever_the_workflows_own_queue(
+        dsn: str, schema: str, limits: dict[str, int]) -> None:
+    """Workflows of the default queue started on a limited one (``with_options(queue=...)``), one slot:
+    each end wakes the worker's claim of the next at once. (Woken by the ends of the workflows' own
+    queue, which has no limits, it looked again only at its poll, here a minute: a drain of three took
+    two minutes.)"""
+    async with pgflow.App(dsn, schema=schema, poll_interval=60.0) as app:
+        app.queue("one-at-a-time", **limits)  # type: ignore[arg-type]
+
+        @app.workflow(name="keys.elsewhere")
+        async def elsewhere(n: int) -> int:
+            return n
+
+        handles = [await elsewhere.with_options(queue="one-at-a-time", key="k").start_async(n) for n in range(3)]
+        async with app.worker(concurrency=4, queues=["one-at-a-time"]):
+            assert [await h.result_async(timeout=TIMEOUT) for h in handles] == [0, 1, 2]

@@ -314,7 +314,8 @@ class Worker:
         freed: tuple[str, ...] = ()
         try:
             workflow = self.registry.workflows[claimed.name]
-            freed = (signal_keys.queue(workflow.queue),) if workflow.queue in self.registry.queues else ()
+            # (the queue it was claimed from: a start may have put it on another than its own)
+            freed = (signal_keys.queue(claimed.queue),) if claimed.queue in self.registry.queues else ()
             await run_claimed(on.slot, workflow, claimed, scope, freed)
         except ExecutionInterrupted as exc:
             log.info("workflow %s interrupted: %s", claimed.id, exc)
