@@ -126,8 +126,8 @@ def _claim(full: bool, suspect: bool = False, keyed: bool = False) -> str:
         + ("1" if suspect else "%(limit)s") + "),"
         # A plain claim does not wait for the disk: one lost in a crash leaves the row claimable again,
         # and the lost claim's execution, should it run on, is fenced out by its token (``lease_token``,
-        # new with every claim; the attempt number is handed out again). A limited queue's claim does
-        # wait, for its token bucket's sake.
+        # new with every claim; the attempt number is handed out again). A rate-limited queue's claim
+        # does wait, for its token bucket's sake (a queue's or its keys').
         " lazy AS (SELECT set_config('synchronous_commit', %(commit)s, true)),"
         " claimed AS (UPDATE {s}.workflows w SET status = 'running', attempt = w.attempt + 1,"
         "  attempt_base = w.attempt_base + (ch.free OR ch.give_up)::int, uncounted = false,"
@@ -335,7 +335,10 @@ class Claims(Port):
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
             limit = max(0, limit)
-            found = await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True, keyed=keyed)
+            # (its commit waits for the disk only for a bucket's sake, as a plain claim's does not: a
+            # claim lost in a crash of the server gives the row back, and fences its execution out)
+            found = await self._claim(conn, owner, [queue], names, limit, lease_seconds,
+                                      durable=rate_limit is not None or key_rated, keyed=keyed)
             if key_rated and 0 < limit and len(found.claimed) < limit:  # short: perhaps for a key's tokens
                 cur = await conn.execute(NEXT_TOKEN.for_schema(self._s), {"queue": queue, "names": list(names)})
                 next_token = await cur.fetchone()
@@ -363,7 +366,7 @@ class Claims(Port):
         first just locked (a transaction's own locks do not make it skip them) and hand them out twice."""
         served, floors = frozenset(names), self._floors
         if keyed:  # (one queue, read by the walk over its keys: no floors)
-            return await self._claim_keyed(conn, owner, queues[0], names, limit, lease_seconds)
+            return await self._claim_keyed(conn, owner, queues[0], names, limit, lease_seconds, durable)
         full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
             or any((queue, served) not in floors for queue in queues)
         if full:
@@ -379,7 +382,7 @@ class Claims(Port):
         return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
     async def _claim_keyed(self, conn: AsyncConnection[Any], owner: str, queue: str, names: Sequence[str],
-                           limit: int, lease_seconds: float) -> Round:
+                           limit: int, lease_seconds: float, durable: bool) -> Round:
         """``_claim`` from a queue with per-key limits, under its lock (``key_limits.py``)."""
         at, claims = time.monotonic(), (frozenset([queue]), frozenset(names))
         full = at - self._full_claim_at.get(claims, -math.inf) >= FULL_CLAIM_EVERY
@@ -387,7 +390,7 @@ class Claims(Port):
             self._full_claim_at[claims] = at
         rows = await wire.fetch(conn, FULL_KEYED_CLAIMING if full else KEYED_CLAIMING, self._s, {
             "queue": queue, "queues": [queue], "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
-            "token": (token := secrets.randbits(63)), "commit": "on"}, prepare=self.pool.prepares)
+            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
         due, suspects = rows[-1][-2:]
         return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
