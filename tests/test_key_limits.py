@@ -374,3 +374,23 @@ async def test_a_slot_freed_in_a_limited_queue_wakes_its_claims_whatever_the_wor
         handles = [await elsewhere.with_options(queue="one-at-a-time", key="k").start_async(n) for n in range(3)]
         async with app.worker(concurrency=4, queues=["one-at-a-time"]):
             assert [await h.result_async(timeout=TIMEOUT) for h in handles] == [0, 1, 2]
+
+
+async def test_a_paused_key_limited_queue_is_not_claimed(app: pgflow.App) -> None:
+    """Pausing holds for a queue with per-key limits too (its claim is a statement of its own)."""
+    app.queue("keyed-paused", key_concurrency=2)
+
+    @app.workflow(name="keys.paused")
+    async def quick(n: int) -> int:
+        return n
+
+    await app.migrate_async()
+    await app.pause_queue_async("keyed-paused")
+    waiting = await quick.with_options(queue="keyed-paused", key="k").start_async(1)
+    async with app.worker(concurrency=2, queues=["keyed-paused", "default"]):
+        # Claimed by the same worker's rounds, after the paused queue's claim looked (and took nothing).
+        assert await (await quick.start_async(2)).result_async(timeout=TIMEOUT) == 2
+        assert await (await quick.start_async(3)).result_async(timeout=TIMEOUT) == 3
+        assert await waiting.status_async() == "queued"
+        await app.resume_queue_async("keyed-paused")
+        assert await waiting.result_async(timeout=TIMEOUT) == 1
