@@ -2,7 +2,7 @@
 
 pgflow's orchestration records everything through the ports of ``pgflow._core.engine.Engine``
 (``engine.starts``, ``.claims``, ``.journal``, ``.chunks``, ``.ends``, ``.waits``, ``.reruns``,
-``.workers``, ``.workflows``, ``.pausing``, ``.debounces``, ``.details``, ``.management``,
+``.workers``, ``.workflows``, ``.pausing``, ``.debounces``, ``.key_limits``, ``.details``, ``.management``,
 ``.migrations``, ``.channel``). Each module here is a port (``test_<port>.py``; ``test_schema.py``:
 migrations and the signal keyring; ``test_details.py``: details and management's resume): a test
 class's docstring says in plain words what any engine must do, and each test states one rule of it, in

@@ -284,7 +284,8 @@ class TestLostLeases:
 class TestLimitedQueues:
     """``declare_queue`` records a queue's limits (or forgets them when there are none), and
     ``claim_limited`` claims from it within them, across every worker: at most ``concurrency``
-    workflows of the queue hold live leases at once, and at most ``rate_limit`` claims per
+    workflows of the queue run at once (a dead worker's runs among them until they ran again:
+    test_key_limits.py), and at most ``rate_limit`` claims per
     ``rate_period`` seconds (a bucket that starts full); when the bucket is dry, the claim says in how
     many seconds its next token comes. A queue without limits is claimed from as ``claim`` does."""
 
