@@ -21,6 +21,7 @@ import psycopg
 from ..cron import Cron
 from .clock import Clock
 from .connecting import users_application_name
+from .engine import sessions
 from .pool import answered_within
 
 log = logging.getLogger("pgflow.maintenance")
@@ -87,16 +88,14 @@ class Maintenance:
                     if name in self.leading:
                         continue
                     with answered_within(conn, self._query_timeout):
-                        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                                 (lock_name(self._schema, name),))
-                        row = await cur.fetchone()
-                    if row and row[0]:
+                        won = await sessions.try_lock(conn, lock_name(self._schema, name))
+                    if won:
                         log.info("this worker now runs the %s service", name)
                         self.leading.add(name)
                         services.start_soon(_keep_running, name, service)
                 if len(self.leading) == len(self._services):
                     with answered_within(conn, self._query_timeout):  # a dead or frozen session must
-                        await conn.execute("SELECT 1")  # end the services it holds
+                        await sessions.answer(conn)  # end the services it holds
                 await anyio.sleep(self._interval)
 
 

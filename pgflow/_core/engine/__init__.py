@@ -2,7 +2,7 @@
 and the schema's numbered migrations."""
 
 from .channel import NO_PINGS, Pings
-from .claims import Claimed
+from .claimed import Claimed
 from .database import quote_identifier
 from .engine import Engine
 from .fencing import Fence, Fenced, Receipt, Requeued, StepStart, Wake

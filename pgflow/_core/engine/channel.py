@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from . import arrays
-from .database import Port, quote_identifier
+from .database import Port, Session, Sql, quote_identifier
 
 
 class Pings(NamedTuple):
@@ -46,25 +46,57 @@ def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> dict[str, Any]:
     return {"pings_channels": arrays.texts(pings.channels), "pings": arrays.texts(pings.payloads)}
 
 
+# The statements of the signals layer's own connections (the notifier's checkout, the listener's
+# session): they name no table, and run through a Session made over the connection.
+NOTIFY = Sql("SELECT pg_notify(x.c, x.p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)")
+QUEUE_USAGE = Sql("SELECT pg_notification_queue_usage()")
+
+
 async def notify(conn: AsyncConnection[Any], pings: Pings) -> None:
     """Send ``pings`` in one transaction (the notifier's flush)."""
     arrays.ready(conn)
-    await conn.execute("SELECT pg_notify(x.c, x.p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)",
-                       (arrays.texts(pings.channels), arrays.texts(pings.payloads)))
+    await Session(conn).run(NOTIFY, (arrays.texts(pings.channels), arrays.texts(pings.payloads)))
 
 
 async def listen(conn: AsyncConnection[Any], channel: str) -> None:
-    await conn.execute(f"LISTEN {quote_identifier(channel)}")
+    # (built for the channel: an identifier is no parameter; a process listens on two)
+    await Session(conn).run(Sql(f"LISTEN {quote_identifier(channel)}"))
 
 
 async def unlisten(conn: AsyncConnection[Any], channel: str) -> None:
-    await conn.execute(f"UNLISTEN {quote_identifier(channel)}")
+    await Session(conn).run(Sql(f"UNLISTEN {quote_identifier(channel)}"))
 
 
 async def queue_usage(conn: AsyncConnection[Any]) -> float:
-    cur = await conn.execute("SELECT pg_notification_queue_usage()")
-    row = await cur.fetchone()
+    row = await Session(conn).row(QUEUE_USAGE)
     return float(row[0]) if row else 0.0
+
+
+# The keys pings may be sealed with or opened by.
+SIGNAL_KEYS = Sql(
+    "SELECT id, secret, extract(epoch FROM seal_from - now())::float8,"
+    " extract(epoch FROM accept_until - now())::float8 FROM {s}.signal_keys"
+    " WHERE accept_until IS NULL OR accept_until > now() ORDER BY id")
+# 32 random bytes from the server's strong random source (gen_random_uuid, PostgreSQL 13 and later,
+# needs no extension): two version-4 UUIDs, 244 random bits. The signals layer derives its keys
+# from these with a keyed hash, so the fixed bits do not matter.
+NEW_SECRET = ("decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex')")
+# A rotation of the keyring, in one transaction under its lock: whether the newest key is due for it,
+# a new key sealed with after the overlap, the keys before it accepted for a while after that, and the
+# keys retired a day ago gone.
+LOCK_KEYS = Sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE")
+ROTATION_DUE = Sql(
+    "SELECT coalesce(max(seal_from) < now() - make_interval(secs => %(period)s), true)"
+    " FROM {s}.signal_keys")
+NEW_KEY = Sql(
+    "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
+    " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
+    "  now() + make_interval(secs => %(overlap)s) FROM {s}.signal_keys RETURNING id")
+RETIRE_KEYS = Sql(
+    "UPDATE {s}.signal_keys SET accept_until = now() + make_interval(secs => 2 * %(overlap)s)"
+    " WHERE id < %(id)s AND (accept_until IS NULL OR accept_until > now() + make_interval("
+    "  secs => 2 * %(overlap)s))")
+FORGET_KEYS = Sql("DELETE FROM {s}.signal_keys WHERE accept_until < now() - interval '1 day'")
 
 
 class SignalKey(NamedTuple):
@@ -83,13 +115,8 @@ class Channel(Port):
     async def signal_keys(self) -> list[SignalKey]:
         """The keys pings may be sealed with or opened by; only roles that may read
         ``signal_keys`` get them (PostgreSQL lets any role LISTEN and NOTIFY)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT id, secret, extract(epoch FROM seal_from - now())::float8,"
-                " extract(epoch FROM accept_until - now())::float8 FROM {s}.signal_keys"
-                " WHERE accept_until IS NULL OR accept_until > now() ORDER BY id"))
-            return [SignalKey(int(i), bytes(s), float(f), None if u is None else float(u))
-                    for i, s, f, u in await cur.fetchall()]
+        return [SignalKey(int(i), bytes(secret), float(f), None if u is None else float(u))
+                for i, secret, f, u in await self.db.rows(SIGNAL_KEYS)]
 
     async def rotate_signal_key(self, overlap: float) -> int:
         """Add a new key, sealed with from ``overlap`` seconds on, and have the keys before it
@@ -106,32 +133,14 @@ class Channel(Port):
         return await self._rotate(overlap, period)
 
     async def _rotate(self, overlap: float, period: float | None) -> int | None:
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(self._sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE"))
+        async with self.db.session() as s, s.transaction():
+            await s.run(LOCK_KEYS)
             if period is not None:
-                cur = await conn.execute(self._sql(
-                    "SELECT coalesce(max(seal_from) < now() - make_interval(secs => %(period)s), true)"
-                    " FROM {s}.signal_keys"), {"period": period})
-                due = await cur.fetchone()
+                due = await s.row(ROTATION_DUE, {"period": period})
                 if not (due and due[0]):
                     return None
-            cur = await conn.execute(self._sql(
-                "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
-                " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
-                "  now() + make_interval(secs => %(overlap)s) FROM {s}.signal_keys RETURNING id"),
-                {"overlap": overlap})
-            row = await cur.fetchone()
+            row = await s.row(NEW_KEY, {"overlap": overlap})
             assert row is not None
-            await conn.execute(self._sql(
-                "UPDATE {s}.signal_keys SET accept_until = now() + make_interval(secs => 2 * %(overlap)s)"
-                " WHERE id < %(id)s AND (accept_until IS NULL OR accept_until > now() + make_interval("
-                "  secs => 2 * %(overlap)s))"), {"overlap": overlap, "id": row[0]})
-            await conn.execute(self._sql(
-                "DELETE FROM {s}.signal_keys WHERE accept_until < now() - interval '1 day'"))
+            await s.run(RETIRE_KEYS, {"overlap": overlap, "id": row[0]})
+            await s.run(FORGET_KEYS)
             return int(row[0])
-
-
-# 32 random bytes from the server's strong random source (gen_random_uuid, PostgreSQL 13 and later,
-# needs no extension): two version-4 UUIDs, 244 random bits. The signals layer derives its keys
-# from these with a keyed hash, so the fixed bits do not matter.
-NEW_SECRET = ("decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex')")

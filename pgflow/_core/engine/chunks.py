@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from . import wire
 from .channel import Pings, riding
-from .database import Port
+from .database import Port, Sql
 from .fencing import held
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
@@ -69,6 +69,22 @@ def _write_fenced_by_worker(again: bool) -> wire.Statement:
 BY_WORKER, BY_WORKER_AGAIN = _write_fenced_by_worker(again=False), _write_fenced_by_worker(again=True)
 
 
+# The next free position of each of a workflow's streams.
+STREAM_ENDS = Sql(
+    "SELECT i.key, (SELECT max(position) + 1 FROM {s}.chunks WHERE stream_id = i.id)"
+    " FROM {s}.stream_ids i WHERE i.workflow_id = %s"
+)
+# The ids of (workflow, key) streams, naming those that have none yet.
+NAME_STREAMS = Sql(
+    "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::text[]) AS a(workflow_id, key)),"
+    " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT workflow_id, key FROM asked"
+    "   ORDER BY workflow_id, key ON CONFLICT DO NOTHING RETURNING id, workflow_id, key)"
+    " SELECT id, workflow_id, key FROM named"
+    " UNION ALL SELECT i.id, i.workflow_id, i.key FROM asked a"
+    "   JOIN {s}.stream_ids i ON i.workflow_id = a.workflow_id AND i.key = a.key",
+    binary=True)
+
+
 class Written(NamedTuple):
     """What a batch of chunks came to: the (workflow id, claim token) of the executions fenced out,
     the ids whose cancellation was requested, and whether the worker fence it was sent under held
@@ -85,12 +101,7 @@ class Chunks(Port):
     async def stream_ends(self, workflow_id: str) -> dict[str, int]:
         """The next free position of each of a workflow's streams: read once per execution, so
         positions are then assigned in memory rather than by a max()+1 query per write."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT i.key, (SELECT max(position) + 1 FROM {s}.chunks WHERE stream_id = i.id)"
-                " FROM {s}.stream_ids i WHERE i.workflow_id = %s"
-            ), (workflow_id,))
-            return {str(key): int(end) for key, end in await cur.fetchall() if end is not None}
+        return {str(key): int(end) for key, end in await self.db.rows(STREAM_ENDS, (workflow_id,)) if end is not None}
 
     async def stream_ids(self, workflow_ids: list[str], keys: list[str]) -> dict[tuple[str, str], int]:
         """The ids of these (workflow, key) streams, naming those that have none yet. A stream named
@@ -98,17 +109,9 @@ class Chunks(Port):
         it is asked again (its row is committed by then: our insert waited for it)."""
         found: dict[tuple[str, str], int] = {}
         asked = sorted(set(zip(workflow_ids, keys, strict=True)))
-        async with self.pool.connection() as conn:
+        async with self.db.session() as s:
             while asked:
-                cur = await conn.execute(self._sql(
-                    "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::text[]) AS a(workflow_id, key)),"
-                    " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT workflow_id, key FROM asked"
-                    "   ORDER BY workflow_id, key ON CONFLICT DO NOTHING RETURNING id, workflow_id, key)"
-                    " SELECT id, workflow_id, key FROM named"
-                    " UNION ALL SELECT i.id, i.workflow_id, i.key FROM asked a"
-                    "   JOIN {s}.stream_ids i ON i.workflow_id = a.workflow_id AND i.key = a.key"
-                ), ([w for w, _ in asked], [k for _, k in asked]), binary=True)
-                for id, workflow_id, key in await cur.fetchall():
+                for id, workflow_id, key in await s.rows(NAME_STREAMS, ([w for w, _ in asked], [k for _, k in asked])):
                     found[(workflow_id, key)] = id
                 asked = [stream for stream in asked if stream not in found]
         return found
@@ -133,18 +136,17 @@ class Chunks(Port):
         plain insert; only ``again`` (a retry after a lost connection, which may have committed)
         skips chunks already there, at the price of a speculative insertion per row.
         """
-        async with self.pool.connection() as conn:
+        async with self.db.session() as s:
             if fence is not None:
-                [(held,)] = await wire.fetch(conn, BY_WORKER_AGAIN if again else BY_WORKER, self._s, {
+                [(held,)] = await s.rows(BY_WORKER_AGAIN if again else BY_WORKER, {
                     "worker": fence[0], "epoch": fence[1], "streams": stream_ids, "positions": positions,
-                    "values": values, "pings_channels": pings.channels, "pings": pings.payloads},
-                    prepare=self.pool.prepares)
+                    "values": values, "pings_channels": pings.channels, "pings": pings.payloads})
                 if held:
                     return Written(set(), set(), True)
-            rows = await wire.fetch(conn, WRITING_AGAIN if again else WRITING, self._s, {
+            rows = await s.rows(WRITING_AGAIN if again else WRITING, {
                 "ids": [w for w, _ in owners], "leases": [token for _, token in owners], "owners": chunk_owners,
                 "streams": stream_ids, "positions": positions, "values": values, "n": len(owners),
-                "pings_channels": pings.channels, "pings": pings.payloads}, prepare=self.pool.prepares)
+                "pings_channels": pings.channels, "pings": pings.payloads})
         return Written({(str(r[0]), int(r[1])) for r in rows if r[2]}, {str(r[0]) for r in rows if r[3]},
                        fence is None)
 
@@ -164,14 +166,12 @@ class Chunks(Port):
         """
         known = None not in stream_ids
         sizes = {"limit": limit, "budget": budget, "whole": whole}
-        async with self.pool.connection() as conn:
-            if known:  # the usual read, of streams read before: by id alone
-                rows = await wire.fetch(conn, READING_BY_ID, self._s, {
-                    "sids": stream_ids, "starts": offsets, **sizes}, prepare=self.pool.prepares)
-            else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
-                rows = await wire.fetch(conn, READING_BY_NAME, self._s, {
-                    "sids": [sid or 0 for sid in stream_ids], "workflow_ids": workflow_ids, "keys": keys,
-                    "starts": offsets, **sizes}, prepare=self.pool.prepares)
+        if known:  # the usual read, of streams read before: by id alone
+            rows = await self.db.rows(READING_BY_ID, {"sids": stream_ids, "starts": offsets, **sizes})
+        else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
+            rows = await self.db.rows(READING_BY_NAME, {
+                "sids": [sid or 0 for sid in stream_ids], "workflow_ids": workflow_ids, "keys": keys,
+                "starts": offsets, **sizes})
         return _sorted_reads(rows, len(stream_ids), learn=not known)
 
 

@@ -6,14 +6,13 @@ import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
-
-from psycopg import AsyncConnection
 
 from . import wire
-from .database import Database, Port
+from .claimed import Claimed as Claimed  # (what a claim hands out: found here by its callers)
+from .claimed import Round as Round
+from .claimed import claimed_of
+from .database import Database, Port, Session, Sql
 from .fencing import HOLDS_LOCKED
 from .key_limits import NEXT_TOKEN, keyed_queued
 
@@ -193,68 +192,56 @@ FLOORS = (
     "  - make_interval(secs => %(margin)s)"
     " FROM unnest(%(queues)s::text[]) AS q(queue)"
 )
+FLOORING = Sql(FLOORS)  # (as the executor runs it)
 
-
-@dataclass(slots=True, eq=False)
-class Claimed:
-    """A workflow this worker now holds a lease on, as its claim read it (nothing assigns to one: not
-    frozen only because a frozen one's ``__init__`` sets each field through ``object.__setattr__``,
-    1.6 µs more per claimed workflow)."""
-
-    id: str
-    name: str
-    inputs: bytes
-    attempt: int
-    max_attempts: int | None  # its max_attempts (None: no cap)
-    seconds_left: float | None  # until the workflow's timeout; None without one
-    queue: str
-    traceparent: str | None  # the caller's trace, when it had one
-    waited: float  # seconds from being due (or its lease running out) to this claim
-    claim_token: int  # never handed out twice: it fences every write of the execution
-    born: int  # the row's created_at in microseconds (what binds news of its end to this workflow)
-    # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
-    # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
-    run: int = 1
-    expired: bool = False  # claimed past its ``expires=`` without having started: ends cancelled, unrun
-    retries: int = 0  # runs of the body that failed and were retried under its workflow's retry policy
-    set_start: bool = False  # this claim set the row's started_at (its first start), and
-    set_deadline: bool = False  # its deadline_at (the first start's, or a rerun's): ``unclaim`` clears them
-    # The claimer's fence (worker id, epoch) when it had one: chunk batches are fenced by it, not by the row.
-    fence: tuple[str, int] | None = None
-    # Given up instead of run (no new attempt begun): its worker died while running it alone
-    # ``crashes`` times, or its attempts are spent (see _VERDICT).
-    give_up: bool = False
-    # None: no suspect. Otherwise a suspect (run alone), whose worker died that many times while
-    # running it alone (0: it was caught in another workflow's crash).
-    crashes: int | None = None
-    uncounted: bool = False  # this claim began no new attempt (a wake-up, a retry, a rerun after a crash)
-
-    @property
-    def suspect(self) -> bool:
-        """Claimed as a suspect of a crash: its worker runs nothing beside it."""
-        return self.crashes is not None
-
-
-class Round(NamedTuple):
-    """What one claim found: the workflows claimed, the seconds until the next delayed one falls due
-    (None: none waits), whether suspects wait to be run alone (as a full claim saw), and, for a
-    rate-limited queue whose bucket ran dry, the seconds until its next token."""
-
-    claimed: list[Claimed]
-    due: float | None
-    suspects: bool | None = None  # None: this claim did not look (only full claims do)
-    refill: float | None = None
-
-
-def _claimed(rows: Sequence[tuple[Any, ...]], owner: str, token: int) -> list[Claimed]:
-    """The claimed workflows of a claim's rows (all but its last, which says when the next falls due)."""
-    return [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
-                    seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
-                    waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
-                    retries=retries, set_start=set_start, set_deadline=set_deadline, give_up=bool(give_up),
-                    crashes=crashes, uncounted=bool(free), fence=None if epoch is None else (owner, epoch))
-            for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
-            retries, set_start, set_deadline, give_up, crashes, free, epoch, _, _ in rows]
+# A limited queue's limits and its bucket's tokens now, its row locked for the claim that follows.
+# Whether it has per-key limits, and per-key rates (``key_limits.py``).
+LIMITS = Sql(
+    "SELECT concurrency, rate_limit, rate_period,"
+    "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period),"
+    "  key_concurrency IS NOT NULL OR key_rate_limit IS NOT NULL, key_rate_limit IS NOT NULL"
+    " FROM {s}.queues WHERE name = %s FOR UPDATE"
+)
+# The places of a queue's concurrency taken: its running rows whatever their lease, and its queued
+# suspects (a dead worker's runs keep their places until they ran again: see ``claim_limited``).
+HELD = Sql(
+    "SELECT (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'running')"
+    " + (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'queued'"
+    "  AND crashes IS NOT NULL)"
+)
+# A limited queue's bucket after a claim took its tokens.
+SPENT = Sql("UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s")
+# Claims undone (``Claims.unclaim``): each workflow queued again as it was before its claim.
+UNCLAIM = Sql(
+    "UPDATE {s}.workflows w SET status = 'queued', attempt = w.attempt - 1, lease_owner = NULL,"
+    "  lease_expires_at = NULL, started_at = CASE WHEN u.set_start THEN NULL ELSE w.started_at END,"
+    "  deadline_at = CASE WHEN u.set_deadline THEN NULL ELSE w.deadline_at END,"
+    # (a claim that began no attempt moved the base with the attempt: both go back)
+    "  attempt_base = w.attempt_base - (u.free OR u.give_up)::int, uncounted = u.free"
+    " FROM unnest(%s::text[], %s::int8[], %s::bool[], %s::bool[], %s::bool[], %s::bool[])"
+    "  AS u(id, lease, set_start, set_deadline, free, give_up)"
+    " WHERE w.id = u.id AND w.lease_token = u.lease AND w.status = 'running' RETURNING w.id"
+)
+# A queue without limits forgets them; one with limits records them (the bucket starts full).
+FORGET_QUEUE = Sql("DELETE FROM {s}.queues WHERE name = %s")
+DECLARE_QUEUE = Sql(
+    "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens, key_concurrency,"
+    "  key_rate_limit)"
+    " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0), %(key_concurrency)s,"
+    "  %(key_rate)s)"
+    " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
+    "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
+    "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0)),"
+    "  key_concurrency = excluded.key_concurrency, key_rate_limit = excluded.key_rate_limit"
+)
+# A workflow given back to the queue by the claim that holds it (``Claims.release``); with ``fence_cut``,
+# the fence of the worker whose batch was cut off moved on in the same statement.
+_RELEASE = (" held AS (" + HOLDS_LOCKED + ")"
+            " UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = (SELECT id FROM held) RETURNING 1")
+RELEASE = Sql("WITH" + _RELEASE)
+RELEASE_FENCE_CUT = Sql("WITH moved AS (UPDATE {s}.worker_fences SET epoch = epoch + 1 WHERE worker = %s RETURNING 1),"
+                        + _RELEASE)
 
 
 class Claims(Port):
@@ -282,19 +269,18 @@ class Claims(Port):
     async def claim_round(self, owner: str, queues: Sequence[str], names: Sequence[str], limit: int,
                           lease_seconds: float) -> Round:
         """``claim``, also telling whether suspects wait to be run alone (see ``claim_suspect``)."""
-        async with self.pool.connection() as conn:
-            return await self._claim(conn, owner, queues, names, limit, lease_seconds)
+        async with self.db.session() as s:
+            return await self._claim(s, owner, queues, names, limit, lease_seconds)
 
     async def claim_suspect(self, owner: str, queues: Sequence[str], names: Sequence[str],
                             lease_seconds: float) -> Claimed | None:
         """Claim one suspect of a crash (migration 0028), for a worker that runs nothing else and will
         claim nothing beside it until its run ends; None when no suspect is due. A queue's limits are
         not consulted: the suspect held its place in them when its worker died."""
-        async with self.pool.connection() as conn:
-            rows = await wire.fetch(conn, SUSPECT_CLAIMING, self._s, {
-                "queues": queues, "names": names, "owner": owner, "lease": lease_seconds,
-                "token": (token := secrets.randbits(63)), "commit": "off"}, prepare=self.pool.prepares)
-        claimed = _claimed(rows[:-1], owner, token)
+        rows = await self.db.rows(SUSPECT_CLAIMING, {
+            "queues": queues, "names": names, "owner": owner, "lease": lease_seconds,
+            "token": (token := secrets.randbits(63)), "commit": "off"})
+        claimed = claimed_of(rows[:-1], owner, token)
         return claimed[0] if claimed else None
 
     async def claim_limited(self, owner: str, queue: str, names: Sequence[str], limit: int,
@@ -311,50 +297,36 @@ class Claims(Port):
 
         Returns what ``claim_round`` does, and, when the bucket ran dry, the seconds until its next token.
         """
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.db.session() as s, s.transaction():
             # Lock first, count after: the count's snapshot must include the claims of whoever held
             # the lock before us (a count taken in the locking statement would predate them).
-            cur = await conn.execute(self._sql(
-                "SELECT concurrency, rate_limit, rate_period,"
-                "  least(rate_limit, tokens + rate_limit * extract(epoch FROM now() - refilled_at) / rate_period),"
-                "  key_concurrency IS NOT NULL OR key_rate_limit IS NOT NULL, key_rate_limit IS NOT NULL"
-                " FROM {s}.queues WHERE name = %s FOR UPDATE"
-            ), (queue,))
-            row = await cur.fetchone()
+            row = await s.row(LIMITS, (queue,))
             if row is None:
-                return await self._claim(conn, owner, [queue], names, limit, lease_seconds, durable=True)
+                return await self._claim(s, owner, [queue], names, limit, lease_seconds, durable=True)
             concurrency, rate_limit, period, tokens, keyed, key_rated = row
             if concurrency is not None:
-                cur = await conn.execute(self._sql(
-                    "SELECT (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'running')"
-                    " + (SELECT count(*) FROM {s}.workflows WHERE queue = %(queue)s AND status = 'queued'"
-                    "  AND crashes IS NOT NULL)"
-                ), {"queue": queue})
-                held = await cur.fetchone()
+                held = await s.row(HELD, {"queue": queue})
                 limit = min(limit, concurrency - int(held[0] if held else 0))
             if rate_limit is not None:
                 limit = min(limit, int(tokens))
             limit = max(0, limit)
             # (its commit waits for the disk only for a bucket's sake, as a plain claim's does not: a
             # claim lost in a crash of the server gives the row back, and fences its execution out)
-            found = await self._claim(conn, owner, [queue], names, limit, lease_seconds,
+            found = await self._claim(s, owner, [queue], names, limit, lease_seconds,
                                       durable=rate_limit is not None or key_rated, keyed=keyed)
             if key_rated and 0 < limit and len(found.claimed) < limit:  # short: perhaps for a key's tokens
-                cur = await conn.execute(NEXT_TOKEN.for_schema(self._s), {"queue": queue, "names": list(names)})
-                next_token = await cur.fetchone()
+                next_token = await s.row(NEXT_TOKEN, {"queue": queue, "names": list(names)})
                 if next_token is not None and next_token[0] is not None:
                     found = found._replace(refill=max(0.0, float(next_token[0])))
             if rate_limit is None:
                 return found
             left = float(tokens) - len(found.claimed)
-            await conn.execute(self._sql(
-                "UPDATE {s}.queues SET tokens = %s, refilled_at = now() WHERE name = %s"
-            ), (left, queue))
+            await s.run(SPENT, (left, queue))
             refill = (1 - left) * float(period) / rate_limit if left < 1 else None
             return found._replace(refill=refill if found.refill is None or refill is None
                                   else min(refill, found.refill))
 
-    async def _claim(self, conn: AsyncConnection[Any], owner: str, queues: Sequence[str],
+    async def _claim(self, s: Session, owner: str, queues: Sequence[str],
                      names: Sequence[str], limit: int, lease_seconds: float,
                      durable: bool = False, keyed: bool = False) -> Round:
         """Claim up to ``limit`` (see ``claim``); also say in how many seconds the next delayed
@@ -366,83 +338,60 @@ class Claims(Port):
         first just locked (a transaction's own locks do not make it skip them) and hand them out twice."""
         served, floors = frozenset(names), self._floors
         if keyed:  # (one queue, read by the walk over its keys: no floors)
-            return await self._claim_keyed(conn, owner, queues[0], names, limit, lease_seconds, durable)
+            return await self._claim_keyed(s, owner, queues[0], names, limit, lease_seconds, durable)
         full = time.monotonic() - self._full_claim_at.get((frozenset(queues), served), -math.inf) >= FULL_CLAIM_EVERY \
             or any((queue, served) not in floors for queue in queues)
         if full:
             self._full_claim_at[frozenset(queues), served] = time.monotonic()
-            cur = await conn.execute(self._sql(FLOORS), {"queues": list(queues), "names": list(names),
-                                                         "margin": FLOOR_MARGIN})
-            floors.update({(str(queue), served): floor for queue, floor in await cur.fetchall()})
-        rows = await wire.fetch(conn, FULL_CLAIMING if full else CLAIMING, self._s, {
+            floors.update({(str(queue), served): floor for queue, floor in await s.rows(FLOORING, {
+                "queues": list(queues), "names": list(names), "margin": FLOOR_MARGIN})})
+        rows = await s.rows(FULL_CLAIMING if full else CLAIMING, {
             "queues": queues, "floors": [None if full else floors[queue, served] for queue in queues],
             "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
-            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
+            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         due, suspects = rows[-1][-2:]
-        return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
+        return Round(claimed_of(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
-    async def _claim_keyed(self, conn: AsyncConnection[Any], owner: str, queue: str, names: Sequence[str],
+    async def _claim_keyed(self, s: Session, owner: str, queue: str, names: Sequence[str],
                            limit: int, lease_seconds: float, durable: bool) -> Round:
         """``_claim`` from a queue with per-key limits, under its lock (``key_limits.py``)."""
         at, claims = time.monotonic(), (frozenset([queue]), frozenset(names))
         full = at - self._full_claim_at.get(claims, -math.inf) >= FULL_CLAIM_EVERY
         if full:
             self._full_claim_at[claims] = at
-        rows = await wire.fetch(conn, FULL_KEYED_CLAIMING if full else KEYED_CLAIMING, self._s, {
+        rows = await s.rows(FULL_KEYED_CLAIMING if full else KEYED_CLAIMING, {
             "queue": queue, "queues": [queue], "names": names, "limit": limit, "owner": owner, "lease": lease_seconds,
-            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"}, prepare=self.pool.prepares)
+            "token": (token := secrets.randbits(63)), "commit": "on" if durable else "off"})
         due, suspects = rows[-1][-2:]
-        return Round(_claimed(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
+        return Round(claimed_of(rows[:-1], owner, token), None if due is None else max(0.0, float(due)), suspects)
 
     async def unclaim(self, claimed: Sequence[Claimed]) -> list[str]:
         """Undo claims whose workflows were not run (their worker began to stop while the claim ran):
         queued again as they were before it, the attempt not counted, so giving them back costs them
         nothing. (A limited queue's token spent on the claim is not refunded.) Returns the ids given back."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "UPDATE {s}.workflows w SET status = 'queued', attempt = w.attempt - 1, lease_owner = NULL,"
-                "  lease_expires_at = NULL, started_at = CASE WHEN u.set_start THEN NULL ELSE w.started_at END,"
-                "  deadline_at = CASE WHEN u.set_deadline THEN NULL ELSE w.deadline_at END,"
-                # (a claim that began no attempt moved the base with the attempt: both go back)
-                "  attempt_base = w.attempt_base - (u.free OR u.give_up)::int, uncounted = u.free"
-                " FROM unnest(%s::text[], %s::int8[], %s::bool[], %s::bool[], %s::bool[], %s::bool[])"
-                "  AS u(id, lease, set_start, set_deadline, free, give_up)"
-                " WHERE w.id = u.id AND w.lease_token = u.lease AND w.status = 'running' RETURNING w.id"
-            ), ([c.id for c in claimed], [c.claim_token for c in claimed], [c.set_start for c in claimed],
-                [c.set_deadline for c in claimed], [c.uncounted for c in claimed], [c.give_up for c in claimed]))
-            return [str(row[0]) for row in await cur.fetchall()]
+        rows = await self.db.rows(UNCLAIM, (
+            [c.id for c in claimed], [c.claim_token for c in claimed], [c.set_start for c in claimed],
+            [c.set_deadline for c in claimed], [c.uncounted for c in claimed], [c.give_up for c in claimed]))
+        return [str(row[0]) for row in rows]
 
     async def declare_queue(self, name: str, concurrency: int | None, rate_limit: int | None,
                             rate_period: float, key_concurrency: int | None = None,
                             key_rate_limit: int | None = None) -> None:
         """Record a queue's limits (the bucket starts full), or forget them when there are none."""
-        async with self.pool.connection() as conn:
-            if concurrency is None and rate_limit is None and key_concurrency is None and key_rate_limit is None:
-                await conn.execute(self._sql("DELETE FROM {s}.queues WHERE name = %s"), (name,))
-                return
-            await conn.execute(self._sql(
-                "INSERT INTO {s}.queues AS q (name, concurrency, rate_limit, rate_period, tokens, key_concurrency,"
-                "  key_rate_limit)"
-                " VALUES (%(name)s, %(concurrency)s, %(rate)s, %(period)s, coalesce(%(rate)s, 0), %(key_concurrency)s,"
-                "  %(key_rate)s)"
-                " ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,"
-                "  rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,"
-                "  tokens = least(q.tokens, coalesce(excluded.rate_limit, 0)),"
-                "  key_concurrency = excluded.key_concurrency, key_rate_limit = excluded.key_rate_limit"
-            ), {"name": name, "concurrency": concurrency, "rate": rate_limit, "period": rate_period,
-                "key_concurrency": key_concurrency, "key_rate": key_rate_limit})
+        if concurrency is None and rate_limit is None and key_concurrency is None and key_rate_limit is None:
+            await self.db.run(FORGET_QUEUE, (name,))
+            return
+        await self.db.run(DECLARE_QUEUE, {"name": name, "concurrency": concurrency, "rate": rate_limit,
+                                          "period": rate_period, "key_concurrency": key_concurrency,
+                                          "key_rate": key_rate_limit})
+
     async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting.
         ``fence_cut``: a batch of the run's chunks under that worker's fence was cut off and may still
         run; the release moves the fence on in its own statement, so it commits only after that batch
         (which does not lock this row) has ended, and one not yet past the fence is refused."""
-        row = await self._fetchone(
-            ("WITH moved AS (UPDATE {s}.worker_fences SET epoch = epoch + 1 WHERE worker = %s RETURNING 1),"
-             if fence_cut is not None else "WITH")
-            + " held AS (" + HOLDS_LOCKED + ")"
-            " UPDATE {s}.workflows SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
-            " WHERE id = (SELECT id FROM held) RETURNING 1",
-            (fence_cut, id, claim_token) if fence_cut is not None else (id, claim_token),
-        )
+        if fence_cut is None:
+            row = await self.db.row(RELEASE, (id, claim_token))
+        else:
+            row = await self.db.row(RELEASE_FENCE_CUT, (fence_cut, id, claim_token))
         return row is not None
-

@@ -9,7 +9,26 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .database import Port
+from .database import Port, Sql
+
+# Seconds the schema's clock is ahead of the server's.
+CLOCK_OFFSET = Sql("SELECT extract(epoch FROM {s}.clock_now() - now())::float8")
+# What a worker serving some queues and names has to do: how many workflows are due now, the ids of
+# the running ones, and the seconds until the next queued one falls due.
+ACTIVITY = Sql(
+    "SELECT (SELECT count(*) FROM {s}.workflows WHERE status = 'queued' AND due_at <= {s}.clock_now()"
+    "   AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)),"
+    " ARRAY(SELECT id FROM {s}.workflows WHERE status = 'running' ORDER BY id),"
+    " (SELECT extract(epoch FROM min(due_at) - {s}.clock_now())::float8 FROM {s}.workflows"
+    "   WHERE status = 'queued' AND due_at > {s}.clock_now() AND queue = ANY(%(queues)s)"
+    "   AND name = ANY(%(names)s))")
+# What a test asserts on: a workflow's events (each key's last value), the messages sent to it, and
+# the chunks a stream of it holds now.
+EVENTS_OF = Sql("SELECT key, value FROM {s}.events WHERE workflow_id = %s ORDER BY key")
+MESSAGES_OF = Sql("SELECT topic, value, sent_at, consumed_at FROM {s}.messages WHERE workflow_id = %s ORDER BY id")
+CHUNKS_OF = Sql(
+    "SELECT c.value FROM {s}.stream_ids i JOIN {s}.chunks c ON c.stream_id = i.id"
+    " WHERE i.workflow_id = %s AND i.key = %s ORDER BY c.position")
 
 
 class Testing(Port):
@@ -23,52 +42,33 @@ class Testing(Port):
             raise ValueError(f"the clock's offset is a finite number of seconds >= 0, got {offset!r}")
         body = "SELECT pg_catalog.now()" if offset == 0 else (
             f"SELECT pg_catalog.now() + ''{float(offset):.6f} seconds''::pg_catalog.interval")
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql(
-                "CREATE OR REPLACE FUNCTION {s}.clock_now() RETURNS timestamptz"
-                f" LANGUAGE sql STABLE PARALLEL SAFE AS '{body}'"))
+        # (A statement of its own for each offset: a function's body is no parameter.)
+        await self.db.run(Sql("CREATE OR REPLACE FUNCTION {s}.clock_now() RETURNS timestamptz"
+                              f" LANGUAGE sql STABLE PARALLEL SAFE AS '{body}'"))
 
     async def clock_offset(self) -> float:
         """Seconds the schema's clock is ahead of the server's."""
-        row = await self._fetchone("SELECT extract(epoch FROM {s}.clock_now() - now())::float8", ())
+        row = await self.db.row(CLOCK_OFFSET, ())
         assert row is not None
         return float(row[0])
 
     async def activity(self, queues: Sequence[str], names: Sequence[str]) -> tuple[int, list[str], float | None]:
         """What a worker serving ``queues`` and ``names`` has to do: how many workflows are due now,
         the ids of the running ones, and the seconds until the next queued one falls due."""
-        row = await self._fetchone(
-            "SELECT (SELECT count(*) FROM {s}.workflows WHERE status = 'queued' AND due_at <= {s}.clock_now()"
-            "   AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)),"
-            " ARRAY(SELECT id FROM {s}.workflows WHERE status = 'running' ORDER BY id),"
-            " (SELECT extract(epoch FROM min(due_at) - {s}.clock_now())::float8 FROM {s}.workflows"
-            "   WHERE status = 'queued' AND due_at > {s}.clock_now() AND queue = ANY(%(queues)s)"
-            "   AND name = ANY(%(names)s))",
-            {"queues": list(queues), "names": list(names)})
+        row = await self.db.row(ACTIVITY, {"queues": list(queues), "names": list(names)})
         assert row is not None
         return int(row[0]), [str(id) for id in row[1]], None if row[2] is None else float(row[2])
 
     async def events_of(self, workflow_id: str) -> list[tuple[str, bytes]]:
         """The events a workflow has set (the last value of each key), by key."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT key, value FROM {s}.events WHERE workflow_id = %s ORDER BY key"), (workflow_id,))
-            return [(str(key), bytes(value)) for key, value in await cur.fetchall()]
+        return [(str(key), bytes(value)) for key, value in await self.db.rows(EVENTS_OF, (workflow_id,))]
 
     async def messages_of(self, workflow_id: str) -> list[tuple[Any, ...]]:
         """The messages sent to a workflow, oldest first: (topic, value, sent_at, consumed_at)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT topic, value, sent_at, consumed_at FROM {s}.messages WHERE workflow_id = %s ORDER BY id"),
-                (workflow_id,))
-            return list(await cur.fetchall())
+        return await self.db.rows(MESSAGES_OF, (workflow_id,))
 
     async def chunks_of(self, workflow_id: str, key: str) -> tuple[list[bytes], bool]:
         """Every chunk a stream holds now, in order, and whether it is closed; no wait."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT c.value FROM {s}.stream_ids i JOIN {s}.chunks c ON c.stream_id = i.id"
-                " WHERE i.workflow_id = %s AND i.key = %s ORDER BY c.position"), (workflow_id, key))
-            values = [row[0] for row in await cur.fetchall()]
+        values = [row[0] for row in await self.db.rows(CHUNKS_OF, (workflow_id, key))]
         closed = bool(values) and values[-1] is None
         return [bytes(v) for v in values if v is not None], closed

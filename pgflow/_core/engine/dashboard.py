@@ -10,9 +10,10 @@ show; the dashboard decodes them.
 from __future__ import annotations
 
 from datetime import datetime
+from itertools import combinations
 from typing import Any, NamedTuple
 
-from .database import Port
+from .database import Port, Sql
 from .management import QueueRow
 
 # The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``):
@@ -59,6 +60,12 @@ def edge_statement(schema: str, since: bool) -> str:
     """Where a page's read of ``%(scan)s`` index entries stopped: the next page goes on from there."""
     return (f"SELECT created_at, id FROM {schema}.workflows WHERE {_positions(since)}"
             " ORDER BY created_at DESC, id DESC OFFSET %(scan)s - 1 LIMIT 1")
+
+
+# A page of the list for each set of filters given (in FILTERS' order) and whether it reads after a time.
+LISTING = {(given, since): Sql(list_statement("{s}", given, since))
+           for n in range(len(FILTERS) + 1) for given in combinations(FILTERS, n) for since in (False, True)}
+EDGE = {since: Sql(edge_statement("{s}", since)) for since in (False, True)}
 
 
 QUEUES = (
@@ -212,32 +219,32 @@ FINGERPRINT = (
 CHUNKS = (f"SELECT position, {value_column('value', '%(small)s')} FROM {{s}}.chunks WHERE stream_id = %(stream)s"
           " AND position >= %(offset)s ORDER BY position LIMIT %(rows)s")
 ESTIMATE = "SELECT reltuples::float8 FROM pg_catalog.pg_class WHERE oid = %(table)s::regclass"
+# The statements above, as the executor runs them.
+READ_QUEUES, READ_WORKERS, READ_THROUGHPUT = Sql(QUEUES), Sql(WORKERS), Sql(THROUGHPUT)
+READ_WORKFLOW, READ_FINGERPRINT = Sql(WORKFLOW), Sql(FINGERPRINT)
+READ_CHUNKS, READ_ESTIMATE = Sql(CHUNKS), Sql(ESTIMATE)
 
 
 class Dashboard(Port):
     """The dashboard's reads. Each method is one statement (a workflow's page one snapshot)."""
 
-    async def _all(self, template: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(template), params)
-            return list(await cur.fetchall())
-
     async def queues(self, queues: int, cap: int) -> list[QueueRow]:
         """The queues with work or limits, each count at most ``cap``; at most ``queues`` queues."""
-        return [QueueRow._make(row) for row in await self._all(QUEUES, {"queues": queues, "cap": cap})]
+        return [QueueRow._make(row) for row in await self.db.rows(READ_QUEUES, {"queues": queues, "cap": cap})]
 
     async def workers(self, workers: int, running: int) -> list[WorkerLoad]:
         """The registered workers (at most ``workers``) and what they run."""
-        return [WorkerLoad._make(row) for row in await self._all(WORKERS, {"workers": workers, "running": running})]
+        rows = await self.db.rows(READ_WORKERS, {"workers": workers, "running": running})
+        return [WorkerLoad._make(row) for row in rows]
 
     async def throughput(self, window: float, sample: int) -> list[tuple[Any, ...]]:
         """(queue, status, ends, the oldest of them, now) over the last ``window`` seconds' ends, at
         most ``sample`` of them."""
-        return await self._all(THROUGHPUT, {"window": window, "sample": sample})
+        return await self.db.rows(READ_THROUGHPUT, {"window": window, "sample": sample})
 
     async def estimated_workflows(self) -> float:
         """The planner's estimate of the workflows table's rows (-1: never analyzed)."""
-        rows = await self._all(ESTIMATE, {"table": f"{self._s}.workflows"})
+        rows = await self.db.rows(READ_ESTIMATE, {"table": f"{self.db.quoted}.workflows"})
         return float(rows[0][0]) if rows else -1.0
 
     async def list_page(self, filters: dict[str, str], since: datetime | None, at: datetime, after: str,
@@ -249,13 +256,11 @@ class Dashboard(Port):
         given = tuple(name for name in FILTERS if name in filters)
         params: dict[str, Any] = {**filters, "since": since, "at": at, "after": after, "limit": limit,
                                   "scan": scan}
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(list_statement(self._s, given, since is not None), params)
-            rows = list(await cur.fetchall())
+        async with self.db.session() as s:
+            rows = await s.rows(LISTING[given, since is not None], params)
             if len(rows) >= limit or not given:
                 return rows, None
-            cur = await conn.execute(edge_statement(self._s, since is not None), params)
-            edge = await cur.fetchone()
+            edge = await s.row(EDGE[since is not None], params)
             return rows, None if edge is None else (edge[0], str(edge[1]))
 
     async def workflow(self, workflow_id: str, big: int, small: int, steps: int, rows: int,
@@ -265,7 +270,7 @@ class Dashboard(Port):
         tries of steps under way, the errors of attempts retried, events, messages received and sent,
         streams, ancestors and descendants (``rows`` of each at most, values only when at most
         ``small`` bytes, in base64); None when there is no such workflow."""
-        rows_found = await self._all(WORKFLOW, {"id": workflow_id, "big": big, "small": small, "steps": steps,
+        rows_found = await self.db.rows(READ_WORKFLOW, {"id": workflow_id, "big": big, "small": small, "steps": steps,
                                                 "rows": rows, "depth": depth})
         return rows_found[0] if rows_found else None
 
@@ -273,9 +278,9 @@ class Dashboard(Port):
         """A workflow's state, changes of which the page shows: status, attempt, due time, cancel
         requested, last journal position, step tries under way, last event time, last message,
         streams; None when there is no such workflow."""
-        rows = await self._all(FINGERPRINT, {"id": workflow_id})
+        rows = await self.db.rows(READ_FINGERPRINT, {"id": workflow_id})
         return rows[0] if rows else None
 
     async def chunks(self, stream_id: int, offset: int, rows: int, small: int) -> list[tuple[Any, ...]]:
         """(position, size, value when at most ``small`` bytes) of a stream's chunks from ``offset``."""
-        return await self._all(CHUNKS, {"stream": stream_id, "offset": offset, "rows": rows, "small": small})
+        return await self.db.rows(READ_CHUNKS, {"stream": stream_id, "offset": offset, "rows": rows, "small": small})

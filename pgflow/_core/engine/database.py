@@ -15,15 +15,15 @@ Either is prepared where the connection allows it and sent plain through a trans
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, pq, sql
 
 from .. import connecting
-from ..pool import Pool
+from ..pool import Checkout, Pool
 from . import wire
 
 Params = Mapping[str, Any] | Sequence[Any] | None
@@ -38,12 +38,13 @@ def quote_identifier(name: str) -> str:
 
 class Sql:
     """A statement whose parameters psycopg adapts: its template, with ``{s}`` for the schema and
-    psycopg's placeholders (``%s``, ``%(name)s``)."""
+    psycopg's placeholders (``%s``, ``%(name)s``, ``%b``); ``binary``: its rows come back in binary."""
 
-    __slots__ = ("template", "_by_schema")
+    __slots__ = ("template", "binary", "_by_schema")
 
-    def __init__(self, template: str) -> None:
+    def __init__(self, template: str, *, binary: bool = False) -> None:
         self.template = template
+        self.binary = binary
         self._by_schema: dict[str, str] = {}
 
     def for_schema(self, schema: str) -> str:
@@ -59,40 +60,96 @@ class Sql:
 
 Statement = Sql | wire.Statement
 
+# The first statement of a transaction whose reads all come from one snapshot and that writes nothing.
+SNAPSHOT = Sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+
+def _rows(conn: AsyncConnection[Any], statement: Statement, params: Params, schema: str,
+          prepare: bool) -> Coroutine[Any, Any, list[Row]]:
+    """What every statement of the engine runs through: ``statement`` on ``conn`` (checked out, idle).
+    (It hands back the statement's coroutine rather than awaiting it: no frame of its own on the hot path.)"""
+    if isinstance(statement, wire.Statement):
+        assert isinstance(params, Mapping), "a wire statement takes its parameters by name"
+        return wire.fetch(conn, statement, schema, params, prepare=prepare)
+    return _adapted(conn, statement.for_schema(schema), params, statement.binary)
+
+
+async def _adapted(conn: AsyncConnection[Any], text: str, params: Params, binary: bool) -> list[Row]:
+    cur = await conn.execute(text, params, binary=binary)
+    # (Its status, not ``cur.description``, which makes a Column of every column to say the same.)
+    return await cur.fetchall() if (done := cur.pgresult) is not None and done.status == _TUPLES else []
+
+
+_TUPLES = pq.ExecStatus.TUPLES_OK
+
+
+def _run(conn: AsyncConnection[Any], statement: Statement, params: Params, schema: str,
+         prepare: bool) -> Coroutine[Any, Any, object]:
+    """``_rows`` for a statement run for what it does: what psycopg read of its rows is left unread."""
+    if isinstance(statement, wire.Statement):
+        return _rows(conn, statement, params, schema, prepare)
+    return conn.execute(statement.for_schema(schema), params, binary=statement.binary)
+
 
 class Session:
-    """One connection checked out of the engine's pool: statements that must share it (a transaction,
-    a snapshot, a lock) run here, in order."""
+    """One connection: statements that must share it (a transaction, a snapshot, a lock) run here, in
+    order. ``Database.session`` makes one over a connection of the pool's; the few connections pgflow
+    keeps apart from the pool (the listener's, the maintenance leader's, check-replay's read-only one,
+    a migration's) are used through one made over them, with their ``schema`` (quoted; none: statements
+    that name no table of it)."""
 
-    __slots__ = ("conn", "_db")
+    __slots__ = ("conn", "_schema", "_prepares")
 
-    def __init__(self, conn: AsyncConnection[Any], db: Database) -> None:
+    def __init__(self, conn: AsyncConnection[Any], schema: str = "", *, prepares: bool = True) -> None:
         self.conn = conn
-        self._db = db
+        self._schema = schema
+        self._prepares = prepares
 
-    async def rows(self, statement: Statement, params: Params = None) -> list[Row]:
+    def rows(self, statement: Statement, params: Params = None) -> Coroutine[Any, Any, list[Row]]:
         """The rows ``statement`` returns (none for one that returns no rows)."""
-        if isinstance(statement, wire.Statement):
-            assert isinstance(params, Mapping), "a wire statement takes its parameters by name"
-            return await wire.fetch(self.conn, statement, self._db.quoted, params, prepare=self._db.pool.prepares)
-        cur = await self.conn.execute(statement.for_schema(self._db.quoted), params)
-        return await cur.fetchall() if cur.description is not None else []
+        return _rows(self.conn, statement, params, self._schema, self._prepares)
 
     async def row(self, statement: Statement, params: Params = None) -> Row | None:
         """The first row ``statement`` returns, or None."""
-        rows = await self.rows(statement, params)
+        rows = await _rows(self.conn, statement, params, self._schema, self._prepares)
         return rows[0] if rows else None
 
     async def run(self, statement: Statement, params: Params = None) -> None:
         """Run ``statement`` for what it does, not for rows."""
-        await self.rows(statement, params)
+        await _run(self.conn, statement, params, self._schema, self._prepares)
 
-    async def rows_then_durable(self, statement: wire.Statement, params: Mapping[str, Any]) -> list[Row]:
+    def rows_then_durable(self, statement: wire.Statement,
+                          params: Mapping[str, Any]) -> Coroutine[Any, Any, list[Row]]:
         """``rows``, then a commit that waits for the disk, in the same round trip (``wire.fetch_then_durable``)."""
-        return await wire.fetch_then_durable(self.conn, statement, self._db.quoted, params)
+        return wire.fetch_then_durable(self.conn, statement, self._schema, params)
+
+    async def script(self, text: bytes) -> None:
+        """Run a script of many commands as it is (a migration's file, its schema filled in): no
+        parameters, no rows. Bytes, as read: no statement of the catalogue, and none that a look at
+        what the engine sends as statements (``str``) should take for one."""
+        await self.conn.execute(text)
 
     def transaction(self) -> AbstractAsyncContextManager[psycopg.AsyncTransaction]:
         return self.conn.transaction()
+
+
+class _Checkout(Session):
+    """``async with db.session() as s``: a ``Session`` over a connection of the pool's, taken as it is
+    entered and given back as it is left."""
+
+    __slots__ = ("_checkout",)
+
+    def __init__(self, checkout: Checkout, schema: str, prepares: bool) -> None:
+        self._checkout = checkout
+        self._schema = schema
+        self._prepares = prepares
+
+    async def __aenter__(self) -> Session:
+        self.conn = await self._checkout.__aenter__()
+        return self
+
+    def __aexit__(self, *exc: object) -> Coroutine[Any, Any, None]:
+        return self._checkout.__aexit__(*exc)
 
 
 class Database:
@@ -103,25 +160,25 @@ class Database:
         self.schema = schema
         self.quoted = quote_identifier(schema)
 
-    @asynccontextmanager
-    async def session(self, *, within: float | None = None) -> AsyncIterator[Session]:
+    def session(self, *, within: float | None = None) -> _Checkout:
         """A connection of the pool's, whose use must be over ``within`` seconds (``Pool.connection``)."""
-        async with self.pool.connection(within=within) as conn:
-            yield Session(conn, self)
+        return _Checkout(self.pool.connection(within=within), self.quoted, self.pool.prepares)
 
     async def rows(self, statement: Statement, params: Params = None, *, within: float | None = None) -> list[Row]:
         """``statement``'s rows, on a connection of its own."""
         async with self.pool.connection(within=within) as conn:
-            return await Session(conn, self).rows(statement, params)
+            return await _rows(conn, statement, params, self.quoted, self.pool.prepares)
 
     async def row(self, statement: Statement, params: Params = None, *, within: float | None = None) -> Row | None:
         """``statement``'s first row or None, on a connection of its own."""
-        rows = await self.rows(statement, params, within=within)
+        async with self.pool.connection(within=within) as conn:
+            rows = await _rows(conn, statement, params, self.quoted, self.pool.prepares)
         return rows[0] if rows else None
 
     async def run(self, statement: Statement, params: Params = None, *, within: float | None = None) -> None:
         """Run ``statement`` for what it does, on a connection of its own."""
-        await self.rows(statement, params, within=within)
+        async with self.pool.connection(within=within) as conn:
+            await _run(conn, statement, params, self.quoted, self.pool.prepares)
 
     async def on_this_machine(self) -> bool:
         """Whether the pool's connections reach a server on this machine (``connecting.on_this_machine``)."""
@@ -141,15 +198,3 @@ class Port:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.pool = db.pool
-        self.schema = db.schema
-        self._s = db.quoted
-
-    def _sql(self, template: str) -> str:
-        return template.replace("{s}", self._s)
-
-    async def _fetchone(self, template: str, params: Any) -> tuple[Any, ...] | None:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(template), params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
-            return row

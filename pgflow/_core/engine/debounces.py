@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .channel import Pings, ping_parameters, riding
-from .database import Port
+from .database import Port, Sql
 from .starts import BORN, EXPIRES, NewWorkflows
 
 
@@ -46,7 +46,7 @@ class Debounced(NamedTuple):
 
 # Transaction-level, so it ends with the transaction that takes it; the two-key form lives apart
 # from the one-key advisory locks pgflow takes elsewhere (maintenance, migrations).
-LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%(space)s), hashtext(%(name)s || chr(10) || %(key)s))"
+LOCK_KEY = Sql("SELECT pg_advisory_xact_lock(hashtext(%(space)s), hashtext(%(name)s || chr(10) || %(key)s))")
 
 _DUE_LATEST = ("least({s}.clock_now() + make_interval(secs => %(window)s),"
                " p.first_at + make_interval(secs => %(most)s))")
@@ -77,11 +77,12 @@ DEBOUNCE = (
     "  ON CONFLICT (name, key) DO UPDATE SET workflow_id = excluded.workflow_id, first_at = excluded.first_at)"
     " SELECT id, false, born FROM joined UNION ALL SELECT id, true, born FROM new"
 )
+DEBOUNCING = Sql(DEBOUNCE + riding(3))  # (with the start's pings)
 
 # Keys whose run is no longer pending: claimed, ended, cancelled or pruned. The delete matches the
 # pointer it read, so a key that a start moved on to a new run meanwhile (the delete waits for that
 # start's row lock, then re-reads the row) is left alone.
-STALE = (
+STALE = Sql(
     "WITH stale AS (SELECT d.name, d.key, d.workflow_id FROM {s}.debounces d"
     "  WHERE NOT EXISTS (SELECT FROM {s}.workflows w WHERE w.id = d.workflow_id"
     "   AND w.status = 'queued' AND w.started_at IS NULL) LIMIT %(batch)s),"
@@ -104,12 +105,11 @@ class Debounces(Port):
         transaction-mode pooler may not take one, and a debounced start is no hot path: it waits a
         window by design."""
         params: dict[str, Any] = {
-            "id": id, "inputs": inputs, **new.parameters(), "space": f"pgflow.debounce {self.schema}",
+            "id": id, "inputs": inputs, **new.parameters(), "space": f"pgflow.debounce {self.db.schema}",
             "key": debounce.key, "window": debounce.window, "most": debounce.most}
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(self._sql(LOCK_KEY), params)
-            cur = await conn.execute(self._sql(DEBOUNCE + riding(3)), {**params, **ping_parameters(conn, pings)})
-            row = await cur.fetchone()
+        async with self.db.session() as s, s.transaction():
+            await s.run(LOCK_KEY, params)
+            row = await s.row(DEBOUNCING, {**params, **ping_parameters(s.conn, pings)})
         if row is None:
             # Only an id that exists already inserts nothing, and ids here are new (a uuid): a
             # debounced start takes no chosen id (checks.check_debounce).
@@ -120,5 +120,5 @@ class Debounces(Port):
         """Delete up to ``batch`` keys whose run is no longer pending; how many went. (The key's next
         start would replace its row anyway: this keeps the table to about the keys with a run
         waiting, rather than every key ever debounced.)"""
-        row = await self._fetchone(STALE, {"batch": batch})
+        row = await self.db.row(STALE, {"batch": batch})
         return int(row[0]) if row else 0

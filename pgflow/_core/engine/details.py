@@ -4,16 +4,14 @@ the dashboard): every failed attempt's error, and one workflow read in full."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import msgspec
-from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from .database import Port
+from .database import SNAPSHOT, Port, Sql
 from .fencing import OWNER, Fence
 
-R = TypeVar("R")
 KEEP_ATTEMPT_ERRORS = 10  # per step: the latest ones (a step retried 1000 times keeps 10 rows)
 
 class WorkflowRead(NamedTuple):
@@ -114,6 +112,11 @@ STREAMS = ("SELECT i.key, coalesce(last.position + 1, 0) - CASE WHEN last.closed
            " WHERE i.workflow_id = %s ORDER BY i.key")  # (id)
 DETAILS = {"workflow": WORKFLOW, "steps": STEPS, "step_count": STEP_COUNT, "attempt_errors": ATTEMPT_ERRORS,
            "begun": BEGUN, "streams": STREAMS}
+# The statements above, as the executor runs them.
+READ_WORKFLOW, READ_STEPS, COUNT_STEPS = Sql(WORKFLOW), Sql(STEPS), Sql(STEP_COUNT)
+READ_ATTEMPT_ERRORS, READ_BEGUN, READ_STREAMS = Sql(ATTEMPT_ERRORS), Sql(BEGUN), Sql(STREAMS)
+# Per journal position not recorded, the step attempts earlier runs began there.
+TRIES_BEGUN = Sql("SELECT position, sum(tries)::int FROM {s}.step_attempts WHERE workflow_id = %s GROUP BY position")
 
 
 # Keeps one retried attempt's error, fenced by the claim, and lets the step's oldest beyond the bound go.
@@ -130,6 +133,7 @@ NOTE_ERROR = (
     "   ORDER BY run DESC, step_attempt DESC OFFSET %(keep)s))"
     " SELECT (SELECT cancel_requested FROM owner)"
 )
+NOTING_ERROR = Sql(NOTE_ERROR)  # (as the executor runs it)
 
 
 class Details(Port):
@@ -138,8 +142,8 @@ class Details(Port):
         """Keep the error of a step attempt that is retried, for the execution holding
         ``claim_token`` (fenced: one that lost it writes nothing). The step's oldest rows beyond
         KEEP_ATTEMPT_ERRORS go in the same statement."""
-        row = await self._fetchone(
-            NOTE_ERROR,
+        row = await self.db.row(
+            NOTING_ERROR,
             {"id": workflow_id, "lease": claim_token, "position": position, "run": run, "try": step_attempt,
              "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode()),
              "keep": KEEP_ATTEMPT_ERRORS - 1},
@@ -150,36 +154,27 @@ class Details(Port):
     async def tries_begun(self, workflow_id: str) -> dict[int, int]:
         """Per journal position not recorded, the step attempts that earlier runs began there (their
         notes): a run that calls the step again counts its tries on from these."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "SELECT position, sum(tries)::int FROM {s}.step_attempts WHERE workflow_id = %s GROUP BY position"
-            ), (workflow_id,))
-            return {int(position): int(tries) for position, tries in await cur.fetchall()}
+        return {int(position): int(tries) for position, tries in await self.db.rows(TRIES_BEGUN, (workflow_id,))}
 
     async def details(self, workflow_id: str, steps_limit: int) -> DetailsRead | None:
         """One workflow from one snapshot: its row, its first ``steps_limit`` step records, how many
         it has in all, the kept errors of their failed attempts, the steps begun and not recorded,
         and its streams. None: no such workflow. Every read goes by the primary key of its table, or
         the streams' (workflow_id, key) index."""
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-
-            async def rows(sql: str, record: type[R], *params: Any) -> list[R]:
-                cur = conn.cursor(row_factory=class_row(record))
-                await cur.execute(self._sql(sql), params)
-                return await cur.fetchall()
-
-            found = await rows(WORKFLOW, WorkflowRead, workflow_id)
+        async with self.db.session() as s, s.transaction():
+            await s.run(SNAPSHOT)
+            found = await s.rows(READ_WORKFLOW, (workflow_id,))
             if not found:
                 return None
-            steps = await rows(STEPS, StepRead, workflow_id, steps_limit)
+            steps = [StepRead._make(row) for row in await s.rows(READ_STEPS, (workflow_id, steps_limit))]
             total = len(steps)
             if total == steps_limit:
-                cur = await conn.execute(self._sql(STEP_COUNT), (workflow_id,))
-                counted = await cur.fetchone()
+                counted = await s.row(COUNT_STEPS, (workflow_id,))
                 total = int(counted[0]) if counted else total
             # The kept errors of the steps listed, and of the steps begun and not recorded yet.
             listed_all, last = total == len(steps), steps[-1].position if steps else -1
-            return DetailsRead(found[0], steps, total,
-                               await rows(ATTEMPT_ERRORS, AttemptErrorRead, workflow_id, listed_all, last),
-                               await rows(BEGUN, BegunRead, workflow_id), await rows(STREAMS, StreamRead, workflow_id))
+            return DetailsRead(WorkflowRead._make(found[0]), steps, total,
+                               [AttemptErrorRead._make(row) for row in await s.rows(
+                                   READ_ATTEMPT_ERRORS, (workflow_id, listed_all, last))],
+                               [BegunRead._make(row) for row in await s.rows(READ_BEGUN, (workflow_id,))],
+                               [StreamRead._make(row) for row in await s.rows(READ_STREAMS, (workflow_id,))])

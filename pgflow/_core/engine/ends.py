@@ -68,15 +68,13 @@ class Ends(Port):
         reads as a lost lease, and nothing is recorded twice.
         """
         texts = [None if e is None else _ERRORS.encode(e).decode() for e in errors]
-        async with self.pool.connection() as conn:
-            if len(workflow_ids) == 1:
-                rows = await wire.fetch(conn, FINISHING_ONE, self._s, {
-                    "id": workflow_ids[0], "lease": claim_tokens[0], "status": statuses[0], "output": outputs[0],
-                    "error": texts[0], "pings_channels": pings.channels, "pings": pings.payloads},
-                    prepare=self.pool.prepares)
-            else:
-                rows = await wire.fetch(conn, FINISHING, self._s, {
-                    "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
-                    "errors": texts, "n": len(workflow_ids), "pings_channels": pings.channels,
-                    "pings": pings.payloads}, prepare=self.pool.prepares)
+        if len(workflow_ids) == 1:
+            rows = await self.db.rows(FINISHING_ONE, {
+                "id": workflow_ids[0], "lease": claim_tokens[0], "status": statuses[0], "output": outputs[0],
+                "error": texts[0], "pings_channels": pings.channels, "pings": pings.payloads})
+        else:
+            rows = await self.db.rows(FINISHING, {
+                "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
+                "errors": texts, "n": len(workflow_ids), "pings_channels": pings.channels,
+                "pings": pings.payloads})
         return {(str(id), int(token)) for id, token in rows}

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
 from ..status import Status
+from .database import Sql
 
 T = TypeVar("T")
 
@@ -32,6 +33,7 @@ HOLDS_LOCKED = (
     "SELECT w.id FROM (SELECT id, lease_token, status FROM {s}.workflows WHERE id = %s LIMIT 1 FOR NO KEY UPDATE) w"
     " WHERE w.lease_token = %s AND w.status = 'running'"
 )
+HOLDS = Sql(HOLDS_LOCKED)
 
 
 def held(name: str, asked: str, select: str, *, lock: str = "", by: str = "w.lease_token = a.lease") -> str:

@@ -17,28 +17,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from psycopg import AsyncConnection
-
+from .database import Session, Sql
 from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, base_type, row_of
 
-_CHUNKS = (
+# One request's chunks, and the stream's new tail (and closure) on its row.
+CHUNKS = Sql(
     "INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
     " SELECT %(id)s, e, n, %(batch_end)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
     " %(datas)s::bytea[]) AS u(e, n, d)"
 )
-_SET_TAIL = (
+SET_TAIL = Sql(
     "UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
     " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
 )
 # Group commit: the streams of a batch of appends locked in id order (so two batches cannot deadlock),
 # with the state of every producer the batch names; then every write of the batch in one statement.
-_LOCK_MANY = (
+LOCK_MANY = Sql(
     f"SELECT {COLUMNS}, {EXPIRED}, p.producer, p.epoch, p.seq FROM {{s}}.free_streams s"
     " LEFT JOIN {s}.free_producers p ON p.stream_id = s.id AND p.producer = ANY(%(producers)s::text[])"
     " WHERE s.path = ANY(%(paths)s::text[]) ORDER BY s.id FOR UPDATE OF s"
 )
-_APPEND_MANY = (
+APPEND_MANY = Sql(
     "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
     "  SELECT * FROM unnest(%(c_ids)s::bigint[], %(c_ends)s::bigint[], %(c_sizes)s::bigint[],"
     "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[])),"
@@ -95,7 +95,7 @@ class Append:
 @dataclass
 class _Batch:
     """A group commit being judged: the state of its streams and producers as the appends judged so far
-    left it, and the writes they make, gathered as the arrays of ``_APPEND_MANY``."""
+    left it, and the writes they make, gathered as the arrays of ``APPEND_MANY``."""
 
     streams: dict[str, FreeStream]
     states: dict[tuple[int, str], tuple[int, int]]
@@ -142,7 +142,7 @@ class _Batch:
         return Appended("ok", after, producer.epoch, producer.seq)
 
     def params(self) -> dict[str, Any]:
-        """The parameters of ``_APPEND_MANY``: every write of the batch."""
+        """The parameters of ``APPEND_MANY``: every write of the batch."""
         ids = list(self.written)
         return {
             "c_ids": self.chunk_ids, "c_ends": self.chunk_ends, "c_sizes": self.chunk_sizes,
@@ -158,7 +158,7 @@ class _Batch:
 class FreeAppends(FreeStreamRows):
     """Append to free-standing streams (and close them), one request or a group commit."""
 
-    async def _write(self, conn: AsyncConnection[Any], stream_id: int, tail: int, json_mode: bool,
+    async def _write(self, s: Session, stream_id: int, tail: int, json_mode: bool,
                      units: list[bytes], close: bool, closed_by: str | None, stream_seq: str | None) -> int:
         """The chunks of one request, in one statement; the new tail (and closure) on the row."""
         if units:
@@ -167,11 +167,10 @@ class FreeAppends(FreeStreamRows):
             for size in sizes:
                 at += size
                 ends.append(at)
-            await conn.execute(self._sql(_CHUNKS), {"id": stream_id, "ends": ends, "sizes": sizes,
-                                                    "datas": units, "batch_end": at})
+            await s.run(CHUNKS, {"id": stream_id, "ends": ends, "sizes": sizes, "datas": units, "batch_end": at})
             tail = at
-        await conn.execute(self._sql(_SET_TAIL), {"id": stream_id, "tail": tail, "close": close,
-                                                  "closed_by": closed_by, "stream_seq": stream_seq})
+        await s.run(SET_TAIL, {"id": stream_id, "tail": tail, "close": close, "closed_by": closed_by,
+                               "stream_seq": stream_seq})
         return tail
 
     async def append_many(self, appends: list[Append]) -> list[Appended | Exception]:
@@ -179,23 +178,23 @@ class FreeAppends(FreeStreamRows):
         judged as ``append`` judges it, in the order given, on the state the ones before it left. An
         append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
         the others are unaffected."""
-        async with self.pool.connection() as conn, conn.transaction():
-            batch = await self._lock_batch(conn, appends)
+        async with self.db.session() as s, s.transaction():
+            batch = await self._lock_batch(s, appends)
             results = [batch.take(append) for append in appends]
             if batch.written:
-                await conn.execute(self._sql(_APPEND_MANY), batch.params())
+                await s.run(APPEND_MANY, batch.params())
             return results
 
-    async def _lock_batch(self, conn: AsyncConnection[Any], appends: list[Append]) -> _Batch:
+    async def _lock_batch(self, s: Session, appends: list[Append]) -> _Batch:
         """Lock the streams the appends name (deleting the expired ones), and read their producers' state."""
-        cur = await conn.execute(self._sql(_LOCK_MANY), {
+        rows = await s.rows(LOCK_MANY, {
             "paths": sorted({a.path for a in appends}),
             "producers": sorted({a.producer.id for a in appends if a.producer is not None})})
         batch = _Batch({}, {})
-        for row in await cur.fetchall():
+        for row in rows:
             stream, expired = row_of(row)
             if expired and not stream.deleted:
-                await self._remove(conn, stream.id)
+                await self._remove(s, stream.id)
                 continue
             batch.streams[stream.path] = stream
             if row[15] is not None:

@@ -13,20 +13,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
-
-from .database import Port
+from .database import Port, Session, Sql
 
 COLUMNS = ("id, path, content_type, tail, closed, closed_by, ttl_seconds, expires_at, stream_seq,"
            " forked_from, fork_offset, fork_anchor, fork_sub, deleted")
 EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds IS NOT NULL"
            " AND touched_at + ttl_seconds * interval '1 second' <= now()))")
-FIND = f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
-LOCK = FIND + " FOR UPDATE"
-_HAS_FORKS = "SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)"
-SOURCE = f"SELECT {COLUMNS}, false FROM {{s}}.free_streams WHERE id = %(id)s"
-_DELETE = "DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from"
-_SOFT_DELETE = "UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s"
+# A stream's row by its path, and whether it has expired (locked, for a change that follows).
+_FIND = f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
+FIND, LOCK = Sql(_FIND), Sql(_FIND + " FOR UPDATE")
+# A stream's row by its id, as if unexpired (a fork's source: locked, while a removal looks at it).
+_SOURCE = f"SELECT {COLUMNS}, false FROM {{s}}.free_streams WHERE id = %(id)s"
+SOURCE, SOURCE_LOCKED = Sql(_SOURCE), Sql(_SOURCE + " FOR UPDATE")
+# A removal: whether forks still read the stream, its row deleted (its source back) or marked deleted.
+HAS_FORKS = Sql("SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)")
+DELETE = Sql("DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from")
+SOFT_DELETE = Sql("UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s")
 
 
 @dataclass(frozen=True)
@@ -61,38 +63,33 @@ def base_type(content_type: str) -> str:
 class FreeStreamRows(Port):
     """Finding a stream's row (an expired one deleted on sight) and removing a stream."""
 
-    async def _find(self, conn: AsyncConnection[Any], path: str, lock: bool) -> FreeStream | None:
+    async def _find(self, s: Session, path: str, lock: bool) -> FreeStream | None:
         """The stream at ``path``, deleting it first if it has expired (None then)."""
-        cur = await conn.execute(self._sql(LOCK if lock else FIND), {"path": path})
-        found = await cur.fetchone()
+        found = await s.row(LOCK if lock else FIND, {"path": path})
         if found is None:
             return None
         stream, expired = row_of(found)
         if expired and not stream.deleted:
-            await self._remove(conn, stream.id)
+            await self._remove(s, stream.id)
             return None
         return stream
 
-    async def _remove(self, conn: AsyncConnection[Any], stream_id: int) -> bool:
+    async def _remove(self, s: Session, stream_id: int) -> bool:
         """Delete a stream, or only mark it deleted while forks read it; then its sources that were
         kept for it alone. True when it went for good."""
-        cur = await conn.execute(self._sql(_HAS_FORKS), {"id": stream_id})
-        row = await cur.fetchone()
+        row = await s.row(HAS_FORKS, {"id": stream_id})
         if row is not None and row[0]:
-            await conn.execute(self._sql(_SOFT_DELETE), {"id": stream_id})
+            await s.run(SOFT_DELETE, {"id": stream_id})
             return False
         current: int | None = stream_id
         while current is not None:
-            cur = await conn.execute(self._sql(_DELETE), {"id": current})
-            gone = await cur.fetchone()
+            gone = await s.row(DELETE, {"id": current})
             source = gone[0] if gone else None
             current = None
             if source is not None:
-                cur = await conn.execute(self._sql(SOURCE) + " FOR UPDATE", {"id": source})
-                found = await cur.fetchone()
+                found = await s.row(SOURCE_LOCKED, {"id": source})
                 if found is not None and found[13]:
-                    cur = await conn.execute(self._sql(_HAS_FORKS), {"id": source})
-                    still = await cur.fetchone()
+                    still = await s.row(HAS_FORKS, {"id": source})
                     if still is not None and not still[0]:
                         current = source
         return True

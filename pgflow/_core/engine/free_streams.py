@@ -16,25 +16,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from psycopg import AsyncConnection
-
+from .database import Session, Sql
 from .free_appends import Append, Appended, FreeAppends, Producer
 from .free_rows import COLUMNS, EXPIRED, FIND, SOURCE, FreeStream, base_type, row_of
 
 __all__ = ["Append", "Appended", "Chunk", "Created", "Fork", "FreeStream", "FreeStreams", "Producer", "base_type"]
 
-_INSERT = (
+# A new stream's row, unless its path is taken.
+INSERT = Sql(
     "INSERT INTO {s}.free_streams (path, content_type, closed, ttl_seconds, expires_at, forked_from,"
     " fork_offset, fork_anchor, fork_sub, tail) VALUES (%(path)s, %(content_type)s, false, %(ttl)s,"
     " %(expires_at)s, %(forked_from)s, %(fork_offset)s, %(fork_anchor)s, %(fork_sub)s, %(tail)s)"
     " ON CONFLICT (path) DO NOTHING RETURNING id"
 )
-_TOUCH = "UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL"
+# A read moves a sliding TTL on.
+TOUCH = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL")
 # The rows that hold positions from %(start)s on, below %(stop)s, at most %(rows)s of them and
 # %(budget)s bytes (the first whatever its size), from the one that holds %(start)s.
-_READ = (
+READ = Sql(
     "SELECT end_pos, size, batch_end, data FROM (SELECT end_pos, size, batch_end, data,"
     "  sum(octet_length(data)) OVER (ORDER BY end_pos) - octet_length(data) AS before"
     "  FROM {s}.free_chunks WHERE stream_id = %(id)s AND end_pos > %(start)s AND end_pos - size < %(stop)s"
@@ -45,7 +45,7 @@ _READ = (
 _S_COLUMNS = ", ".join("s." + c.strip() for c in COLUMNS.split(","))
 _S_EXPIRED = ("((s.expires_at IS NOT NULL AND s.expires_at <= now()) OR (s.ttl_seconds IS NOT NULL"
               " AND s.touched_at + s.ttl_seconds * interval '1 second' <= now()))")
-_READ_MANY = (
+READ_MANY = Sql(
     f"SELECT r.n, {_S_COLUMNS}, {_S_EXPIRED},"
     " c.end_pos, c.size, c.batch_end, c.data"
     " FROM unnest(%(paths)s::text[], %(starts)s::bigint[]) WITH ORDINALITY AS r(path, start, n)"
@@ -56,9 +56,11 @@ _READ_MANY = (
     "   ORDER BY end_pos LIMIT %(rows)s) w WHERE before < %(budget)s OR before = 0) c ON true"
     " ORDER BY r.n, c.end_pos"
 )
-_TOUCH_MANY = "UPDATE {s}.free_streams SET touched_at = now() WHERE id = ANY(%(ids)s::bigint[])"
-_EXPIRED_IDS = (f"SELECT path FROM {{s}}.free_streams WHERE (ttl_seconds IS NOT NULL OR expires_at IS NOT NULL)"
-                f" AND NOT deleted AND {EXPIRED} LIMIT %(batch)s")
+# A shared read moves the sliding TTLs of the streams it read on.
+TOUCH_MANY = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = ANY(%(ids)s::bigint[])")
+# Up to a batch of streams that have expired (the prune deletes them).
+EXPIRED_PATHS = Sql(f"SELECT path FROM {{s}}.free_streams WHERE (ttl_seconds IS NOT NULL OR expires_at IS NOT NULL)"
+                    f" AND NOT deleted AND {EXPIRED} LIMIT %(batch)s")
 
 
 @dataclass(frozen=True)
@@ -95,22 +97,21 @@ class FreeStreams(FreeAppends):
 
     async def get(self, path: str) -> FreeStream | None:
         """The stream at ``path`` (soft-deleted ones too: ``deleted``), or None."""
-        async with self.pool.connection() as conn:  # one statement, no transaction: the usual case
-            cur = await conn.execute(self._sql(FIND), {"path": path})
-            found = await cur.fetchone()
+        async with self.db.session() as s:  # one statement, no transaction: the usual case
+            found = await s.row(FIND, {"path": path})
             if found is None:
                 return None
             stream, expired = row_of(found)
             if not expired or stream.deleted:
                 return stream
-            async with conn.transaction():  # expired: deleted under its lock, if it still is
-                return await self._find(conn, path, lock=True)
+            async with s.transaction():  # expired: deleted under its lock, if it still is
+                return await self._find(s, path, lock=True)
 
     async def create(self, path: str, content_type: str, ttl: int | None, expires_at: datetime | None,
                      closed: bool, json_mode: bool, units: list[bytes], fork: Fork | None) -> Created:
         """PUT: a new stream (201), or the same one again (200), else why not."""
-        async with self.pool.connection() as conn, conn.transaction():
-            existing = await self._find(conn, path, lock=True)
+        async with self.db.session() as s, s.transaction():
+            existing = await self._find(s, path, lock=True)
             if existing is not None:
                 if existing.deleted:
                     return Created("gone", existing)
@@ -118,13 +119,13 @@ class FreeStreams(FreeAppends):
                         and _same_time(existing.expires_at, expires_at) and existing.closed == closed
                         and (fork is None) == (existing.forked_from is None))
                 if same and fork is not None:
-                    source = await self._find(conn, fork.source, lock=False)
+                    source = await self._find(s, fork.source, lock=False)
                     same = (source is not None and source.id == existing.forked_from
                             and fork.anchor in (None, existing.fork_anchor) and fork.sub == (existing.fork_sub or 0))
                 return Created("exists" if same else "conflict", existing)
             tail, forked_from, fork_offset = 0, None, None
             if fork is not None:
-                source = await self._find(conn, fork.source, lock=True)
+                source = await self._find(s, fork.source, lock=True)
                 if source is None:
                     return Created("no_source")
                 if source.deleted:
@@ -136,7 +137,7 @@ class FreeStreams(FreeAppends):
                     return Created("bad_offset", reason="Stream-Fork-Offset is past the source stream's tail")
                 fork_offset = anchor
                 if fork.sub:
-                    boundary = await self._boundary(conn, source, anchor)
+                    boundary = await self._boundary(s, source, anchor)
                     if boundary is None or anchor + fork.sub > boundary:
                         return Created("bad_offset", reason="Stream-Fork-Sub-Offset goes past the append at"
                                                             " Stream-Fork-Offset")
@@ -144,24 +145,22 @@ class FreeStreams(FreeAppends):
                 tail, forked_from = fork_offset, source.id
                 if ttl is None and expires_at is None:
                     ttl, expires_at = source.ttl, source.expires_at
-            cur = await conn.execute(self._sql(_INSERT), {
+            row = await s.row(INSERT, {
                 "path": path, "content_type": content_type, "ttl": ttl, "expires_at": expires_at,
                 "forked_from": forked_from, "fork_offset": fork_offset,
                 "fork_anchor": None if fork is None else fork_offset if fork.anchor is None else fork.anchor,
                 "fork_sub": None if fork is None else fork.sub, "tail": tail})
-            row = await cur.fetchone()
             if row is None:  # another PUT made it meanwhile
                 return Created("conflict", reason="created concurrently")
             stream_id = int(row[0])
-            tail = await self._write(conn, stream_id, tail, json_mode, units, closed, None, None)
-            cur = await conn.execute(self._sql(SOURCE), {"id": stream_id})  # (even if it expires at once)
-            found = await cur.fetchone()
+            tail = await self._write(s, stream_id, tail, json_mode, units, closed, None, None)
+            found = await s.row(SOURCE, {"id": stream_id})  # (even if it expires at once)
             assert found is not None
             return Created("created", row_of(found)[0])
 
-    async def _boundary(self, conn: AsyncConnection[Any], stream: FreeStream, position: int) -> int | None:
+    async def _boundary(self, s: Session, stream: FreeStream, position: int) -> int | None:
         """Where the append that holds ``position`` ends (None: nothing there)."""
-        chunks = await self._read_range(conn, stream, position, stream.tail, 1, 1)
+        chunks = await self._read_range(s, stream, position, stream.tail, 1, 1)
         return chunks[0].batch_end if chunks else None
 
     async def read_many(self, asks: list[tuple[str, int]], rows: int,
@@ -170,11 +169,10 @@ class FreeStreams(FreeAppends):
         page of its chunks from ``start`` on, for every reader of a batch in one statement (and one more
         when some of the streams have a sliding TTL, which a read moves on)."""
         found: list[tuple[FreeStream | None, list[Chunk]]] = [(None, []) for _ in asks]
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(_READ_MANY), {
-                "paths": [a[0] for a in asks], "starts": [a[1] for a in asks], "rows": rows, "budget": budget})
+        async with self.db.session() as s:
             expired: list[int] = []
-            for row in await cur.fetchall():
+            for row in await s.rows(READ_MANY, {
+                    "paths": [a[0] for a in asks], "starts": [a[1] for a in asks], "rows": rows, "budget": budget}):
                 n = int(row[0]) - 1
                 stream, gone = row_of(row[1:16])
                 if gone and not stream.deleted:
@@ -191,10 +189,10 @@ class FreeStreams(FreeAppends):
             for n, (fork, _) in enumerate(found):
                 if fork is not None and fork.forked_from is not None and fork.fork_offset is not None \
                         and asks[n][1] < fork.fork_offset:
-                    found[n] = (fork, await self._read_range(conn, fork, asks[n][1], fork.tail, rows, budget))
-            touched = [s.id for s, _ in found if s is not None and s.ttl is not None]
+                    found[n] = (fork, await self._read_range(s, fork, asks[n][1], fork.tail, rows, budget))
+            touched = [stream.id for stream, _ in found if stream is not None and stream.ttl is not None]
             if touched:
-                await conn.execute(self._sql(_TOUCH_MANY), {"ids": touched})
+                await s.run(TOUCH_MANY, {"ids": touched})
         for n in expired:  # deleted by the request that found them
             found[n] = (await self.get(asks[n][0]), [])
         return found
@@ -202,36 +200,33 @@ class FreeStreams(FreeAppends):
     async def read(self, stream: FreeStream, start: int, rows: int, budget: int) -> list[Chunk]:
         """The chunks from ``start`` on (a fork's inherited ones first), one bounded page; the read
         moves a sliding TTL on."""
-        async with self.pool.connection() as conn:
+        async with self.db.session() as s:
             if stream.ttl is not None:
-                await conn.execute(self._sql(_TOUCH), {"id": stream.id})
-            return await self._read_range(conn, stream, start, stream.tail, rows, budget)
+                await s.run(TOUCH, {"id": stream.id})
+            return await self._read_range(s, stream, start, stream.tail, rows, budget)
 
     async def touch(self, stream: FreeStream) -> None:
         if stream.ttl is not None:
-            async with self.pool.connection() as conn:
-                await conn.execute(self._sql(_TOUCH), {"id": stream.id})
+            await self.db.run(TOUCH, {"id": stream.id})
 
-    async def _read_range(self, conn: AsyncConnection[Any], stream: FreeStream, start: int, stop: int,
+    async def _read_range(self, s: Session, stream: FreeStream, start: int, stop: int,
                           rows: int, budget: int) -> list[Chunk]:
         """Positions [start, stop) of ``stream``: from its source chain below its fork point."""
         if stream.forked_from is not None and stream.fork_offset is not None and start < stream.fork_offset:
-            cur = await conn.execute(self._sql(SOURCE), {"id": stream.forked_from})
-            found = await cur.fetchone()
+            found = await s.row(SOURCE, {"id": stream.forked_from})
             if found is not None:
                 source, _ = row_of(found)
-                inherited = await self._read_range(conn, source, start, min(stop, stream.fork_offset), rows, budget)
+                inherited = await self._read_range(s, source, start, min(stop, stream.fork_offset), rows, budget)
                 if inherited:
                     used = sum(len(c.data) for c in inherited)
                     if inherited[-1].end < stream.fork_offset or len(inherited) >= rows or used >= budget:
                         return inherited  # (a page cut short: the rest is for the next read)
-                    return inherited + await self._read_range(conn, stream, stream.fork_offset, stop,
+                    return inherited + await self._read_range(s, stream, stream.fork_offset, stop,
                                                                rows - len(inherited), budget - used)
             start = stream.fork_offset
-        cur = await conn.execute(self._sql(_READ), {"id": stream.id, "start": start, "stop": stop, "rows": rows,
-                                                    "budget": budget})
         chunks = []
-        for end, size, batch_end, data in await cur.fetchall():
+        for end, size, batch_end, data in await s.rows(READ, {"id": stream.id, "start": start, "stop": stop,
+                                                              "rows": rows, "budget": budget}):
             first = end - size
             data = bytes(data)
             if size > 1 or first < start or end > stop:  # (bytes: clip to the range asked)
@@ -242,24 +237,22 @@ class FreeStreams(FreeAppends):
 
     async def delete(self, path: str) -> str:
         """DELETE: "deleted", "missing" or "gone" (already deleted while forks read it)."""
-        async with self.pool.connection() as conn, conn.transaction():
-            stream = await self._find(conn, path, lock=True)
+        async with self.db.session() as s, s.transaction():
+            stream = await self._find(s, path, lock=True)
             if stream is None:
                 return "missing"
             if stream.deleted:
                 return "gone"
-            await self._remove(conn, stream.id)
+            await self._remove(s, stream.id)
             return "deleted"
 
     async def delete_expired(self, batch: int) -> int:
         """The prune's share: up to ``batch`` expired streams deleted (kept as deleted while forks
         read them). Returns how many."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(_EXPIRED_IDS), {"batch": batch})
-            paths = [str(r[0]) for r in await cur.fetchall()]
+        paths = [str(r[0]) for r in await self.db.rows(EXPIRED_PATHS, {"batch": batch})]
         for path in paths:
-            async with self.pool.connection() as conn, conn.transaction():
-                await self._find(conn, path, lock=True)  # deletes it if it is (still) expired
+            async with self.db.session() as s, s.transaction():
+                await self._find(s, path, lock=True)  # deletes it if it is (still) expired
         return len(paths)
 
 

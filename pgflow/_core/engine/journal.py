@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from psycopg.types.json import Jsonb
 
-from .database import Port
+from .database import Port, Sql
 from .fencing import OWNER_LOCKED, Fence, StepStart, held
 
 
@@ -44,6 +44,41 @@ JOURNAL = (
     "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
     "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
 )
+READ_JOURNAL = Sql(JOURNAL)  # (as the executor runs it)
+
+# The notes of step attempts begun (``Journal.start_steps``), each fenced by its claim, and whether a
+# cancellation was asked for each note's workflow (NULL: its claim no longer holds it).
+START_STEPS = Sql(
+    "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int8[], %s::int[], %s::int[])"
+    "   WITH ORDINALITY AS a(id, attempt, lease, position, tries, n)),"
+    " " + held("owner", "asked", "a.*, w.cancel_requested") + ","
+    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
+    " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
+    "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries, {s}.clock_now()"
+    "  FROM owner, lazy"
+    "  ORDER BY id, position, attempt, tries DESC"
+    "  ON CONFLICT (workflow_id, position, attempt)"
+    "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
+    " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"
+)
+
+# A finished step recorded for the execution that holds its claim (``Journal.record_step``).
+RECORD_STEP = Sql(
+    "WITH " + OWNER_LOCKED + ","
+    # The attempts every execution started, this one's included: the record counts them all.
+    " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
+    "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
+    # Its start: this execution's first attempt's (the duration a reader sees is this run's).
+    " written AS (INSERT INTO {s}.steps"
+    "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends, started_at)"
+    "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
+    "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s,"
+    "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
+    "    (SELECT max(started_at) FROM started))"
+    "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
+    " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)"
+)
 
 
 def journal_of(rows: Sequence[tuple[Any, ...]]) -> tuple[dict[int, StepRecord], int]:
@@ -60,9 +95,7 @@ class Journal(Port):
         """The journal of a workflow, and its horizon: the highest position an earlier run reached,
         by a record or by a child it started from that position (``<id>.<position>[.<n>]``), -1
         when none; one round trip."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(JOURNAL), {"id": workflow_id})
-            return journal_of(await cur.fetchall())
+        return journal_of(await self.db.rows(READ_JOURNAL, {"id": workflow_id}))
 
     async def start_steps(self, notes: Sequence[StepStart]) -> list[Fence]:
         """Note, for each start, that the execution holding its claim token starts that attempt of
@@ -71,22 +104,8 @@ class Journal(Port):
         Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
         loses nothing, and only a server crash before the step's record could forget an attempt
         that the crash itself cut short."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%s::text[], %s::int[], %s::int8[], %s::int[], %s::int[])"
-                "   WITH ORDINALITY AS a(id, attempt, lease, position, tries, n)),"
-                " " + held("owner", "asked", "a.*, w.cancel_requested") + ","
-                " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                # (started_at on the schema's clock, as the step's finished_at is: see 0019_clock.sql)
-                " noted AS (INSERT INTO {s}.step_attempts (workflow_id, position, attempt, tries, started_at)"
-                "  SELECT DISTINCT ON (id, position, attempt) id, position, attempt, tries, {s}.clock_now()"
-                "  FROM owner, lazy"
-                "  ORDER BY id, position, attempt, tries DESC"
-                "  ON CONFLICT (workflow_id, position, attempt)"
-                "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
-                " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"),
-                [list(column) for column in zip(*notes, strict=True)])
-            return [Fence(cancel is not None, bool(cancel)) for _, cancel in await cur.fetchall()]
+        rows = await self.db.rows(START_STEPS, [list(column) for column in zip(*notes, strict=True)])
+        return [Fence(cancel is not None, bool(cancel)) for _, cancel in rows]
 
     async def record_step(
         self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, output: bytes | None,
@@ -97,20 +116,8 @@ class Journal(Port):
         The workflow row is share-locked for the insert, so a takeover cannot slip in between the
         fencing check and the write.
         """
-        row = await self._fetchone(
-            "WITH " + OWNER_LOCKED + ","
-            # The attempts every execution started, this one's included: the record counts them all.
-            " started AS (DELETE FROM {s}.step_attempts WHERE workflow_id = %(id)s AND position = %(position)s"
-            "  AND EXISTS (SELECT FROM owner) RETURNING tries, attempt, started_at),"
-            # Its start: this execution's first attempt's (the duration a reader sees is this run's).
-            " written AS (INSERT INTO {s}.steps"
-            "  (workflow_id, position, name, output, error, attempts, attempt, stream_ends, started_at)"
-            "  SELECT %(id)s, %(position)s, %(name)s, %(output)s, %(error)s,"
-            "   greatest(%(attempts)s, (SELECT sum(tries) FROM started))::int, %(attempt)s, %(stream_ends)s,"
-            "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
-            "    (SELECT max(started_at) FROM started))"
-            "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
-            " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
+        row = await self.db.row(
+            RECORD_STEP,
             {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "attempts": attempts,
              "stream_ends": _jsonb(stream_ends or None)},

@@ -30,7 +30,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from ...errors import ConfigurationError
-from .database import Port
+from .database import Port, Session, Sql
 
 DEADLOCK_ATTEMPTS = 5
 OWNERS_VARIABLE = "PGFLOW_SCHEMA_OWNERS"  # roles besides the migrating one that may own the schema's objects
@@ -39,7 +39,7 @@ OWNERS_VARIABLE = "PGFLOW_SCHEMA_OWNERS"  # roles besides the migrating one that
 # one of %(owners)s, with the current role and how many such objects there are; no row when all is well
 # or the schema does not exist. %(schema)s is the quoted name, as the statements write it. A relation's row
 # type and an array type always have the owner of what they belong to, checked already: left out of the count.
-FOREIGN_OWNED = (
+FOREIGN_OWNED = Sql(
     "SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner), current_user, count(*) OVER ()"
     " FROM pg_catalog.pg_namespace n CROSS JOIN LATERAL ("
     "  SELECT 0 AS rank, 'schema' AS kind, n.nspname::text AS name, n.nspowner AS owner"
@@ -55,6 +55,20 @@ FOREIGN_OWNED = (
     "  SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user OR r.rolname = ANY(%(owners)s::text[]))"
     " ORDER BY o.rank, o.name LIMIT 1"
 )
+# Whether the schema has its table of migrations (%s: its name, the schema's quoted); what it holds.
+HAS_MIGRATIONS = Sql("SELECT to_regclass(%s)")
+LATEST = Sql("SELECT coalesce(max(version), 0) FROM {s}.migrations")
+APPLIED = Sql("SELECT version FROM {s}.migrations")
+# A migrating transaction: its lock (per schema), the schema and its table of migrations made unless
+# they exist, then each migration applied and recorded.
+LOCK = Sql("SELECT pg_advisory_xact_lock(hashtext(%s))")
+CREATE_SCHEMA = Sql("CREATE SCHEMA IF NOT EXISTS {s}")
+CREATE_MIGRATIONS = Sql(
+    "CREATE TABLE IF NOT EXISTS {s}.migrations ("
+    " version integer PRIMARY KEY, name text NOT NULL,"
+    " applied_at timestamptz NOT NULL DEFAULT now())"
+)
+RECORD = Sql("INSERT INTO {s}.migrations (version, name) VALUES (%s, %s)")
 
 
 @dataclass(frozen=True)
@@ -76,20 +90,21 @@ def available() -> list[Migration]:
 
 async def applied_version(conn: AsyncConnection[tuple[object, ...]], schema: str) -> int:
     """The highest migration applied to ``schema``; 0 when it has none."""
-    row = await (await conn.execute("SELECT to_regclass(%s)", (f"{schema}.migrations",))).fetchone()
+    s = Session(conn, schema)
+    row = await s.row(HAS_MIGRATIONS, (f"{schema}.migrations",))
     if row is None or row[0] is None:
         return 0
-    row = await (await conn.execute(f"SELECT coalesce(max(version), 0) FROM {schema}.migrations")).fetchone()
-    return int(row[0]) if row else 0  # type: ignore[call-overload]
+    row = await s.row(LATEST)
+    return int(row[0]) if row else 0
 
 
 async def applied_versions(conn: AsyncConnection[tuple[object, ...]], schema: str) -> set[int]:
     """Every migration applied to ``schema``."""
-    row = await (await conn.execute("SELECT to_regclass(%s)", (f"{schema}.migrations",))).fetchone()
+    s = Session(conn, schema)
+    row = await s.row(HAS_MIGRATIONS, (f"{schema}.migrations",))
     if row is None or row[0] is None:
         return set()
-    cur = await conn.execute(f"SELECT version FROM {schema}.migrations")
-    return {int(r[0]) for r in await cur.fetchall()}  # type: ignore[call-overload]
+    return {int(r[0]) for r in await s.rows(APPLIED)}
 
 
 async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> list[Migration]:
@@ -134,24 +149,18 @@ async def _apply(conn: AsyncConnection[tuple[object, ...]], schema: str, todo: l
 async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
                       todo: list[Migration]) -> list[Migration]:
     applied_now = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgflow.migrate.{schema}",))
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    s = Session(conn, schema)
+    async with s.transaction():
+        await s.run(LOCK, (f"pgflow.migrate.{schema}",))
+        await s.run(CREATE_SCHEMA)
         await check_owners(conn, schema)  # made by another role since the first look: not ours
-        await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {schema}.migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
+        await s.run(CREATE_MIGRATIONS)
         done = await applied_versions(conn, schema)
         for migration in todo:
             if migration.version in done:
                 continue
-            await conn.execute(migration.sql.replace("{schema}", schema).encode())
-            await conn.execute(
-                f"INSERT INTO {schema}.migrations (version, name) VALUES (%s, %s)",
-                (migration.version, migration.name),
-            )
+            await s.script(migration.sql.replace("{schema}", schema).encode())
+            await s.run(RECORD, (migration.version, migration.name))
             applied_now.append(migration)
         await check_owners(conn, schema)  # an object another role put there meanwhile: nothing commits
     return applied_now
@@ -165,8 +174,7 @@ def expected_owners() -> list[str]:
 async def check_owners(conn: AsyncConnection[tuple[object, ...]], schema: str) -> None:
     """Raise ConfigurationError when ``schema`` (quoted) or anything in it is owned by a role that is
     neither the current one nor named in ``PGFLOW_SCHEMA_OWNERS``. One catalog query, no lock."""
-    cur = await conn.execute(FOREIGN_OWNED, {"schema": schema, "owners": expected_owners()})
-    row = await cur.fetchone()
+    row = await Session(conn, schema).row(FOREIGN_OWNED, {"schema": schema, "owners": expected_owners()})
     if row is not None:
         kind, name, owner, current, count = (str(value) for value in row)
         raise ConfigurationError(refusal(schema, kind, name, owner, current, int(count)))
@@ -189,9 +197,9 @@ class Schema(Port):
 
     async def migrate(self) -> list[Migration]:
         # Unbounded: a migration may build an index on a big table, or wait for another process's.
-        async with self.pool.connection(within=math.inf) as conn:
-            return await migrate(conn, self._s)
+        async with self.db.session(within=math.inf) as s:
+            return await migrate(s.conn, self.db.quoted)
 
     async def version(self) -> int:
-        async with self.pool.connection() as conn:
-            return await applied_version(conn, self._s)
+        async with self.db.session() as s:
+            return await applied_version(s.conn, self.db.quoted)

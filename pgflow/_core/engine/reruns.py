@@ -8,8 +8,21 @@ import msgspec
 from psycopg.types.json import Jsonb
 
 from ..status import Status
-from .database import Port
-from .fencing import HOLDS_LOCKED
+from .database import Port, Sql
+from .fencing import HOLDS
+from .management import FORGET_ATTEMPTS, FORGET_FROM_ERROR
+
+# A failed body given back to the queue, under the lock its claim took (``Reruns.retry_later``): its
+# journal from the first error on forgotten with its attempts' notes, as a resume does, then the row
+# queued again.
+RETRY_LATER = Sql(
+    "UPDATE {s}.workflows SET"
+    " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
+    " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
+    " due_at = least({s}.clock_now() + make_interval(secs => %(delay)s), deadline_at),"
+    " retries = retries + 1, uncounted = true, error = %(error)s,"
+    " lease_owner = NULL, lease_expires_at = NULL"
+    " WHERE id = %(id)s RETURNING queue, status, retries")
 
 
 class Rerun(NamedTuple):
@@ -33,24 +46,11 @@ class Reruns(Port):
         workflow ends, and ``retries`` counts it. The failed run costs nothing of ``max_attempts``
         (which counts runs cut short). A cancellation asked for meanwhile ends it as cancelled.
         None when the claim no longer holds it."""
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(HOLDS_LOCKED), (workflow_id, claim_token))
-            if await cur.fetchone() is None:
+        async with self.db.session() as s, s.transaction():
+            if await s.row(HOLDS, (workflow_id, claim_token)) is None:
                 return None
-            await conn.execute(self._sql(
-                "DELETE FROM {s}.steps WHERE workflow_id = %(id)s AND position >= coalesce("
-                " (SELECT min(position) FROM {s}.steps WHERE workflow_id = %(id)s AND error IS NOT NULL),"
-                " 2147483647)"), {"id": workflow_id})
-            await conn.execute(self._sql("DELETE FROM {s}.step_attempts WHERE workflow_id = %s"), (workflow_id,))
-            cur = await conn.execute(self._sql(
-                "UPDATE {s}.workflows SET"
-                " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
-                " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
-                " due_at = least({s}.clock_now() + make_interval(secs => %(delay)s), deadline_at),"
-                " retries = retries + 1, uncounted = true, error = %(error)s,"
-                " lease_owner = NULL, lease_expires_at = NULL"
-                " WHERE id = %(id)s RETURNING queue, status, retries"),
-                {"id": workflow_id, "delay": delay,
-                 "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode())})
-            row = await cur.fetchone()
+            await s.run(FORGET_FROM_ERROR, {"id": workflow_id})
+            await s.run(FORGET_ATTEMPTS, (workflow_id,))
+            row = await s.row(RETRY_LATER, {"id": workflow_id, "delay": delay,
+                                            "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode())})
         return None if row is None else Rerun(str(row[0]), Status(row[1]), int(row[2]))

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from . import wire
 from .channel import Pings, ping_parameters, riding
-from .database import Port
+from .database import Port, Sql
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -90,6 +90,27 @@ STARTING = wire.Statement(
     delay=wire.FLOAT8, max_attempts=wire.INT4, timeout=wire.FLOAT8, parent=wire.TEXT, traceparent=wire.TEXT,
     expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL,
     start_key=wire.TEXT)
+# Whether this role may send the second commit of ``wire.fetch_then_durable`` (see ``Starts.enqueue``).
+CAN_BE_DURABLE_AFTER = Sql(wire.CAN_BE_DURABLE_AFTER)
+# A workflow's name and birth, once a start found its id taken by a start it could not see yet.
+FOUND = Sql(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s")
+# Many starts of one name in one statement, each id inserted unless it exists (with its key), and what
+# each found (by its ordinal in the ids asked).
+ENQUEUE_MANY = Sql(
+    "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[], %(keys)s::text[])"
+    "   WITH ORDINALITY AS a(id, inputs, key, n)),"
+    " new AS (INSERT INTO {s}.workflows"
+    "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
+    "   expires_at, key)"
+    f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
+    f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}, coalesce(key, '')"
+    "  FROM asked ORDER BY n"
+    f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
+    " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
+    "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
+    " LEFT JOIN new ON new.id = a.id"
+    " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
+)
 
 
 class Starts(Port):
@@ -108,23 +129,25 @@ class Starts(Port):
         saves. Through a pooler, which may not take a pipeline, always in one durable commit, as when
         the role may not send the second commit's message."""
         if self._durable_after is None:
-            may = await self._fetchone(wire.CAN_BE_DURABLE_AFTER, ()) if self.pool.prepares else None
+            may = await self.db.row(CAN_BE_DURABLE_AFTER, ()) if self.db.pool.prepares else None
             self._durable_after = may is not None and may[0] is True
         alone = self._durable_after and not self._starts_in_flight
         self._starts_in_flight += 1
         try:
-            async with self.pool.connection() as conn:
-                given = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
-                         "pings": pings.payloads, "lazy": alone}
-                rows = await (wire.fetch_then_durable(conn, STARTING, self._s, given) if alone
-                              else wire.fetch(conn, STARTING, self._s, given, prepare=self.pool.prepares))
+            given = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
+                     "pings": pings.payloads, "lazy": alone}
+            if alone:
+                async with self.db.session() as s:
+                    rows = await s.rows_then_durable(STARTING, given)
+            else:
+                rows = await self.db.rows(STARTING, given)
         finally:
             self._starts_in_flight -= 1
         row = rows[0] if rows else None
         if row is None:
             # The row was inserted by a concurrent start whose commit we could not see yet; ours
             # waited on its unique index entry, so it is committed now.
-            found = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+            found = await self.db.row(FOUND, (id,))
             if found is None:
                 raise LookupError(id)
             return Started(False, str(found[0]), int(found[1]))
@@ -134,24 +157,10 @@ class Starts(Port):
                            pings: Pings, keys: list[str | None] | None = None) -> list[Started]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; what
         each start found, in the order of ``ids``. ``keys``: each start's key (None: ``new.key``)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[], %(keys)s::text[])"
-                "   WITH ORDINALITY AS a(id, inputs, key, n)),"
-                " new AS (INSERT INTO {s}.workflows"
-                "  (id, name, queue, priority, inputs, due_at, max_attempts, timeout, parent_id, traceparent,"
-                "   expires_at, key)"
-                f"  SELECT id, %(name)s, %(queue)s, %(priority)s, inputs, {DUE},"
-                f"   %(max_attempts)s, %(timeout)s, %(parent)s, %(traceparent)s, {EXPIRES}, coalesce(key, '')"
-                "  FROM asked ORDER BY n"
-                f"  ON CONFLICT (id) DO NOTHING RETURNING id, name, {BORN} AS born)"
-                " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
-                "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
-                " LEFT JOIN new ON new.id = a.id"
-                " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
-            ), {"ids": ids, "inputs": inputs, "keys": keys if keys is not None else [new.key] * len(ids),
-                **new.parameters(), **ping_parameters(conn, pings)})
-            rows = await cur.fetchall()
+        async with self.db.session() as s:
+            rows = await s.rows(ENQUEUE_MANY, {
+                "ids": ids, "inputs": inputs, "keys": keys if keys is not None else [new.key] * len(ids),
+                **new.parameters(), **ping_parameters(s.conn, pings)})
         found: list[Started] = [Started(False, "", 0)] * len(ids)
         created_here: set[str] = set()
         for n, created, row_name, born in rows:
@@ -161,7 +170,7 @@ class Starts(Port):
             if created:
                 created_here.add(id)
             if row_name is None:  # a concurrent start inserted it and committed after our snapshot
-                late = await self._fetchone(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s", (id,))
+                late = await self.db.row(FOUND, (id,))
                 if late is None:
                     raise LookupError(id)
                 row_name, born = late

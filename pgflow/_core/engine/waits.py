@@ -3,13 +3,90 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
-
-from psycopg import AsyncConnection
 
 from ..status import Status
-from .database import Port
-from .fencing import HOLDS_LOCKED, OWNER_LOCKED, Fence, Fenced, Receipt, Requeued, Wake
+from .database import Port, Sql
+from .fencing import HOLDS, OWNER_LOCKED, Fence, Fenced, Receipt, Requeued, Wake
+
+# A sleep's wake-up journaled for the execution holding its claim, unless one is already (then that one).
+RECORD_WAKE = Sql(
+    "WITH " + OWNER_LOCKED + ","
+    " written AS (INSERT INTO {s}.steps (workflow_id, position, name, attempts, attempt, wake_at)"
+    "  SELECT %(id)s, %(position)s, %(name)s, 1, %(attempt)s,"
+    "   {s}.clock_now() + make_interval(secs => %(seconds)s) FROM owner"
+    "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING wake_at),"
+    " wake AS (SELECT wake_at FROM written UNION ALL SELECT wake_at FROM {s}.steps"
+    "  WHERE workflow_id = %(id)s AND position = %(position)s AND NOT EXISTS (SELECT FROM written))"
+    " SELECT (SELECT cancel_requested FROM owner), w.wake_at,"
+    "  extract(epoch FROM w.wake_at - {s}.clock_now())::float8"
+    " FROM (SELECT 1) AS one LEFT JOIN wake w ON true"
+)
+# A running workflow's slot given back until it is due again (``Waits.suspend``), under that lock.
+SUSPEND = Sql(
+    "UPDATE {s}.workflows SET"
+    " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
+    " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
+    " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
+    "  AND topic = %(topic)s AND consumed_at IS NULL) THEN {s}.clock_now()"
+    "  ELSE least(%(until)s, deadline_at) END,"
+    " waiting_for = %(topic)s, uncounted = true,"
+    " lease_owner = NULL, lease_expires_at = NULL"
+    " WHERE id = %(id)s RETURNING queue, status"
+)
+# A message stored for a workflow (once per idempotency key), with the workflow's queue.
+STORE_MESSAGE = Sql(
+    "INSERT INTO {s}.messages (workflow_id, topic, value, idempotency_key)"
+    " SELECT id, %s, %s, %s FROM {s}.workflows WHERE id = %s"
+    " ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+    " RETURNING (SELECT queue FROM {s}.workflows WHERE id = %s)"
+)
+# Whether the workflow gave its slot back to wait for this topic, its row locked.
+WAITING_FOR = Sql(
+    "SELECT status = 'queued' AND waiting_for = %s FROM {s}.workflows WHERE id = %s FOR NO KEY UPDATE"
+)
+# A workflow due now; the queue of a workflow.
+DUE_NOW = Sql("UPDATE {s}.workflows SET due_at = {s}.clock_now() WHERE id = %s")
+QUEUE_OF = Sql("SELECT queue FROM {s}.workflows WHERE id = %s")
+# A receive: the oldest unconsumed message of the topic taken and journaled, or the entry waiting.
+RECEIVE = Sql(
+    "WITH " + OWNER_LOCKED + ","
+    " msg AS (SELECT id FROM {s}.messages WHERE workflow_id = %(id)s AND topic = %(topic)s"
+    "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
+    "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
+    "  ORDER BY id LIMIT 1 FOR UPDATE),"
+    " taken AS (UPDATE {s}.messages m SET consumed_at = {s}.clock_now(), consumed_position = %(position)s"
+    "  FROM msg WHERE m.id = msg.id RETURNING m.value),"
+    " entry AS (INSERT INTO {s}.steps AS st"
+    "  (workflow_id, position, name, output, attempts, attempt, wake_at, waiting)"
+    "  SELECT %(id)s, %(position)s, %(name)s, (SELECT value FROM taken), 1, %(attempt)s,"
+    "   {s}.clock_now() + make_interval(secs => %(timeout)s), NOT EXISTS (SELECT FROM taken) AND NOT %(final)s"
+    "  FROM owner"
+    "  ON CONFLICT (workflow_id, position) DO UPDATE SET output = excluded.output, waiting = excluded.waiting,"
+    "   attempt = excluded.attempt, finished_at = {s}.clock_now()"
+    "   WHERE st.waiting AND NOT excluded.waiting"
+    "  RETURNING wake_at),"
+    " deadline AS (SELECT coalesce((SELECT wake_at FROM entry), (SELECT wake_at FROM {s}.steps"
+    "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
+    " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
+    "  at, extract(epoch FROM at - {s}.clock_now())::float8 FROM deadline"
+)
+# An event published and journaled at its position in one statement (a position journaled publishes nothing).
+SET_EVENT = Sql(
+    "WITH " + OWNER_LOCKED + ","
+    " written AS (INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt)"
+    "  SELECT %(id)s, %(position)s, %(name)s, %(value)s, 1, %(attempt)s FROM owner"
+    "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
+    " published AS (INSERT INTO {s}.events (workflow_id, key, value)"
+    "  SELECT %(id)s, %(key)s, %(value)s FROM written"
+    "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = {s}.clock_now()"
+    "  RETURNING 1)"
+    " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)"
+)
+# An event's value (NULL: none under that key) and its workflow's status; no row: no such workflow.
+GET_EVENT = Sql(
+    "SELECT e.value, w.status FROM {s}.workflows w"
+    " LEFT JOIN {s}.events e ON e.workflow_id = w.id AND e.key = %s WHERE w.id = %s"
+)
 
 
 class Waits(Port):
@@ -19,20 +96,9 @@ class Waits(Port):
                           seconds: float) -> Fenced[Wake]:
         """Journal a wake-up ``seconds`` from now, on the server's clock, for the execution holding
         ``attempt`` under ``claim_token``; the wake-up as journaled (by this call or an earlier one)."""
-        row = await self._fetchone(
-            "WITH " + OWNER_LOCKED + ","
-            " written AS (INSERT INTO {s}.steps (workflow_id, position, name, attempts, attempt, wake_at)"
-            "  SELECT %(id)s, %(position)s, %(name)s, 1, %(attempt)s,"
-            "   {s}.clock_now() + make_interval(secs => %(seconds)s) FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING wake_at),"
-            " wake AS (SELECT wake_at FROM written UNION ALL SELECT wake_at FROM {s}.steps"
-            "  WHERE workflow_id = %(id)s AND position = %(position)s AND NOT EXISTS (SELECT FROM written))"
-            " SELECT (SELECT cancel_requested FROM owner), w.wake_at,"
-            "  extract(epoch FROM w.wake_at - {s}.clock_now())::float8"
-            " FROM (SELECT 1) AS one LEFT JOIN wake w ON true",
-            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
-             "seconds": seconds},
-        )
+        row = await self.db.row(RECORD_WAKE, {
+            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "seconds": seconds})
         assert row is not None
         return Fenced(row[0] is not None, bool(row[0]), Wake(float(row[2] or 0.0), row[1] or datetime.now(UTC)))
 
@@ -49,22 +115,10 @@ class Waits(Port):
         stores a message locks the row too, so either the send committed first and this look sees its
         message, or the send waits for this commit and then finds the workflow waiting for its topic.
         (fencing.HOLDS_LOCKED)"""
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(HOLDS_LOCKED), (workflow_id, claim_token))
-            if await cur.fetchone() is None:
+        async with self.db.session() as s, s.transaction():
+            if await s.row(HOLDS, (workflow_id, claim_token)) is None:
                 return None
-            cur = await conn.execute(self._sql(
-                "UPDATE {s}.workflows SET"
-                " status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,"
-                " finished_at = CASE WHEN cancel_requested THEN {s}.clock_now() END,"
-                " due_at = CASE WHEN EXISTS (SELECT FROM {s}.messages WHERE workflow_id = %(id)s"
-                "  AND topic = %(topic)s AND consumed_at IS NULL) THEN {s}.clock_now()"
-                "  ELSE least(%(until)s, deadline_at) END,"
-                " waiting_for = %(topic)s, uncounted = true,"
-                " lease_owner = NULL, lease_expires_at = NULL"
-                " WHERE id = %(id)s RETURNING queue, status"
-            ), {"id": workflow_id, "topic": topic, "until": until})
-            row = await cur.fetchone()
+            row = await s.row(SUSPEND, {"id": workflow_id, "topic": topic, "until": until})
         return None if row is None else Requeued(str(row[0]), Status(row[1]))
 
     async def send(self, workflow_id: str, topic: str, value: bytes,
@@ -74,30 +128,15 @@ class Waits(Port):
         None when no such workflow exists. (See ``suspend`` for why the row is locked once the
         message is stored; a message stored before leaves the row alone, so a duplicate send cannot
         make a claim skip it.)"""
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(self._sql(
-                "INSERT INTO {s}.messages (workflow_id, topic, value, idempotency_key)"
-                " SELECT id, %s, %s, %s FROM {s}.workflows WHERE id = %s"
-                " ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-                " RETURNING (SELECT queue FROM {s}.workflows WHERE id = %s)"
-            ), (topic, value, idempotency_key, workflow_id, workflow_id))
-            stored = await cur.fetchone()
+        async with self.db.session() as s, s.transaction():
+            stored = await s.row(STORE_MESSAGE, (topic, value, idempotency_key, workflow_id, workflow_id))
             if stored is None:
-                queue = await self._queue_of(conn, workflow_id)
-                return None if queue is None else (False, queue, False)
-            cur = await conn.execute(self._sql(
-                "SELECT status = 'queued' AND waiting_for = %s FROM {s}.workflows WHERE id = %s FOR NO KEY UPDATE"
-            ), (topic, workflow_id))
-            waiting = await cur.fetchone()
+                found = await s.row(QUEUE_OF, (workflow_id,))
+                return None if found is None else (False, str(found[0]), False)
+            waiting = await s.row(WAITING_FOR, (topic, workflow_id))
             if waiting is not None and waiting[0]:
-                await conn.execute(self._sql("UPDATE {s}.workflows SET due_at = {s}.clock_now() WHERE id = %s"),
-                                   (workflow_id,))
+                await s.run(DUE_NOW, (workflow_id,))
         return True, str(stored[0]), bool(waiting is not None and waiting[0])
-
-    async def _queue_of(self, conn: AsyncConnection[Any], workflow_id: str) -> str | None:
-        cur = await conn.execute(self._sql("SELECT queue FROM {s}.workflows WHERE id = %s"), (workflow_id,))
-        row = await cur.fetchone()
-        return None if row is None else str(row[0])
 
     async def receive(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, topic: str,
                       timeout: float, final: bool) -> Fenced[Receipt]:
@@ -107,30 +146,9 @@ class Waits(Port):
         seconds from the first call), or, when ``final``, as timed out.
 
         """
-        row = await self._fetchone(
-            "WITH " + OWNER_LOCKED + ","
-            " msg AS (SELECT id FROM {s}.messages WHERE workflow_id = %(id)s AND topic = %(topic)s"
-            "  AND consumed_at IS NULL AND EXISTS (SELECT FROM owner) AND NOT EXISTS (SELECT FROM {s}.steps"
-            "   WHERE workflow_id = %(id)s AND position = %(position)s AND NOT waiting)"
-            "  ORDER BY id LIMIT 1 FOR UPDATE),"
-            " taken AS (UPDATE {s}.messages m SET consumed_at = {s}.clock_now(), consumed_position = %(position)s"
-            "  FROM msg WHERE m.id = msg.id RETURNING m.value),"
-            " entry AS (INSERT INTO {s}.steps AS st"
-            "  (workflow_id, position, name, output, attempts, attempt, wake_at, waiting)"
-            "  SELECT %(id)s, %(position)s, %(name)s, (SELECT value FROM taken), 1, %(attempt)s,"
-            "   {s}.clock_now() + make_interval(secs => %(timeout)s), NOT EXISTS (SELECT FROM taken) AND NOT %(final)s"
-            "  FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO UPDATE SET output = excluded.output, waiting = excluded.waiting,"
-            "   attempt = excluded.attempt, finished_at = {s}.clock_now()"
-            "   WHERE st.waiting AND NOT excluded.waiting"
-            "  RETURNING wake_at),"
-            " deadline AS (SELECT coalesce((SELECT wake_at FROM entry), (SELECT wake_at FROM {s}.steps"
-            "  WHERE workflow_id = %(id)s AND position = %(position)s)) AS at)"
-            " SELECT (SELECT cancel_requested FROM owner), EXISTS (SELECT FROM taken), (SELECT value FROM taken),"
-            "  at, extract(epoch FROM at - {s}.clock_now())::float8 FROM deadline",
-            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
-             "topic": topic, "timeout": timeout, "final": final},
-        )
+        row = await self.db.row(RECEIVE, {
+            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "topic": topic, "timeout": timeout, "final": final})
         assert row is not None
         return Fenced(row[0] is not None, bool(row[0]), Receipt(bool(row[1]), row[2], float(row[4] or 0.0), row[3]))
 
@@ -138,27 +156,13 @@ class Waits(Port):
                         key: str, value: bytes) -> Fence:
         """Publish ``value`` under ``key`` for the execution holding ``attempt``, and journal it at
         ``position`` in the same statement (a position already journaled publishes nothing)."""
-        row = await self._fetchone(
-            "WITH " + OWNER_LOCKED + ","
-            " written AS (INSERT INTO {s}.steps (workflow_id, position, name, output, attempts, attempt)"
-            "  SELECT %(id)s, %(position)s, %(name)s, %(value)s, 1, %(attempt)s FROM owner"
-            "  ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1),"
-            " published AS (INSERT INTO {s}.events (workflow_id, key, value)"
-            "  SELECT %(id)s, %(key)s, %(value)s FROM written"
-            "  ON CONFLICT (workflow_id, key) DO UPDATE SET value = excluded.value, set_at = {s}.clock_now()"
-            "  RETURNING 1)"
-            " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM published)",
-            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
-             "key": key, "value": value},
-        )
+        row = await self.db.row(SET_EVENT, {
+            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "key": key, "value": value})
         assert row is not None
         return Fence(row[0] is not None, bool(row[0]))
 
     async def get_event(self, workflow_id: str, key: str) -> tuple[bytes | None, str] | None:
         """(the value under ``key`` or None, the workflow's status); None: no such workflow."""
-        row = await self._fetchone(
-            "SELECT e.value, w.status FROM {s}.workflows w"
-            " LEFT JOIN {s}.events e ON e.workflow_id = w.id AND e.key = %s WHERE w.id = %s",
-            (key, workflow_id),
-        )
+        row = await self.db.row(GET_EVENT, (key, workflow_id))
         return None if row is None else (row[0], str(row[1]))

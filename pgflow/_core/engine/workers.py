@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .database import Port
+from .database import Port, Sql
 from .fencing import held
 
 
@@ -23,24 +23,56 @@ def new_fence(worker: str) -> str:
             " ON CONFLICT (worker) DO NOTHING")
 
 
+# A worker registered, with a fence of its own.
+REGISTER = Sql(
+    "WITH fence AS (" + new_fence("id") + ")"
+    " INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+    " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
+)
+# A worker forgotten with its fence.
+UNREGISTER = Sql(
+    "WITH gone AS (DELETE FROM {s}.worker_fences WHERE worker = %(id)s)"
+    " DELETE FROM {s}.workers WHERE id = %(id)s"
+)
+# A heartbeat (``Workers.heartbeat``): the worker alive, its fence there, the leases it names extended.
+HEARTBEAT = Sql(
+    # An upsert: a worker the others forgot (it was cut off for a while) comes back.
+    "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
+    "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
+    "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
+    # (a fence lost with a crash or a failover is made anew, with another epoch)
+    " fence AS (" + new_fence("owner") + "),"
+    " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    # (``running`` comes sorted: the rows are locked in id order)
+    " " + held("renewed", "(SELECT unnest(%(running)s::text[]) AS id)", "w.id", lock=" FOR UPDATE",
+               by="w.lease_owner = %(owner)s") +
+    " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
+    " WHERE id IN (SELECT id FROM renewed) AND EXISTS (SELECT FROM lazy)"
+    " RETURNING id, attempt, cancel_requested"
+)
+# The workers silent for a while forgotten, with their fences; how many.
+FORGET = Sql(
+    "WITH forgotten AS (DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+    "  RETURNING id),"
+    # (their fences locked in the order claims lock them: see claims.CLAIM)
+    " doomed AS (SELECT worker FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten)"
+    "  ORDER BY worker FOR UPDATE),"
+    " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT worker FROM doomed))"
+    " SELECT count(*) FROM forgotten"
+)
+
+
 class Workers(Port):
     """The port that registers workers, takes their heartbeats and forgets the silent ones."""
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
                               version: str, names: Sequence[str], lease_seconds: float | None = None) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql(
-                "WITH fence AS (" + new_fence("id") + ")"
-                " INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
-                " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
-            ), {"id": id, "host": host, "pid": pid, "queues": list(queues), "version": version, "names": list(names),
-                "lease": lease_seconds})
+        await self.db.run(REGISTER, {
+            "id": id, "host": host, "pid": pid, "queues": list(queues), "version": version, "names": list(names),
+            "lease": lease_seconds})
 
     async def unregister_worker(self, id: str) -> None:
-        async with self.pool.connection() as conn:
-            await conn.execute(self._sql(
-                "WITH gone AS (DELETE FROM {s}.worker_fences WHERE worker = %(id)s)"
-                " DELETE FROM {s}.workers WHERE id = %(id)s"), {"id": id})
+        await self.db.run(UNREGISTER, {"id": id})
 
     async def heartbeat(self, owner: str, lease_seconds: float, host: str, pid: int, queues: Sequence[str],
                         version: str, names: Sequence[str], running: Sequence[str],
@@ -52,36 +84,12 @@ class Workers(Port):
         A heartbeat lost in a crash harms nothing (the leases simply run out), so it does not wait
         for the disk. One not answered ``within`` seconds is abandoned with its connection: the next
         one, on a fresh link, may still come in time."""
-        async with self.pool.connection(within=within) as conn:
-            cur = await conn.execute(self._sql(
-                # An upsert: a worker the others forgot (it was cut off for a while) comes back.
-                "WITH alive AS (INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
-                "   VALUES (%(owner)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
-                "   ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()),"
-                # (a fence lost with a crash or a failover is made anew, with another epoch)
-                " fence AS (" + new_fence("owner") + "),"
-                " lazy AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                # (``running`` comes sorted: the rows are locked in id order)
-                " " + held("renewed", "(SELECT unnest(%(running)s::text[]) AS id)", "w.id", lock=" FOR UPDATE",
-                       by="w.lease_owner = %(owner)s") +
-                " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
-                " WHERE id IN (SELECT id FROM renewed) AND EXISTS (SELECT FROM lazy)"
-                " RETURNING id, attempt, cancel_requested"
-            ), {"owner": owner, "lease": lease_seconds, "host": host, "pid": pid,
-                "queues": list(queues), "version": version, "names": list(names), "running": list(running)})
-            return [Held(str(r[0]), int(r[1]), bool(r[2])) for r in await cur.fetchall()]
+        rows = await self.db.rows(HEARTBEAT, {
+            "owner": owner, "lease": lease_seconds, "host": host, "pid": pid, "queues": list(queues),
+            "version": version, "names": list(names), "running": list(running)}, within=within)
+        return [Held(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
 
     async def forget_workers(self, silent_for: float) -> int:
         """Forget the workers whose heartbeat has been silent for ``silent_for`` seconds."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH forgotten AS (DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
-                "  RETURNING id),"
-                # (their fences locked in the order claims lock them: see claims.CLAIM)
-                " doomed AS (SELECT worker FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten)"
-                "  ORDER BY worker FOR UPDATE),"
-                " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT worker FROM doomed))"
-                " SELECT count(*) FROM forgotten"
-            ), (silent_for,))
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
+        row = await self.db.row(FORGET, (silent_for,))
+        return int(row[0]) if row else 0

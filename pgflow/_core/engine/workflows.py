@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .database import Port
+from .database import Port, Sql
 from .fencing import held
 from .starts import BORN
 
@@ -33,7 +33,27 @@ class Cancelled(NamedTuple):
     descendants: list[str]
 
 
-
+# Which ids name workflows; one workflow as callers and handles see it.
+EXISTING = Sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)")
+WORKFLOW = Sql(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s")
+# A workflow and every workflow its body started (children, theirs, ...) cancelled when queued, flagged
+# when running; the asked one's row first (none: no such workflow).
+REQUEST_CANCEL = Sql(
+    "WITH RECURSIVE tree AS (SELECT id FROM {s}.workflows WHERE id = %(id)s"
+    "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
+    " asked AS (UPDATE {s}.workflows SET"
+    "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
+    "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
+    "  cancel_requested = status IN ('queued', 'running')"
+    "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
+    "  RETURNING id, status)"
+    " SELECT id, status FROM asked ORDER BY id = %(id)s DESC"
+)
+# Those of the running workflows asked about whose cancellation was asked for.
+CANCELS_REQUESTED = Sql(
+    "WITH " + held("cancelling", "(SELECT unnest(%s::text[]) AS id)", "w.id", by="w.cancel_requested")
+    + " SELECT id FROM cancelling"
+)
 
 
 class Workflows(Port):
@@ -41,39 +61,20 @@ class Workflows(Port):
 
     async def existing(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` name workflows."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)"), (ids,))
-            return {str(row[0]) for row in await cur.fetchall()}
+        return {str(row[0]) for row in await self.db.rows(EXISTING, (ids,))}
 
     async def workflow(self, id: str) -> WorkflowRow | None:
-        row = await self._fetchone(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s", (id,))
+        row = await self.db.row(WORKFLOW, (id,))
         return None if row is None else WorkflowRow(*row)
 
     async def request_cancel(self, id: str) -> Cancelled | None:
         """Cancel a queued workflow at once, or flag a running one, and the same for every workflow
         its body started (children, theirs, ...) that has not ended. None: no such workflow."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH RECURSIVE tree AS (SELECT id FROM {s}.workflows WHERE id = %(id)s"
-                "  UNION SELECT w.id FROM {s}.workflows w JOIN tree ON w.parent_id = tree.id),"
-                " asked AS (UPDATE {s}.workflows SET"
-                "  status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,"
-                "  finished_at = CASE WHEN status = 'queued' THEN {s}.clock_now() ELSE finished_at END,"
-                "  cancel_requested = status IN ('queued', 'running')"
-                "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
-                "  RETURNING id, status)"
-                " SELECT id, status FROM asked ORDER BY id = %(id)s DESC"
-            ), {"id": id})
-            rows = await cur.fetchall()
+        rows = await self.db.rows(REQUEST_CANCEL, {"id": id})
         if not rows or rows[0][0] != id:
             return None
         return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
 
     async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
         """Those of ``ids`` still running whose cancellation was asked for."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(self._sql(
-                "WITH " + held("cancelling", "(SELECT unnest(%s::text[]) AS id)", "w.id", by="w.cancel_requested")
-                + " SELECT id FROM cancelling"),
-                (list(ids),))
-            return [str(row[0]) for row in await cur.fetchall()]
+        return [str(row[0]) for row in await self.db.rows(CANCELS_REQUESTED, (list(ids),))]
