@@ -105,6 +105,10 @@ class Listener:
         self.heard += 1
         self._waiters.hear(news)
 
+    def _handed_over(self, note: psycopg.Notify) -> None:
+        """A notification psycopg read while a statement of ours ran on the connection."""
+        self.dispatch(note.payload, note.channel)
+
     async def _listen(self) -> bool:
         """Serve one connection; True when it was closed for being idle."""
         conn = await psycopg.AsyncConnection.connect(self._conninfo(), autocommit=True,
@@ -112,7 +116,7 @@ class Listener:
         async with conn:
             # Notifications that come in while a statement of ours runs on this connection (a LISTEN,
             # the health check) are handed over by psycopg; between them, ``_hear`` reads them itself.
-            conn.add_notify_handler(lambda note: self.dispatch(note.payload, note.channel))
+            conn.add_notify_handler(self._handed_over)
             with answered_within(conn, self._query_timeout):
                 await channel_sql.listen(conn, self._channel)
             self.backend_pid = conn.info.backend_pid
