@@ -31,9 +31,6 @@ class Runs:
     def __init__(self) -> None:
         self._scopes: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._open = True
-        # The running backend's own class of cancel scope: ``anyio.CancelScope()`` looks the backend up
-        # (sniffio) and initialises the scope twice, 1.2 µs more per run than making it directly.
-        self._new_scope: Callable[[], anyio.CancelScope] | None = None
 
     def __len__(self) -> int:
         return len(self._scopes)
@@ -43,9 +40,7 @@ class Runs:
         (nothing run) once ``serve`` has stopped: the caller gives the workflow back."""
         if not self._open:
             return False
-        if self._new_scope is None:
-            self._new_scope = type(anyio.CancelScope())
-        scope = self._new_scope()
+        scope = anyio.CancelScope()
         task = asyncio.get_running_loop().create_task(run(what, scope), name=name)
         self._scopes[task] = scope
         task.add_done_callback(self._ended)
