@@ -86,7 +86,8 @@ def test_the_end_line_of_a_workflow_is_written_without_a_log_record_under_the_cl
 
 
 @pytest.mark.parametrize("change", ["handler on pgflow", "filter on its logger", "filter on the handler",
-                                    "second root handler", "record factory", "own format", "not propagated",
+                                    "second root handler", "record factory", "own format",
+                                    "own format, stamped as the CLI's", "not propagated",
                                     "patched callHandlers", "patched emit", "logger subclass", "handler level"])
 def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(change: str) -> None:
     kept = RecordingHandler()
@@ -113,6 +114,8 @@ def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(cha
             undo.callback(logging.setLogRecordFactory, factory)
         elif change == "own format":
             handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        elif change == "own format, stamped as the CLI's":
+            handler.setFormatter(SecondStamps("%(levelname)s %(message)s"))
         elif change == "patched callHandlers":  # as an error reporter's breadcrumbs do
             def breadcrumbs(self: logging.Logger, record: logging.LogRecord) -> None:
                 kept.records.append(record)
@@ -142,7 +145,7 @@ def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(cha
         assert not log_lines.write(runs, logging.INFO, END, ARGS)
         assert stream.getvalue() == ""  # nothing written by the direct path
         log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
-    if change == "own format":
+    if change.startswith("own format"):
         assert stream.getvalue() == "INFO workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)\n"
     elif change == "handler level":
         assert stream.getvalue() == ""  # the CLI's handler takes no INFO line

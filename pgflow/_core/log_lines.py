@@ -38,6 +38,7 @@ class SecondStamps(logging.Formatter):
 
     def __init__(self, fmt: str = FORMAT) -> None:
         super().__init__(fmt)
+        self.line_format = fmt  # (``write`` reads it: logging's own copy is private)
         self._second: int | None = None
         self._text = ""
 
@@ -117,8 +118,9 @@ def _written(handler: Lines, lines: list[_Line]) -> bool:
     formatter = handler.formatter
     assert isinstance(formatter, SecondStamps)
     end = handler.terminator
-    with handler.lock:  # type: ignore[union-attr] # (made by the handler's __init__)
-        now = time.time()  # (stamped under the lock, as logging's own lines are: in order)
+    handler.acquire()  # (stamped under the handler's lock, as logging's own lines are: in order)
+    try:
+        now = time.time()
         try:
             text = "".join([_text(formatter, line, now, end) for line in lines])
         except Exception:  # noqa: BLE001 - a message its arguments do not fit: logging reports it its way
@@ -131,7 +133,9 @@ def _written(handler: Lines, lines: list[_Line]) -> bool:
             handler.stream.flush()
         except (OSError, ValueError):  # (written: the next line's write says what broke)
             pass
-    return True
+        return True
+    finally:
+        handler.release()
 
 
 def _text(formatter: SecondStamps, line: _Line, now: float, end: str) -> str:
@@ -170,7 +174,7 @@ def _alone(logger: logging.Logger, level: int) -> Lines | None:
     if not _stock(logger):
         return None
     node: logging.Logger | None = logger
-    root = logging.root
+    root = logging.getLogger()
     while node is not root:
         assert node is not None
         if node.handlers or node.filters or not node.propagate:
@@ -183,6 +187,6 @@ def _alone(logger: logging.Logger, level: int) -> Lines | None:
             handler.__dict__):
         return None
     formatter = handler.formatter
-    if type(formatter) is not SecondStamps or formatter._fmt != FORMAT or formatter.datefmt is not None:
+    if type(formatter) is not SecondStamps or formatter.line_format != FORMAT or formatter.datefmt is not None:
         return None
     return handler
