@@ -13,15 +13,17 @@ The micro-benchmarks (the default; 7 rounds, --quick 3 with smaller counts, abou
 
   runs        a no-op run's task: ``Runs.start`` (plain asyncio tasks) against an anyio task group's
               ``start_soon``, started 64 at a time as a claim at concurrency 64 starts them (us per run)
-  log_lines   a workflow's end line at INFO under the CLI's handler: ``log_lines.write`` (one line, and
-              16 gathered as a batch of ends writes them) against logging's own path (us per line)
+  log_lines   a workflow's end line at INFO under the CLI's handler: ``log_lines.write`` against
+              ``Logger.info`` (us per line, written to a file)
   checkout    one pool checkout and return: ``Pool.connection`` against psycopg_pool's ``connection()``
               with the same deadline and bookkeeping (us of CPU per checkout)
   pool_order  one checkout and ``SELECT 1`` every --gap seconds on a pool grown to 10 connections: the
               connection returned last first (``_NewestFirst``) against psycopg_pool's order, oldest first
               (us of latency, p50)
   listener    a sealed notification heard by the listener: its socket read in the loop's own callback
-              against psycopg's ``notifies()``, sent one at a time by another process (us of CPU each)
+              against psycopg's ``notifies()``, on uvloop (a worker's loop) and on asyncio's own (an
+              application's); four listener processes hear in turns from one sender, which sends one
+              notification a transaction (us of the listener process's CPU each)
 
 What they serve (``--only drain16,drain64,lone,sporadic``; 5 rounds, --quick 3): pgflow's own processes,
 with the public way put in place of one bypass at a time (``use_public_ways``, by ``$BENCH_PUBLIC``):
@@ -30,8 +32,10 @@ with the public way put in place of one bypass at a time (``use_public_ways``, b
               workflow, by ``drain_ab.drain``): public runs, log_lines, checkout
   lone        start-to-result of a no-op, back to back, by a caller process (asyncio, as an application)
               and a worker process: the caller's CPU per workflow first; public listener, checkout
-  sporadic    the same, one every --gap seconds after a burst of 16 (so the pools have grown): the p50;
-              public pool_order, listener
+  sporadic    the same, one every --sporadic-gap seconds after a burst of 16 (so the pools have grown):
+              the p50; public pool_order
+  (lone and sporadic run their ways at the same time, each on a database of its own: the machine's
+  drift from one minute to the next falls on all of them alike)
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -119,7 +124,7 @@ class GroupRuns:
 
 
 @contextlib.asynccontextmanager
-async def runs_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
+async def runs_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
     count = 4_000 if a.quick else 20_000
     batch = 64
 
@@ -142,7 +147,7 @@ async def runs_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, M
         return spent / count * 1e6
 
     yield {"Runs (asyncio tasks)": lambda _: measure(Runs()),
-           "anyio task group": lambda _: measure(GroupRuns())}, ("Runs (asyncio tasks)", "anyio task group")
+           "anyio task group": lambda _: measure(GroupRuns())}, [("Runs (asyncio tasks)", "anyio task group")]
 
 
 # -- log_lines ---------------------------------------------------------------------------------------------------
@@ -168,7 +173,7 @@ def cli_logging(stream: IO[str]) -> Iterator[logging.Logger]:
 
 
 @contextlib.asynccontextmanager
-async def log_lines_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
+async def log_lines_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
     lines = 20_000 if a.quick else 100_000
     with tempfile.TemporaryFile("w+") as file, cli_logging(file) as logger:
         def timed(write_lines: Callable[[], None]) -> float:
@@ -182,28 +187,16 @@ async def log_lines_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[s
             for _ in range(lines):
                 logger.info(_END, *ARGS)
 
-        def record() -> None:  # what outcomes.log_end does when ``write`` steps aside
-            for _ in range(lines):
-                logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 1, _END, ARGS, None, "log_end"))
-
         def direct() -> None:
             for _ in range(lines):
                 assert log_lines.write(logger, logging.INFO, _END, ARGS)
 
-        def gathered() -> None:
-            for _ in range(lines // 16):
-                with log_lines.gathered():
-                    for _ in range(16):
-                        log_lines.write(logger, logging.INFO, _END, ARGS)
-
-        ways: dict[str, Callable[[], None]] = {
-            "logging: makeRecord + handle": record, "logging: info()": info, "log_lines.write": direct,
-            "log_lines.write, 16 gathered": gathered}
+        ways: dict[str, Callable[[], None]] = {"logging: info()": info, "log_lines.write": direct}
 
         async def measure(way: str) -> float:
             return timed(ways[way])
 
-        yield {name: measure for name in ways}, ("log_lines.write", "logging: makeRecord + handle")
+        yield {name: measure for name in ways}, [("log_lines.write", "logging: info()")]
 
 
 # -- the pool ----------------------------------------------------------------------------------------------------
@@ -223,7 +216,7 @@ async def public_checkout(pool: pool_module.Pool, within: float,
 
 
 @contextlib.asynccontextmanager
-async def checkout_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
+async def checkout_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
     count = 5_000 if a.quick else 20_000
     pool = pool_module.Pool(Config(dsn=a.dsn, schema="pgflow_bench", pool_size=1))
     await pool.open(wait=True)
@@ -245,7 +238,7 @@ async def checkout_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[st
                 await checkout()
             return (time.thread_time() - began) / count * 1e6
 
-        yield {name: measure for name in ways}, ("Pool.connection", "psycopg_pool connection()")
+        yield {name: measure for name in ways}, [("Pool.connection", "psycopg_pool connection()")]
     finally:
         await pool.close()
 
@@ -268,7 +261,7 @@ async def grown(pool: pool_module.Pool, size: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def pool_order_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
+async def pool_order_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
     samples = 15 if a.quick else 40
     size = 10  # pgflow's default pool_size
     pools = {"newest first": pool_module.Pool(Config(dsn=a.dsn, schema="pgflow_bench", pool_size=size)),
@@ -297,7 +290,7 @@ async def pool_order_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[
                 await anyio.sleep(a.gap / 2)
             return statistics.median(taken)
 
-        yield {name: measure for name in pools}, ("newest first", "oldest first (psycopg_pool)")
+        yield {name: measure for name in pools}, [("newest first", "oldest first (psycopg_pool)")]
     finally:
         for pool in pools.values():
             await pool.close()
@@ -321,10 +314,10 @@ class PublicListener(Listener):
 
 SENDER = """
 import json, sys, psycopg
-dsn, channel = sys.argv[1:3]
-payloads = json.load(sys.stdin)
+dsn = sys.argv[1]
+notes = json.load(sys.stdin)  # [channel, payload], the listeners' turns interleaved
 with psycopg.connect(dsn, autocommit=True) as conn:
-    for text in payloads:  # one a transaction: each wakes the listener on its own
+    for channel, text in notes:  # one a transaction: each wakes its listener on its own
         conn.execute("SELECT pg_notify(%s, %s)", (channel, text))
 """
 SECRET = SignalKey(1, bytes(range(32)), -1.0, None)
@@ -336,50 +329,93 @@ def keyring(channel: str) -> Keyring:
     return ring
 
 
-@contextlib.asynccontextmanager
-async def listener_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
-    count = 1_000 if a.quick else 3_000
-    listeners: dict[str, tuple[Listener, tuple[str, str]]] = {}
-    async with anyio.create_task_group() as group:
-        for name, kind in (("socket reader", Listener), ("psycopg notifies()", PublicListener)):
-            channels = (f"pgflow_bench_{uuid.uuid4().hex[:8]}", f"pgflows_bench_{uuid.uuid4().hex[:8]}")
-            waiters = Waiters()
-            waiters.add(signal_keys.queue("q"), Waiter())  # somebody waits: the listener stays
-            listener = kind(lambda: a.dsn, channels, waiters, keyring(channels[0]), idle=3600.0, health_every=3600.0)
-            listeners[name] = listener, channels
-            group.start_soon(listener.run)
-            with anyio.fail_after(30):
-                while not listener.connected:
-                    await anyio.sleep(0.01)
+LISTENERS: dict[str, type[Listener]] = {"socket reader": Listener, "psycopg notifies()": PublicListener}
 
-        async def measure(way: str) -> float:
-            listener, channels = listeners[way]
-            ring = keyring(channels[0])
-            payloads = []
-            for _ in range(count):
-                pings = sealed(ring, channels, News([signal_keys.queue("q")]))
-                assert pings is not None
-                payloads.append(pings.payloads[0])
-            sender = subprocess.Popen([sys.executable, "-c", SENDER, a.dsn, channels[0]], stdin=subprocess.PIPE)
-            assert sender.stdin is not None
-            sender.stdin.write(json.dumps(payloads).encode())
-            sender.stdin.close()
-            target = listener.heard + count
-            # Counted from the first notification to the last: the sender's start-up is left out.
-            with anyio.fail_after(60):
-                while listener.heard == target - count:
+
+def hear(kind: str, loop: loops.Choice, dsn: str, channels: tuple[str, str]) -> None:
+    """A listener process of the listener section: it prints "ready" once listening; then, for each line
+    "N" read from stdin, it hears N notifications and prints its own CPU per notification (us), from the
+    first of them to the last. (A process each, so no listener's CPU is counted in another's.)"""
+    async def serve() -> None:
+        waiters = Waiters()
+        waiters.add(signal_keys.queue("q"), Waiter())  # somebody waits: the listener stays
+        listener = LISTENERS[kind](lambda: dsn, channels, waiters, keyring(channels[0]), idle=3600.0,
+                                   health_every=3600.0)
+        async with anyio.create_task_group() as group:
+            group.start_soon(listener.run)
+            while not listener.connected:
+                await anyio.sleep(0.01)
+            print("ready", flush=True)
+            while line := await anyio.to_thread.run_sync(sys.stdin.readline):
+                before = listener.heard
+                while listener.heard == before:
                     await anyio.sleep(0.001)
                 began, heard = time.process_time(), listener.heard
-                while listener.heard < target:
+                while listener.heard < before + int(line):
                     await anyio.sleep(0.02)
-                spent = time.process_time() - began
-            sender.wait()
-            return spent / (listener.heard - heard) * 1e6
-
-        try:
-            yield {name: measure for name in listeners}, ("socket reader", "psycopg notifies()")
-        finally:
+                print((time.process_time() - began) / (listener.heard - heard) * 1e6, flush=True)
             group.cancel_scope.cancel()
+
+    anyio.run(serve, backend="asyncio", backend_options=loops.backend_options(loop))
+
+
+HEAR = "import sys, benchmarks.bypasses as b; b.hear(sys.argv[1], sys.argv[2], sys.argv[3], tuple(sys.argv[4:6]))"
+
+
+@contextlib.asynccontextmanager
+async def listener_section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
+    """Four listener processes (the socket reader and ``notifies()``, on uvloop and on asyncio's own loop)
+    hear their notifications in turns from one sender: a round measures the four at once."""
+    count = 1_000 if a.quick else 3_000
+    loops_here: list[loops.Choice] = ["uvloop", "asyncio"] if loops.uses_uvloop("auto") else ["asyncio"]
+    channels = {f"{kind}, {loop}": (f"pgflow_bench_{uuid.uuid4().hex[:8]}", f"pgflows_bench_{uuid.uuid4().hex[:8]}")
+                for loop in loops_here for kind in LISTENERS}
+    procs = {name: subprocess.Popen([sys.executable, "-c", HEAR, name.split(", ")[0], name.split(", ")[1], a.dsn,
+                                     *chans], cwd=harness.ROOT, env={**os.environ, "PYTHONPATH": str(harness.ROOT)},
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for name, chans in channels.items()}
+    taken: dict[str, float] = {}
+    try:
+        for name, proc in procs.items():
+            assert proc.stdout is not None
+            if (await anyio.to_thread.run_sync(proc.stdout.readline)).strip() != "ready":
+                raise harness.RunFailed(f"the listener process {name!r} did not start")
+
+        async def round_() -> None:
+            per = []
+            for chans in channels.values():
+                ring = keyring(chans[0])
+                notes = []
+                for _ in range(count):
+                    pings = sealed(ring, chans, News([signal_keys.queue("q")]))
+                    assert pings is not None
+                    notes.append([chans[0], pings.payloads[0]])
+                per.append(notes)
+            for proc in procs.values():
+                assert proc.stdin is not None
+                proc.stdin.write(f"{count}\n")
+                proc.stdin.flush()
+            sender = subprocess.Popen([sys.executable, "-c", SENDER, a.dsn], stdin=subprocess.PIPE)
+            assert sender.stdin is not None
+            sender.stdin.write(json.dumps([note for turn in zip(*per, strict=True) for note in turn]).encode())
+            sender.stdin.close()
+            with anyio.fail_after(300):
+                for name, proc in procs.items():
+                    assert proc.stdout is not None
+                    taken[name] = float(await anyio.to_thread.run_sync(proc.stdout.readline))
+            await anyio.to_thread.run_sync(sender.wait)
+
+        async def measure(way: str) -> float:
+            if way not in taken:  # (the first way of a round asked measures them all)
+                await round_()
+            return taken.pop(way)
+
+        yield {name: measure for name in procs}, [(f"socket reader, {loop}", f"psycopg notifies(), {loop}")
+                                                  for loop in loops_here]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            await anyio.to_thread.run_sync(proc.wait)
 
 
 # -- what they serve: pgflow's processes with a public way in place of a bypass ------------------------------------
@@ -462,21 +498,21 @@ def env_for(dsn: str, public: str) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def bench_database(a: argparse.Namespace) -> AsyncIterator[str]:
-    dsn = harness.recreate_database(a.dsn, DATABASE)
+async def bench_database(a: argparse.Namespace, name: str) -> AsyncIterator[str]:
+    dsn = harness.recreate_database(a.dsn, name)
     subprocess.run([sys.executable, "-c", drain_ab.SETUP], cwd=harness.ROOT, env=env_for(dsn, ""), check=True)
     try:
         yield dsn
     finally:
-        harness.drop_database(a.dsn, DATABASE)
+        harness.drop_database(a.dsn, name)
 
 
 def served_drain(concurrency: int) -> Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager[
-        tuple[dict[str, Measure], tuple[str, str]]]]:
+        tuple[dict[str, Measure], list[tuple[str, str]]]]]:
     @contextlib.asynccontextmanager
-    async def section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
+    async def section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
         tasks = 4_000 if a.quick else 20_000
-        async with bench_database(a) as dsn:
+        async with bench_database(a, DATABASE) as dsn:
             ways = {"pgflow": "", "public runs": "runs", "public log_lines": "log_lines",
                     "public checkout": "checkout"}
 
@@ -492,98 +528,139 @@ def served_drain(concurrency: int) -> Callable[[argparse.Namespace], contextlib.
                     os.environ.pop("BENCH_PUBLIC", None)
                 return {"worker_cpu_us": figures["cpu_us_per_workflow"], "per_s": figures["per_s"]}
 
-            yield {name: measure for name in ways}, ("pgflow", "public runs")
+            yield {name: measure for name in ways}, [("pgflow", way) for way in ways if way != "pgflow"]
 
     return section
 
 
-def served_start_to_result(gap: float | None) -> Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager[
-        tuple[dict[str, Measure], tuple[str, str]]]]:
-    """Start-to-result of a no-op by a caller process (its own asyncio loop, as an application's) and a
-    ``pgflow worker`` process: back to back (``gap`` None), or one every ``gap`` seconds after a burst."""
-    @contextlib.asynccontextmanager
-    async def section(a: argparse.Namespace) -> AsyncIterator[tuple[dict[str, Measure], tuple[str, str]]]:
-        runs = (100 if a.quick else 300) if gap is None else (15 if a.quick else 40)
-        pause = 0.0 if gap is None else a.gap
-        async with bench_database(a) as dsn:
-            ways = ({"pgflow": "", "public listener": "listener", "public checkout": "checkout"} if gap is None
-                    else {"pgflow": "", "public pool_order": "pool_order", "public listener": "listener"})
+async def start_to_result(dsn: str, public: str, runs: int, gap: float) -> dict[str, float]:
+    """One caller process and one ``pgflow worker`` process on ``dsn``, both with the public ways
+    ``public`` in place: the caller's start-to-result p50 and the CPU of each per workflow."""
+    env = env_for(dsn, public)
+    with open("/tmp/bench-bypasses-worker.log", "ab") as log:
+        worker = subprocess.Popen([sys.executable, *WORKER, "--concurrency", "16"], cwd=harness.ROOT, env=env,
+                                  stderr=log, stdout=subprocess.DEVNULL)
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(runs), str(gap)], cwd=harness.ROOT, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert caller.stdin is not None and caller.stdout is not None
+    try:
+        if (await anyio.to_thread.run_sync(caller.stdout.readline)).strip() != "ready":
+            raise harness.RunFailed("a caller did not start (see /tmp/bench-bypasses-worker.log)")
+        worker_cpu = harness.process_cpu(worker.pid)
+        caller.stdin.write("\n")
+        caller.stdin.flush()
+        figures: dict[str, float] = json.loads(await anyio.to_thread.run_sync(caller.stdout.readline))
+        figures["worker_cpu_us"] = (harness.process_cpu(worker.pid) - worker_cpu) / runs * 1e6
+        await anyio.to_thread.run_sync(caller.wait)
+        return figures
+    finally:
+        caller.kill()
+        worker.terminate()
+        await anyio.to_thread.run_sync(worker.wait)
 
-            async def measure(way: str) -> dict[str, float]:
-                env = env_for(dsn, ways[way])
-                with open("/tmp/bench-bypasses-worker.log", "ab") as log:
-                    worker = subprocess.Popen([sys.executable, *WORKER, "--concurrency", "16"], cwd=harness.ROOT,
-                                              env=env, stderr=log, stdout=subprocess.DEVNULL)
-                caller = subprocess.Popen([sys.executable, "-c", CALLER, str(runs), str(pause)], cwd=harness.ROOT,
-                                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                assert caller.stdin is not None and caller.stdout is not None
-                try:
-                    ready = await anyio.to_thread.run_sync(caller.stdout.readline)
-                    if ready.strip() != "ready":
-                        raise harness.RunFailed(f"the caller did not start (worker log: {log.name})")
-                    worker_cpu = harness.process_cpu(worker.pid)
-                    caller.stdin.write("\n")
-                    caller.stdin.flush()
-                    figures: dict[str, float] = json.loads(await anyio.to_thread.run_sync(caller.stdout.readline))
-                    figures["worker_cpu_us"] = (harness.process_cpu(worker.pid) - worker_cpu) / runs * 1e6
-                    if gap is None:  # what the listener serves first: the caller's CPU
-                        figures = {k: figures[k] for k in ("caller_cpu_us", "worker_cpu_us", "p50_ms")}
-                    await anyio.to_thread.run_sync(caller.wait)
-                finally:
-                    caller.kill()
-                    worker.terminate()
-                    await anyio.to_thread.run_sync(worker.wait)
-                return figures
 
-            bypassed = "public listener" if gap is None else "public pool_order"
-            yield {name: measure for name in ways}, ("pgflow", bypassed)
+@contextlib.asynccontextmanager
+async def side_by_side(a: argparse.Namespace, ways: dict[str, str], runs: int, gap: float,
+                       keys: tuple[str, ...]) -> AsyncIterator[tuple[dict[str, Measure], list[tuple[str, str]]]]:
+    """Start-to-result, the ways at the same time, each a caller and a worker on a database of its own:
+    a round's figures are taken in one window, so the machine's drift from one minute to the next (a
+    quarter here) falls on every way alike."""
+    async with contextlib.AsyncExitStack() as stack:
+        dsns = {way: await stack.enter_async_context(bench_database(a, f"{DATABASE}_{n}"))
+                for n, way in enumerate(ways)}
+        taken: dict[str, dict[str, float]] = {}
 
-    return section
+        async def round_() -> None:
+            async def one(way: str) -> None:
+                figures = await start_to_result(dsns[way], ways[way], runs, gap)
+                taken[way] = {k: figures[k] for k in keys}
+
+            async with anyio.create_task_group() as group:
+                for way in ways:
+                    group.start_soon(one, way)
+
+        async def measure(way: str) -> dict[str, float]:
+            if way not in taken:  # (the first way of a round asked measures them all)
+                await round_()
+            return taken.pop(way)
+
+        yield {name: measure for name in ways}, [("pgflow", way) for way in ways if way != "pgflow"]
+
+
+def lone_section(a: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[
+        tuple[dict[str, Measure], list[tuple[str, str]]]]:
+    return side_by_side(a, {"pgflow": "", "public listener": "listener", "public checkout": "checkout"},
+                        100 if a.quick else 300, 0.0, ("caller_cpu_us", "worker_cpu_us", "p50_ms"))
+
+
+def sporadic_section(a: argparse.Namespace) -> contextlib.AbstractAsyncContextManager[
+        tuple[dict[str, Measure], list[tuple[str, str]]]]:
+    return side_by_side(a, {"pgflow": "", "public pool_order": "pool_order"}, 15 if a.quick else 40, a.sporadic_gap,
+                        ("p50_ms", "caller_cpu_us", "worker_cpu_us"))
 
 
 # -- running them ------------------------------------------------------------------------------------------------
 
 Section = Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager[
-    tuple[dict[str, Measure], tuple[str, str]]]]
+    tuple[dict[str, Measure], list[tuple[str, str]]]]]
 SECTIONS: dict[str, Section] = {
     "runs": runs_section, "log_lines": log_lines_section, "checkout": checkout_section,
     "pool_order": pool_order_section, "listener": listener_section,
     "drain16": served_drain(16), "drain64": served_drain(64),
-    "lone": served_start_to_result(None), "sporadic": served_start_to_result(0.3)}
+    "lone": lone_section, "sporadic": sporadic_section}
 MICRO = ["runs", "log_lines", "checkout", "pool_order", "listener"]
 UNITS = {"runs": "us per run (CPU)", "log_lines": "us per line (CPU)", "checkout": "us per checkout (CPU)",
          "pool_order": "us per checkout + SELECT 1 (latency p50)", "listener": "us per notification (CPU)",
          "drain16": "worker CPU us per no-op, draining at concurrency 16",
          "drain64": "worker CPU us per no-op, draining at concurrency 64",
          "lone": "caller CPU us per start-to-result, back to back",
-         "sporadic": "start-to-result p50 ms, one every --gap s"}
+         "sporadic": "start-to-result p50 ms, one every --sporadic-gap s"}
 
 
 async def run_section(name: str, a: argparse.Namespace) -> dict[str, Any]:
     rounds_wanted = a.rounds or (3 if a.quick else 7 if name in MICRO else 5)
-    async with SECTIONS[name](a) as (ways, (bypass, public)):
+    harness.log(f"{name} ({UNITS[name]}), {rounds_wanted} rounds:")
+    async with SECTIONS[name](a) as (ways, pairs):
+        if a.ways:  # (the bypass each pair is measured against is kept)
+            wanted = set(a.ways.split(",")) | {bypass for bypass, public in pairs if public in a.ways.split(",")}
+            ways = {way: measure for way, measure in ways.items() if way in wanted}
+            pairs = [(bypass, public) for bypass, public in pairs if public in wanted]
         if name in MICRO:
             for way in ways:  # warm up
                 await ways[way](way)
         rounds: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
         for r in range(rounds_wanted):
             for way in (list(ways) if r % 2 == 0 else list(reversed(ways))):
-                figure = await ways[way](way)
+                figure = await measured(name, ways[way], way)
                 rounds[way].append(figure if isinstance(figure, dict) else {"figure": figure})
+                if name not in MICRO:
+                    harness.log(f"  round {r} {way}: " + ", ".join(f"{k} {v:.1f}" for k, v in rounds[way][-1].items()))
     keys = list(next(iter(rounds.values()))[0])
     medians = {way: {k: statistics.median(f[k] for f in figures) for k in keys} for way, figures in rounds.items()}
     main_key = keys[0]
-    harness.log(f"{name} ({UNITS[name]}):")
     for way, figures in rounds.items():
         others = "  ".join(f"{k} {medians[way][k]:.1f}" for k in keys[1:])
         harness.log(f"  {way:32} {medians[way][main_key]:9.2f}   rounds: "
                     f"{' '.join(f'{f[main_key]:.1f}' for f in figures)}   {others}")
-    base = medians["pgflow"][main_key] if "pgflow" in medians else medians[bypass][main_key]
-    ratios = {way: m[main_key] / base for way, m in medians.items()}
-    harness.log("  ratio to the bypass: " + ", ".join(f"{way} {r:.3f}x" for way, r in ratios.items()))
-    return {"unit": UNITS[name], "rounds_run": rounds_wanted, "bypass": bypass, "public": public,
-            "medians": medians, "rounds": rounds,
+    ratios = {f"{public} / {bypass}": medians[public][main_key] / medians[bypass][main_key] for bypass, public in pairs}
+    for pair, ratio in ratios.items():
+        harness.log(f"  {pair}: {ratio:.3f}x")
+    return {"unit": UNITS[name], "rounds_run": rounds_wanted, "pairs": pairs, "medians": medians, "rounds": rounds,
             "ratios": ratios}
+
+
+async def measured(section: str, measure: Measure, way: str) -> float | dict[str, float]:
+    """One measurement; one of what they serve is tried again (twice at most) when the shared server
+    turned a connection away (other sessions held all of its max_connections) or a process failed."""
+    for attempt in range(3):
+        try:
+            return await measure(way)
+        except (harness.RunFailed, psycopg.OperationalError, json.JSONDecodeError) as exc:
+            if section in MICRO or attempt == 2:
+                raise
+            harness.log(f"  {way}: failed ({exc}); trying again in 10 s")
+            await anyio.sleep(10)
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -593,10 +670,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="rounds per section (micro-benchmarks 7, what they serve 5; --quick: 3)")
     p.add_argument("--only", default=",".join(MICRO), help=f"sections, comma-separated, of: {', '.join(SECTIONS)}"
                    f" (default: the micro-benchmarks, {','.join(MICRO)})")
-    p.add_argument("--gap", type=float, default=0.3, help="pool_order, sporadic: seconds between one pool's checkouts")
+    p.add_argument("--gap", type=float, default=0.3, help="pool_order: seconds between one pool's checkouts")
+    p.add_argument("--sporadic-gap", type=float, default=0.3,
+                   help="sporadic: seconds between starts (a caller's pool grown to 10 takes one connection a"
+                        " workflow: oldest first, each has sat idle 3 s, longer than pool.IDLE_CHECK_AFTER)")
     p.add_argument("--loop", choices=loops.CHOICES, default="auto",
                    help="the micro-benchmarks' event loop, as pgflow worker's --loop (auto: uvloop where installed)")
+    p.add_argument("--ways", default=None, help="only these ways (and the bypass each is measured against)")
     p.add_argument("--dsn", default=None)
+    p.add_argument("--output", default=None, help="the results file (default benchmarks/results/bypasses-...json)")
     p.add_argument("--json", action="store_true", help="the results as one JSON object on stdout")
     a = p.parse_args(argv)
     a.dsn = harness.resolve_dsn(a.dsn)
@@ -611,6 +693,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["sections"][name] = anyio.run(run_section, name, a, backend="asyncio",
                                              backend_options=loops.backend_options(a.loop))
     report["load_after"] = os.getloadavg()
+    info = harness.server_info(a.dsn)
+    report["server"] = info
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
+    harness.log(f"wrote {harness.write_report(report, a.output, f'bypasses-{stamp}-{harness.pg_major(info)}.json')}")
     if a.json:
         print(json.dumps(report, indent=1))
     return report

@@ -153,75 +153,23 @@ def test_whatever_the_application_adds_to_logging_gets_the_records_as_before(cha
         assert [r.getMessage() for r in kept.records] == ["workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)"]
 
 
-# -- a batch's lines, gathered into one write --------------------------------------------------------------
-
-class CountingStream(io.StringIO):
-    """A stream that counts its writes (stderr flushes at every line: a write is a system call)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-
-    def write(self, text: str) -> int:
-        self.writes += 1
-        return super().write(text)
+# -- what goes wrong is said by logging ------------------------------------------------------------------------
 
 
-def test_the_lines_gathered_go_out_in_one_write_each_as_it_would_have_read_alone() -> None:
-    counting = CountingStream()
-    with cli_logging() as (alone, runs):
-        for n in range(3):
-            assert log_lines.write(runs, logging.INFO, END, ("shop.checkout", f"wf-{n}", Status.SUCCEEDED, 0.5, 1))
-        logging.root.handlers[0].setStream(counting)  # type: ignore[attr-defined]
-        with log_lines.gathered():
-            for n in range(3):
-                assert log_lines.write(runs, logging.INFO, END, ("shop.checkout", f"wf-{n}", Status.SUCCEEDED, 0.5, 1))
-            assert counting.writes == 0  # held until the block ends
-    assert counting.writes == 1
-    together, apart = counting.getvalue().splitlines(), alone.getvalue().splitlines()
-    assert len(together) == 3 and all(STAMP.match(line) for line in together)
-    assert [line[24:] for line in together] == [line[24:] for line in apart]
-
-
-def test_a_line_gathered_keeps_the_time_it_was_taken() -> None:
-    with cli_logging() as (stream, runs), mock.patch.object(log_lines.time, "time") as clock:
-        clock.return_value = 1_764_806_399.25  # 23:59:59,250 UTC, taken
-        with log_lines.gathered():
-            log_lines.write(runs, logging.INFO, END, ARGS)
-            clock.return_value = 1_764_806_400.5  # the next day when the block ends
-    expected = SecondStamps().formatTime(record_at(1_764_806_399.25))
-    assert stream.getvalue().startswith(expected + " INFO")
-
-
-def test_a_handler_added_while_lines_are_gathered_gets_them_through_logging() -> None:
-    kept = RecordingHandler()
-    with cli_logging() as (stream, runs):
-        with log_lines.gathered():
-            assert log_lines.write(runs, logging.INFO, END, ARGS)
-            logging.root.addHandler(kept)
-        logging.root.removeHandler(kept)
-    assert [r.getMessage() for r in kept.records] == ["workflow shop.checkout wf-1 succeeded in 0.012s (attempt 2)"]
-    assert stream.getvalue()[24:] == "INFO pgflow.workflows: workflow shop.checkout wf-1 succeeded in 0.012s" \
-                                     " (attempt 2)\n"  # (the CLI's handler too, through logging)
-
-
-def test_lines_gathered_for_a_broken_stream_go_through_logging_which_says_what_broke() -> None:
+def test_a_line_for_a_broken_stream_goes_through_logging_which_says_what_broke() -> None:
     class Broken(io.StringIO):
         def write(self, text: str) -> int:
             raise OSError("the pipe is gone")
 
     with cli_logging() as (_, runs), mock.patch.object(log_lines.Lines, "handleError") as said:
         logging.root.handlers[0].setStream(Broken())  # type: ignore[attr-defined]
-        with log_lines.gathered():
-            assert log_lines.write(runs, logging.INFO, END, ARGS)
+        assert not log_lines.write(runs, logging.INFO, END, ARGS)
+        log_end("shop.checkout", SimpleNamespace(id="wf-1", run=2), Outcome(Status.SUCCEEDED), 0.0123)  # type: ignore[arg-type]
     assert said.call_count == 1 and said.call_args.args[0].getMessage().startswith("workflow shop.checkout wf-1")
 
 
-def test_a_line_whose_arguments_do_not_fit_is_reported_by_logging_and_the_others_are_written() -> None:
+def test_a_line_whose_arguments_do_not_fit_is_left_to_logging_and_nothing_is_written() -> None:
     with cli_logging() as (stream, runs), mock.patch.object(log_lines.Lines, "handleError") as said:
-        with log_lines.gathered():
-            assert log_lines.write(runs, logging.INFO, END, ARGS)
-            assert log_lines.write(runs, logging.INFO, "workflow %d", ("not a number",))
-    assert said.call_count == 1  # logging's own report of the bad line, as for any record
-    assert stream.getvalue()[24:] == "INFO pgflow.workflows: workflow shop.checkout wf-1 succeeded in 0.012s" \
-                                     " (attempt 2)\n"
+        assert not log_lines.write(runs, logging.INFO, "workflow %d", ("not a number",))
+        runs.info("workflow %d", "not a number")  # (what the caller then does)
+    assert said.call_count == 1 and stream.getvalue() == ""  # logging's own report of the bad line

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from . import log_lines
 from .batches import GroupCommit, apart
 from .engine import Engine, retrying
 from .signals import End, News, Signals
@@ -106,9 +105,8 @@ class Finisher(GroupCommit[_End]):
             [e.end.output for e in batch], [e.end.error for e in batch], pings,
         )), f"recording the end of {len(batch)} workflows")
         self._recorded(len(batch))
-        with log_lines.gathered():  # (the batch's end lines in one write)
-            for item in batch:
-                item.resolve(recorded=(item.end.workflow_id, item.claim_token) in recorded)
+        for item in batch:
+            item.resolve(recorded=(item.end.workflow_id, item.claim_token) in recorded)
         if len(recorded) == len(batch):
             self._signals.told(news, rode)
         else:  # only what was recorded may be told, and it did not ride

@@ -1,32 +1,33 @@
 """The CLI's log lines: logging's own format, with the date and time of each second made once, and
 the line of each workflow's end written without a ``LogRecord`` when nobody but the CLI's handler
-would see it.
+would see it: pgflow's one bypass of logging, kept here.
 
 A worker at INFO (the CLI's default) writes a line for every workflow that ends. ``logging.Formatter``
 calls ``localtime`` and ``strftime`` for every line it stamps, which was about a third of such a line's
 cost (11.0 against 7.7 µs a line, measured with the line ``outcomes.log_end`` writes). Every line of
-one second carries the same text up to its milliseconds, so that text is made once per second.
+one second carries the same text up to its milliseconds, so that text is made once per second
+(``SecondStamps``, a formatter like any other).
 
-What was left of a line's cost was mostly logging's machinery: a ``LogRecord`` (the caller's file
-name split, the thread, process and task names looked up), the handler's filters and locks, the
-formatter's dictionary. 15-17 µs a line on the 2-core machine of benchmarks/README.md, about a seventh
-of a no-op workflow's CPU in the worker. ``write`` makes the same line from the message and its
-arguments alone (6-7 µs), but only when the line would reach the CLI's own handler and nothing else:
-an application that adds a handler, a filter or a record factory, or hooks logging's own methods
-(an error reporter's breadcrumbs), gets its records as before.
+What is left of a line's cost through logging is mostly its machinery: a ``LogRecord`` (the caller's
+file name split, the thread, process and task names looked up), the handler's filters and locks, the
+formatter's dictionary. ``write`` makes the same line from the message and its arguments alone, but only
+when the line would reach the CLI's own handler and nothing else: an application that adds a handler,
+a filter or a record factory, or hooks logging's own methods (an error reporter's breadcrumbs), gets
+its records as before. What that buys, measured side by side (``python -m benchmarks.bypasses --only
+log_lines,drain16,drain64``, benchmarks/README.md): 9.7 against 19.9 µs a line through ``Logger.info``,
+and a draining worker spends 1.20x its CPU per no-op when every end line goes through logging. It reads
+no private attribute of logging, so it needs no bound on Python's version; a logging that formats its
+lines differently is caught by tests/test_log_lines.py, which compares the two lines character for
+character.
 
-The lines of one batch of ends are written together (``gathered``): stderr flushes at every line, and
-a write to the file or pipe behind it was about 2 µs a line here, against a few tenths of one for
-sixteen lines written at once.
+(The lines of a batch of ends were once gathered into one write, about 4 µs a line less: under 5% of a
+no-op's worker CPU, and not seen in a drain's, so they are written one by one again.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -71,58 +72,20 @@ def configure(level: str) -> None:
 def write(logger: logging.Logger, level: int, msg: str, args: tuple[Any, ...]) -> bool:
     """Write the line ``logger.log(level, msg, *args)`` would write, straight to the CLI's handler,
     if that handler alone would get the record, unfiltered, and format it as ``configure`` set it up;
-    False, having written nothing, when the record must go through logging. (The caller has checked
-    ``logger.isEnabledFor(level)``.)"""
+    False, having written nothing, when the record must go through logging: then logging's own path
+    also says what went wrong (a message its arguments do not fit, a closed or broken stream). (The
+    caller has checked ``logger.isEnabledFor(level)``.)"""
     handler = _alone(logger, level)
     if handler is None:
         return False
-    gathering = _gathering.get()
-    if gathering is not None:
-        gathering.append((logger, level, msg, args, time.time()))
-        return True
-    return _written(handler, [(logger, level, msg, args, None)])
-
-
-# A line taken and not yet written: (logger, level, msg, args, when it was taken; None: when it is written).
-_Line = tuple[logging.Logger, int, str, tuple[Any, ...], float | None]
-_gathering: ContextVar[list[_Line] | None] = ContextVar("pgflow_log_lines_gathering", default=None)
-
-
-@contextmanager
-def gathered() -> Iterator[None]:
-    """The lines ``write`` takes in this block (in this task) go out together when it ends, in one write,
-    each stamped with the time it was taken. (A batch's ends are told in one go: a moment only.)"""
-    lines: list[_Line] = []
-    reset = _gathering.set(lines)
-    try:
-        yield
-    finally:
-        _gathering.reset(reset)
-        if lines:
-            _write_gathered(lines)
-
-
-def _write_gathered(lines: list[_Line]) -> None:
-    """In one write while the CLI's handler alone still takes every one of them; otherwise each through
-    logging, whose own path says what changed or broke."""
-    handlers = {_alone(logger, level) for logger, level in {line[:2] for line in lines}}
-    handler = handlers.pop() if len(handlers) == 1 else None
-    if handler is not None and _written(handler, lines):
-        return
-    for logger, level, msg, args, _ in lines:
-        logger.handle(logger.makeRecord(logger.name, level, __file__, 0, msg, args, None))
-
-
-def _written(handler: Lines, lines: list[_Line]) -> bool:
-    """Whether ``lines`` went to ``handler``'s stream, in one write (False: none did)."""
     formatter = handler.formatter
     assert isinstance(formatter, SecondStamps)
-    end = handler.terminator
     handler.acquire()  # (stamped under the handler's lock, as logging's own lines are: in order)
     try:
         now = time.time()
         try:
-            text = "".join([_text(formatter, line, now, end) for line in lines])
+            text = (f"{formatter.stamp(now, (now - int(now)) * 1000)} {logging.getLevelName(level)} {logger.name}:"
+                    f" {msg % args}{handler.terminator}")
         except Exception:  # noqa: BLE001 - a message its arguments do not fit: logging reports it its way
             return False
         try:
@@ -136,13 +99,6 @@ def _written(handler: Lines, lines: list[_Line]) -> bool:
         return True
     finally:
         handler.release()
-
-
-def _text(formatter: SecondStamps, line: _Line, now: float, end: str) -> str:
-    logger, level, msg, args, taken = line
-    at = now if taken is None else taken
-    stamp = formatter.stamp(at, (at - int(at)) * 1000)
-    return f"{stamp} {logging.getLevelName(level)} {logger.name}: {msg % args}{end}"
 
 
 # What logging runs between a logger and its handlers: patched (an error reporter's breadcrumbs hook

@@ -230,10 +230,7 @@ def log_end(name: str, claimed: Claimed, outcome: Outcome, seconds: float) -> No
     elif runs.isEnabledFor(logging.INFO):
         args = (name, claimed.id, outcome.status, seconds, claimed.run)
         if not log_lines.write(runs, logging.INFO, _END, args):
-            # Made here rather than by ``runs.info``, which walks the stack to find its caller: a third
-            # of this line's cost, for a place that is always this one.
-            runs.handle(runs.makeRecord(runs.name, logging.INFO, __file__, _END_LINE, _END, args, None, "log_end"))
+            runs.info(_END, *args)
 
 
 _END = "workflow %s %s %s in %.3fs (attempt %d)"
-_END_LINE = log_end.__code__.co_firstlineno
