@@ -255,9 +255,6 @@ class TestLostLeases:
         assert (again.attempt, again.run) == (2, 2)
         assert not await holds(peer, lost)
 
-    @pytest.mark.xfail(strict=True, reason="the full claim that rescues expired leases says suspects wait whenever it"
-                       " rescued any (EXISTS (SELECT FROM rescued)), also when none became a suspect (a live worker's"
-                       " lapsed lease): a worker that hears it drains until its next full claim says otherwise")
     async def test_a_lost_lease_makes_no_round_say_suspects_wait(self, engine: Engine, peer: Engine) -> None:
         kind = Kind()
         worker = unique("w")

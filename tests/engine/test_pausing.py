@@ -49,9 +49,6 @@ class TestPausing:
         await engine.pausing.resume_queue(kind.queue)
         assert (await kind.suspect_within(peer, "o")).suspect
 
-    @pytest.mark.xfail(strict=True, reason="the full claim that rescues expired leases says suspects wait whenever it"
-                       " rescued any (EXISTS (SELECT FROM rescued)), also in a paused queue: a worker that hears it"
-                       " drains until its next full claim or claim_suspect says otherwise")
     async def test_no_round_says_suspects_wait_in_a_paused_queue(self, engine: Engine, peer: Engine) -> None:
         kind = Kind()
         await kind.run(engine, "ghost", lease=0.1)

@@ -67,7 +67,9 @@ _RESCUING = (
     f"   crashes = CASE WHEN e.died THEN coalesce(w.crashes, 0) + ({_ALONE})::int ELSE w.crashes END,"
     f"   uncounted = e.died AND NOT {_ALONE}"
     "   FROM expired e LEFT JOIN crews c ON c.owner = e.owner"
-    "   WHERE w.id = e.id AND (SELECT count(*) FROM fenced) >= 0 RETURNING w.id),"
+    # (a rescued row with crashes is a suspect: its worker died under it)
+    "   WHERE w.id = e.id AND (SELECT count(*) FROM fenced) >= 0 RETURNING w.id, w.crashes IS NOT NULL AS suspect,"
+    "   w.queue),"
 )
 # Whether the claim begins a new attempt (``uncounted`` since a run began: no; a resume() moves the
 # base to the attempt, and its next claim begins attempt 1), and whether the workflow is given up
@@ -114,7 +116,8 @@ def _claim(full: bool, suspect: bool = False, keyed: bool = False) -> str:
     ``keyed`` one claims from one queue with per-key limits (``key_limits.py``)."""
     queued = keyed_queued(_VERDICT, _NOT_PAUSED.format(queue="%(queue)s")) if keyed else _queued(suspect)
     # Suspects wait (due, in these queues, for these names): the full claim's answer, beside the due time.
-    waiting = ("EXISTS (SELECT FROM rescued) OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
+    waiting = ("EXISTS (SELECT FROM rescued r WHERE r.suspect AND " + _NOT_PAUSED.format(queue="r.queue") + ")"
+               " OR EXISTS (SELECT FROM {s}.workflows WHERE status = 'queued'"
                "  AND crashes IS NOT NULL AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
                "  AND due_at <= {s}.clock_now() AND " + _NOT_PAUSED.format(queue="queue") + ")"
                ) if full else "NULL::bool"
