@@ -20,6 +20,12 @@ import pgflow
 TIMEOUT = 30.0  # seconds a test waits for a workflow an in-process worker runs
 KINDS = ["async", "sync"]  # the twins: a workflow or step as an ``async def`` and as a ``def``
 
+# The server of a test whose subject does not depend on the server's version (the command line's or the
+# dashboard's text and HTTP answers, the docs, checks made in Python before any statement): the embedded
+# PostgreSQL 18 only, where every other test runs on PostgreSQL 15 too. Each use says in a comment why; the
+# statements such a test goes through are tested on both servers by the tests of the API they serve.
+ONE_SERVER = pytest.mark.parametrize("server", ["pg18"], indirect=True)
+
 
 class Point(msgspec.Struct):
     """A typed value, to check what goes through the codec comes back as the same type."""

@@ -22,6 +22,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 from .web import CHROMIUM, CHROMIUM_ARGS, free_port, listening
 
@@ -51,6 +52,7 @@ def until(page: Any, script: str, timeout: float = WAIT_MS / 1000) -> None:
         time.sleep(0.1)
 
 
+@ONE_SERVER  # what a browser shows and does: the same on any server
 def test_an_operator_signs_in_watches_a_stream_reads_a_failure_cancels_and_resumes(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")

@@ -13,17 +13,20 @@ import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import psycopg
 import pytest
 
 import pgflow
 from pgflow.dashboard.access import CSRF_COOKIE, SESSION_COOKIE
 
 from .apps.dashboard import define
+from .helpers import ONE_SERVER
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +110,24 @@ async def _nothing() -> AsyncIterator[None]:
 @pytest.fixture
 def serve(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
     yield from serving(dsn, schema, app)
+
+
+@pytest.fixture(scope="module")
+def refusing(server: tuple[str, Any]) -> Iterator[Served]:
+    """One dashboard without a worker, on a schema of its own, for every bad parameter of this module: each
+    is refused and changes nothing, so each meets the state a dashboard of its own would have."""
+    dsn, schema = server[0], f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        with pgflow.App(dsn, schema=schema) as app:
+            app.migrate()
+        served = Served(dsn, schema, worker=False)
+        try:
+            yield served
+        finally:
+            served.stop()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def serving(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
@@ -335,6 +356,7 @@ def test_streams_resume_after_last_event_id_and_live_parts_send_state(serve: Any
 # -- access ----------------------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # the token, the login form and its cookies are HTTP, the same on any server
 def test_the_token_is_asked_of_every_request_but_the_login_form(serve: Any) -> None:
     served = serve(token=TOKEN, worker=False)
     base = served.base
@@ -363,6 +385,7 @@ def test_the_token_is_asked_of_every_request_but_the_login_form(serve: Any) -> N
     assert page(base, "/", Cookie=f"{SESSION_COOKIE}={session}").status == 200
 
 
+@ONE_SERVER  # a refusal over HTTP: the same on any server
 def test_actions_are_off_unless_asked_for(serve: Any, app: pgflow.App) -> None:
     served = serve(actions=False, worker=False)
     handle = app.start_by_name("dash.child", 2)
@@ -375,6 +398,7 @@ def test_actions_are_off_unless_asked_for(serve: Any, app: pgflow.App) -> None:
     assert handle.status() == "queued"
 
 
+@ONE_SERVER  # the forms' checks are HTTP; cancel, resume and fork are the API's, tested on both servers
 def test_actions_refuse_forgeries_then_cancel_resume_and_fork(serve: Any, app: pgflow.App, tmp_path: Path) -> None:
     served = serve(token=TOKEN, actions=True)
     base = served.base
@@ -465,14 +489,15 @@ def test_actions_refuse_forgeries_then_cancel_resume_and_fork(serve: Any, app: p
     ("/static/../access.py", 404),
     ("/nothing-here", 404),
 ])
-def test_bad_parameters_are_refused_with_a_4xx(serve: Any, target: str, status: int) -> None:
-    served = serve(worker=False)
-    answer = page(served.base, target)
+@ONE_SERVER  # parameters checked over HTTP (the lookups of ids none has are the pages' own, on both servers)
+def test_bad_parameters_are_refused_with_a_4xx(refusing: Served, target: str, status: int) -> None:
+    answer = page(refusing.base, target)
     assert answer.status == status, answer.body
     if "<html" in answer.body:
         only_own_script(answer.body)
 
 
+@ONE_SERVER  # the header is checked over HTTP, before any read: the same on any server
 def test_bad_last_event_ids_are_refused(serve: Any, app: pgflow.App) -> None:
     served = serve(worker=False)
     handle = app.start_by_name("dash.writer", 1, 0.0)

@@ -21,6 +21,7 @@ import pgflow
 from pgflow.dashboard.access import CSRF_COOKIE, SESSION_COOKIE, Hosts
 from pgflow.errors import ConfigurationError
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 from .test_dashboard_http import (
     AUTH,
@@ -79,6 +80,7 @@ def cookie(jar: dict[str, str]) -> str:
 # -- 1. the Host header ----------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_only_loopback_names_and_allowed_hosts_are_answered_before_anything_is_read(serve: Any) -> None:
     served = serve(worker=False, allowed_hosts=ALLOWED)
     base, port = served.base, served.port
@@ -99,6 +101,7 @@ def test_only_loopback_names_and_allowed_hosts_are_answered_before_anything_is_r
     assert served.dashboard.reader.statements == read  # nothing was read for any of them
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_a_rebinding_page_is_refused_even_with_the_token_and_the_bound_address_is_answered(serve: Any) -> None:
     served = serve(token=TOKEN, worker=False, bind="10.11.12.13")
     assert with_host(served.base, "/workflows", "evil.example", **AUTH).status == 421
@@ -132,6 +135,7 @@ def dashboard_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["dashboard", *argv])
 
 
+@ONE_SERVER  # an option refused before anything connects: the same on any server
 def test_actions_need_a_token(app: pgflow.App, monkeypatch: pytest.MonkeyPatch) -> None:
     from pgflow.dashboard.command import options
     from pgflow.dashboard.server import create_app
@@ -179,6 +183,7 @@ def test_the_token_comes_from_the_environment_or_a_file_and_on_the_command_line_
         options(dashboard_args("--allowed-host", "*.example"))
 
 
+@ONE_SERVER  # the command's options and HTTP checks, the same on any server
 def test_the_command_serves_with_a_token_file_and_the_allowed_hosts_of_its_environment(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App, tmp_path: Path) -> None:
     app.migrate()
@@ -207,6 +212,7 @@ def test_the_command_serves_with_a_token_file_and_the_allowed_hosts_of_its_envir
 # -- 4. sessions -----------------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_a_session_is_a_random_id_the_server_keeps_and_logout_ends_it_everywhere(serve: Any) -> None:
     served = serve(token=TOKEN, worker=False)
     base = served.base
@@ -236,6 +242,7 @@ def test_a_session_is_a_random_id_the_server_keeps_and_logout_ends_it_everywhere
     assert page(base, "/", Cookie=f"{SESSION_COOKIE}={other[SESSION_COOKIE]}").status == 401
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_sessions_expire_and_the_cookie_is_secure_behind_https(serve: Any) -> None:
     served = serve(token=TOKEN, worker=False, session_hours=2.0 / 3600)
     signed, jar = sign_in(served.base, **{"X-Forwarded-Proto": "https"})  # from 127.0.0.1: uvicorn trusts it
@@ -260,6 +267,7 @@ def open_live(base: str, target: str, headers: dict[str, str] | None = None) -> 
     return conn
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_live_connections_are_bounded_per_process(serve: Any) -> None:
     served = serve(worker=False, max_live=2)
     first, second = open_live(served.base, "/live/overview"), open_live(served.base, "/live/overview")
@@ -277,6 +285,7 @@ def test_live_connections_are_bounded_per_process(serve: Any) -> None:
     wait_for(lambda: served.guard.live == 0, "every live connection to be let go")
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_wrong_tokens_are_bounded_per_client_address(serve: Any) -> None:
     served = serve(token=TOKEN, worker=False)
     base = served.base
@@ -317,6 +326,7 @@ HOSTILE_TARGETS = [
 ]
 
 
+@ONE_SERVER  # what the dashboard trusts is decided over HTTP, the same on any server
 def test_no_hostile_request_is_answered_with_a_500(serve: Any, app: pgflow.App) -> None:
     served = serve(token=TOKEN, actions=True, worker=False)
     base = served.base

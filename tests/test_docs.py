@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import ONE_SERVER
+
 pytestmark = pytest.mark.slow
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -254,6 +256,7 @@ def test_the_changelog_names_every_migration() -> None:
     assert missing == [], f"migrations without their line in CHANGELOG.md's Migrations: {missing}"
 
 
+@ONE_SERVER  # the docs as a reader runs them: what they call is tested on both servers by its own tests
 @pytest.mark.parametrize("page", PAGES)
 def test_the_page_runs_as_written(page: str, dsn: str, schema: str, tmp_path: Path) -> None:
     page_blocks = blocks(page)

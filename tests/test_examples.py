@@ -20,6 +20,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 from .web import post, read_events, start_web
 
@@ -31,6 +32,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # -- fan-out / fan-in ---------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # an example as its users run it; what it calls is tested on both servers by its own tests
 def test_fanout_gathers_one_child_per_section_each_retried(procs: Processes, worker_env: dict[str, str],
                                                          app: pgflow.App) -> None:
     run = procs.start("fanout", [str(EXAMPLES / "fanout.py")], worker_env)
@@ -56,6 +58,7 @@ def test_fanout_gathers_one_child_per_section_each_retried(procs: Processes, wor
 # -- testing_sample: pgflow's pytest plugin from a project of its own -------------------------------------
 
 
+@ONE_SERVER  # an example as its users run it; what it calls is tested on both servers by its own tests
 def test_the_testing_sample_runs_its_month_through_the_plugin(dsn: str, tmp_path: Path) -> None:
     """The sample's own tests, run by pytest in a process of their own from the sample's directory, as
     its users run them: the plugin comes from pgflow's entry point (nothing here loads it), the App from
@@ -79,6 +82,7 @@ def test_the_testing_sample_runs_its_month_through_the_plugin(dsn: str, tmp_path
 # -- periodic -----------------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # an example as its users run it; what it calls is tested on both servers by its own tests
 def test_periodic_runs_on_its_schedule_with_a_durable_sleep(procs: Processes, worker_env: dict[str, str],
                                                             app: pgflow.App) -> None:
     # Every second; a sleep past the App's suspend_after (5 s), so each run gives its slot back meanwhile.
@@ -98,6 +102,7 @@ def test_periodic_runs_on_its_schedule_with_a_durable_sleep(procs: Processes, wo
 # -- the web example over plain HTTP ------------------------------------------------------------------
 
 
+@ONE_SERVER  # an example as its users run it; what it calls is tested on both servers by its own tests
 def test_web_sse_resumes_from_last_event_id_and_the_first_decision_wins(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App) -> None:
     base, web = start_web(procs, worker_env, "--cut-after", "5")

@@ -18,6 +18,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import Processes
 from .web import CHROMIUM, CHROMIUM_ARGS, start_web
 
@@ -27,6 +28,7 @@ CUT_AFTER = 7  # the server ends each SSE response after this many events: the p
 WAIT_MS = 90_000  # the bound of every wait in the page
 
 
+@ONE_SERVER  # what a browser shows and does: the same on any server
 def test_page_streams_resumes_after_cuts_and_approval_finishes_the_workflow(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")

@@ -24,6 +24,7 @@ from pgflow._core.checks import check_reader
 from pgflow._core.datadir import pid_alive
 from pgflow.embedded import PGDATA_NAME, stop_embedded
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 from .web import post, read_events, start_web
 
@@ -77,6 +78,7 @@ def waiting_run(base: str, app: pgflow.App, procs: Processes) -> str:
 # -- 1. only the page itself decides ------------------------------------------------------------------
 
 
+@ONE_SERVER  # the web example's HTTP answers to hostile clients: the same on any server
 def test_a_decision_needs_json_from_the_pages_own_origin(procs: Processes, worker_env: dict[str, str],
                                                          app: pgflow.App) -> None:
     base, web = start_web(procs, worker_env, delay=0)
@@ -105,6 +107,7 @@ def test_a_decision_needs_json_from_the_pages_own_origin(procs: Processes, worke
 # -- 2. bounded bodies, read as they come -------------------------------------------------------------
 
 
+@ONE_SERVER  # the web example's HTTP answers to hostile clients: the same on any server
 def test_bodies_are_bounded_and_refused_before_they_end(procs: Processes, worker_env: dict[str, str],
                                                         app: pgflow.App) -> None:
     base, _ = start_web(procs, worker_env, delay=0)
@@ -138,6 +141,7 @@ def test_bodies_are_bounded_and_refused_before_they_end(procs: Processes, worker
 # -- 3. ids: escaped in the page, checked in the routes -----------------------------------------------
 
 
+@ONE_SERVER  # the web example's HTTP answers to hostile clients: the same on any server
 def test_ids_are_escaped_in_the_page_and_bad_ones_refused(procs: Processes, worker_env: dict[str, str],
                                                           app: pgflow.App) -> None:
     base, web = start_web(procs, worker_env, delay=0)
@@ -166,6 +170,7 @@ def test_ids_are_escaped_in_the_page_and_bad_ones_refused(procs: Processes, work
 # -- 4. Last-Event-ID ---------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # the web example's HTTP answers to hostile clients: the same on any server
 def test_last_event_id_is_ascii_digits_within_int4(procs: Processes, worker_env: dict[str, str],
                                                    app: pgflow.App) -> None:
     base, web = start_web(procs, worker_env, delay=0)
