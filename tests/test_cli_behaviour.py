@@ -19,6 +19,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 
 WAIT = 60.0
@@ -47,6 +48,7 @@ def one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
 # -- --app, everywhere ----------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # argument parsing: the same on any server
 def test_every_command_takes_app_and_the_positional_forms_stay(procs: Processes, worker_env: dict[str, str]) -> None:
     for form in (["--app", PROBED], [PROBED]):
         migrated = cli(worker_env, "migrate", *form)
@@ -73,6 +75,7 @@ def test_every_command_takes_app_and_the_positional_forms_stay(procs: Processes,
     assert "--app module:app" in one_error_line(cli(worker_env, "worker"), 2)
 
 
+@ONE_SERVER  # refused before anything connects: the same on any server
 @pytest.mark.parametrize(("target", "words"), [
     ("tests.apps.probed:nope", ["module 'tests.apps.probed' has no attribute 'nope'", PROBED]),
     ("tests.apps.probed:block", ["tests.apps.probed.block", "is a Workflow, not a pgflow.App", PROBED]),
@@ -147,6 +150,7 @@ async def test_show_lists_the_children_at_the_positions_they_took(app: pgflow.Ap
 # -- tail: a stream that is not there ------------------------------------------------------------------------
 
 
+@ONE_SERVER  # the command's error lines: the same on any server
 @pytest.mark.anyio
 async def test_tail_of_a_stream_that_is_not_there_is_one_line_and_a_failure(app: pgflow.App,
                                                                             worker_env: dict[str, str]) -> None:
@@ -181,6 +185,7 @@ async def test_tail_of_a_stream_that_is_not_there_is_one_line_and_a_failure(app:
 # -- a reader that goes away ---------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # a closed pipe is the process's matter: the same on any server
 @pytest.mark.anyio
 async def test_output_into_a_closed_pipe_ends_quietly(app: pgflow.App, worker_env: dict[str, str]) -> None:
     @app.workflow(name="piped.many")
@@ -211,6 +216,7 @@ async def test_output_into_a_closed_pipe_ends_quietly(app: pgflow.App, worker_en
 # -- the dashboard on a port that is taken ---------------------------------------------------------------------
 
 
+@ONE_SERVER  # a port already taken: the same on any server
 def test_the_dashboard_on_a_busy_port_says_so_before_any_url(worker_env: dict[str, str]) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -246,6 +252,7 @@ def test_colour_only_on_a_terminal_and_never_under_no_color() -> None:
     assert "\x1b" in styled_output({**env, "NO_COLOR": ""}, on_a_terminal=True)  # empty: not set (no-color.org)
 
 
+@ONE_SERVER  # the demo's output to a pipe: the same on any server
 @pytest.mark.slow
 def test_the_demo_writes_no_colour_codes_into_a_pipe(worker_env: dict[str, str], tmp_path: Path) -> None:
     env = {k: v for k, v in worker_env.items() if k != "NO_COLOR"}

@@ -16,6 +16,7 @@ import pytest
 import pgflow
 
 from .apps import ops_app
+from .helpers import ONE_SERVER
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +33,7 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     return msgspec.json.decode(result.stdout)
 
 
+@ONE_SERVER  # the commands' arguments and output; the operations they run are the API's, tested on both servers
 async def test_the_management_commands(app: pgflow.App, worker_env: dict[str, str]) -> None:
     counts, fails = ops_app.build(app)
     run = anyio.to_thread.run_sync
@@ -127,6 +129,7 @@ CLEAR = "\x1b[2J"  # clears the screen
 RAW = ("\x1b", "\x07", "\r", "\x7f", "\x9b")  # ESC, BEL, a bare CR, DEL, and CSI in one C1 character
 
 
+@ONE_SERVER  # what reaches the terminal is escaped in Python: the same on any server
 async def test_stored_text_reaches_the_terminal_with_its_control_characters_escaped(
     app: pgflow.App, worker_env: dict[str, str],
 ) -> None:

@@ -17,6 +17,7 @@ import pgflow
 from pgflow.records import Undecodable, WorkflowDetails
 
 from .apps import show_app
+from .helpers import ONE_SERVER
 
 pytestmark = pytest.mark.anyio
 
@@ -86,6 +87,7 @@ async def test_show_tells_why_a_workflow_failed(app: pgflow.App, worker_env: dic
     assert f"{flaky['duration_s']:.3f}" in out
 
 
+@ONE_SERVER  # the command's output, cut and escaped in Python: the same on any server
 async def test_show_decodes_the_arguments_and_result_and_cuts_them_unless_full(
         app: pgflow.App, worker_env: dict[str, str]) -> None:
     flows = show_app.build(app)
@@ -106,6 +108,7 @@ async def test_show_decodes_the_arguments_and_result_and_cuts_them_unless_full(
     assert "      Traceback (most recent call last):" in whole  # the retried attempts' tracebacks
 
 
+@ONE_SERVER  # a traceback the worker records in Python: the same on any server
 async def test_a_failed_sync_step_tells_its_own_traceback(app: pgflow.App, worker_env: dict[str, str]) -> None:
     flows = show_app.build(app)
     async with app.worker(concurrency=2):
@@ -248,6 +251,7 @@ HOSTILE_ERRORS = ['"just a string"', "[1, 2, 3]", '{"type": 7, "message": ["x"],
                   ' "traceback": "a\\u009bb"}']
 
 
+@ONE_SERVER  # rows decoded and escaped in Python: the same on any server (the details read is tested on both)
 @pytest.mark.parametrize("error", HOSTILE_ERRORS)
 async def test_rows_written_by_anyone_are_shown_as_data(app: pgflow.App, dsn: str, worker_env: dict[str, str],
                                                         error: str) -> None:

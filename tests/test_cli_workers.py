@@ -17,6 +17,7 @@ import msgspec
 import pgflow
 from pgflow.cli import LEAVING, _threads_still_running
 
+from .helpers import ONE_SERVER
 from .processes import LEASE, Processes, wait_until
 
 WAIT = 60.0
@@ -79,6 +80,7 @@ def test_an_idle_worker_stops_quietly_and_leaves_through_the_exit_hooks(
     assert marker.read_text() == f"{worker.pid}\n"
 
 
+@ONE_SERVER  # the process's threads and exit hooks: the same on any server
 def test_a_worker_stopped_past_a_stuck_step_thread_names_it_and_still_runs_the_exit_hooks(
         procs: Processes, dsn: str, schema: str, worker_env: dict[str, str], tmp_path: Path) -> None:
     marker, started = tmp_path / "atexit", tmp_path / "started"

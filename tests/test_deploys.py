@@ -16,6 +16,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import Processes, lines, result_of, wait_until
 
 TARGET = "tests.apps.deploys:app"
@@ -141,6 +142,7 @@ async def test_patched_answers_and_refusals_in_process(app: pgflow.App, tmp_path
     assert sorted(calls) == ["s1", "s2"]
 
 
+@ONE_SERVER  # arguments refused and text escaped in Python (the journal reads are tested on both servers above)
 def test_check_replay_refuses_bad_input_and_escapes_what_it_prints(
         app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str]) -> None:
     app.migrate()

@@ -18,6 +18,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .test_dashboard_http import AUTH, TOKEN, csrf_of, form, page, serving
 
 pytestmark = pytest.mark.anyio
@@ -88,6 +89,7 @@ def test_pausing_from_the_sync_api_and_bad_input(dsn: str, schema: str) -> None:
         assert app.resume_queue("reports") is True
 
 
+@ONE_SERVER  # the commands around pause and resume, which the API tests above run on both servers
 def test_the_command_line_pauses_lists_and_resumes(dsn: str, schema: str) -> None:
     env = {"PGFLOW_DSN": dsn, "PGFLOW_SCHEMA": schema, "PATH": "/usr/bin:/bin"}
 
@@ -123,6 +125,7 @@ def serve(dsn: str, schema: str, app: pgflow.App) -> Iterator[Any]:
     yield from serving(dsn, schema, app)
 
 
+@ONE_SERVER  # the dashboard's forms around pause and resume, which the API tests run on both servers
 def test_the_dashboard_pauses_and_resumes_with_actions_on(serve: Any, app: pgflow.App) -> None:
     """The overview's queue buttons: there only with actions on, forms of this browser, and a queue
     paused and resumed through them shows so on the page."""

@@ -23,7 +23,7 @@ from pgflow._core.outcomes import rebuilt
 from pgflow.errors import StepFailed
 from pgflow.testing import PgflowEnv
 
-from .helpers import query
+from .helpers import ONE_SERVER, query
 
 WAIT = 30.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,6 +216,7 @@ def _check_replay(env: dict[str, str], *more: str) -> subprocess.CompletedProces
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@ONE_SERVER  # the command's exit codes (its journal reads are tested on both servers in test_deploys)
 def test_check_replay_exits_1_for_a_mismatch_and_2_when_it_cannot_check(
         dsn: str, schema: str, worker_env: dict[str, str]) -> None:
     not_migrated = _check_replay(worker_env)
