@@ -17,7 +17,7 @@ import pytest
 import pgflow
 from pgflow._core.engine import unreachable
 
-from .helpers import query
+from .helpers import ONE_SERVER, query
 
 pytestmark = pytest.mark.anyio
 
@@ -185,6 +185,7 @@ def deep(n: int) -> Any:
     return value
 
 
+@ONE_SERVER  # the input is checked in Python before any statement: the same on any server
 @pytest.mark.parametrize(("options", "args", "error", "words"), [
     ({}, ("\ud800",), pgflow.SerializationError, "not valid Unicode"),
     ({}, (deep(10_000),), pgflow.SerializationError, "nested too deeply"),

@@ -11,6 +11,8 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
+
 pytestmark = pytest.mark.anyio
 
 LIMIT = 64 * 1024
@@ -25,6 +27,7 @@ async def count(dsn: str, schema: str, table: str) -> int:
         return int(row[0])
 
 
+@ONE_SERVER  # sizes are checked in Python before any statement: the same on any server
 async def test_values_over_the_limit_are_refused_before_anything_is_written(dsn: str, schema: str) -> None:
     big = "x" * (LIMIT + 1)
     async with pgflow.App(dsn, schema=schema, max_value_bytes=LIMIT) as app:

@@ -16,6 +16,7 @@ import pytest
 import pgflow
 from pgflow._core.sync import LoopThread
 
+from .helpers import ONE_SERVER
 from .processes import Processes, wait_until
 
 WAIT = 60.0
@@ -29,6 +30,7 @@ async def _nothing() -> None:
     return None
 
 
+@ONE_SERVER  # the process's event loop: the same on any server
 @pytest.mark.parametrize(("given", "runs_on"), [(None, "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")])
 def test_a_cli_worker_runs_its_workflows_on_the_loop_it_is_given(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App, given: str | None, runs_on: str) -> None:
@@ -42,6 +44,7 @@ async def _frozen() -> int:
     return gc.get_freeze_count()
 
 
+@ONE_SERVER  # the process's garbage collector: the same on any server
 def test_a_cli_worker_freezes_what_importing_its_app_made(
         procs: Processes, worker_env: dict[str, str], app: pgflow.App) -> None:
     """So that a full collection in the middle of its work scans only what it made since (session 17 in

@@ -19,7 +19,7 @@ import pytest
 import pgflow
 
 from .apps import runtime_app
-from .helpers import query
+from .helpers import ONE_SERVER, query
 from .processes import Processes, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -31,6 +31,7 @@ WAIT = 60.0
 # -- no thread, no hop --------------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # the caller's threads: the same on any server
 @pytest.mark.slow
 def test_an_async_caller_process_starts_reads_and_waits_with_no_thread_of_pgflows(
     worker_env: dict[str, str], procs: Processes,
@@ -47,6 +48,7 @@ def test_an_async_caller_process_starts_reads_and_waits_with_no_thread_of_pgflow
     assert (report["runtimes"], report["listeners"]) == (1, 1)
 
 
+@ONE_SERVER  # the sync API's threads and loop: the same on any server
 async def test_the_sync_api_works_from_plain_threads_and_from_an_event_loops_worker_threads(
     app: pgflow.App,
 ) -> None:
@@ -69,6 +71,7 @@ async def test_the_sync_api_works_from_plain_threads_and_from_an_event_loops_wor
     assert app.stats().runtimes == 2  # this loop's and the private loop of the sync callers
 
 
+@ONE_SERVER  # a signal to the caller's process: the same on any server
 @pytest.mark.slow
 @pytest.mark.parametrize("blocked_in", ["result", "stream"])
 def test_ctrl_c_in_a_sync_caller_blocked_on_a_workflow_ends_the_process_at_once(
@@ -145,6 +148,7 @@ async def test_each_maintenance_service_runs_on_one_worker_and_moves_when_it_sto
 # -- the step called without await ---------------------------------------------------------------------------
 
 
+@ONE_SERVER  # a misuse found in Python: the same on any server
 async def test_a_step_called_without_await_fails_its_workflow_clearly_and_takes_no_position(
     app: pgflow.App,
 ) -> None:

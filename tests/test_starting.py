@@ -12,7 +12,7 @@ import pytest
 import pgflow
 from pgflow._core.registry import DEFAULT_MAX_ATTEMPTS
 
-from .helpers import TIMEOUT, Point, query
+from .helpers import ONE_SERVER, TIMEOUT, Point, query
 
 pytestmark = pytest.mark.anyio
 
@@ -495,6 +495,7 @@ async def test_every_workflow_has_a_run_cap_unless_it_asks_for_none(app: pgflow.
     assert DEFAULT_MAX_ATTEMPTS == 20
 
 
+@ONE_SERVER  # ids are checked in Python before any statement: the same on any server
 async def test_ids_of_pgflows_own_forms_are_refused_before_anything_is_written(app: pgflow.App, dsn: str,
                                                                                 schema: str) -> None:
     """A caller who could take a scheduled tick's id (``name@<time>``) or a child's (``<parent>.<n>``)

@@ -15,7 +15,7 @@ import pgflow
 from pgflow._core import codec
 from pgflow.streams import MAX_CHUNK_BYTES, MAX_KEY_BYTES
 
-from .helpers import query
+from .helpers import ONE_SERVER, query
 from .streaming import (
     KINDS,
     PING_WAIT,
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.anyio
 # -- 7. limits ---------------------------------------------------------------------------------------------
 
 
+@ONE_SERVER  # sizes are checked in Python before any statement: the same on any server
 @pytest.mark.parametrize("kind", KINDS)
 async def test_chunk_and_key_limits_refuse_before_anything_is_written(
     app: pgflow.App, dsn: str, schema: str, kind: str,
@@ -191,6 +192,7 @@ async def test_stream_functions_outside_a_workflow_raise_a_clear_error(app: pgfl
         await anyio.to_thread.run_sync(lambda: pgflow.write_stream("s", 1))
 
 
+@ONE_SERVER  # a misuse refused in Python: the same on any server
 @pytest.mark.parametrize("where", ["workflow", "step"])
 @pytest.mark.parametrize("what", ["write_stream", "close_stream"])
 async def test_the_sync_twin_in_async_code_says_to_await_the_async_one(

@@ -30,6 +30,7 @@ from opentelemetry.trace import StatusCode
 import pgflow
 
 from .apps import crashy
+from .helpers import ONE_SERVER
 from .processes import Processes, lines, result_of, wait_until
 
 WAIT = 60.0
@@ -155,6 +156,7 @@ def test_the_callers_trace_continues_in_the_worker_process_and_after_a_takeover(
     assert {(s["trace_id"], s["parent_id"]) for s in steps} == {(trace_id, workflow["span_id"])}
 
 
+@ONE_SERVER  # the OpenTelemetry API in Python: the same on any server
 def test_without_an_sdk_nothing_is_traced_or_stored(dsn: str, schema: str, tmp_path: Path) -> None:
     """A process with the API only: start works, and the workflow is stored without a traceparent."""
     script = (
@@ -177,6 +179,7 @@ def test_without_an_sdk_nothing_is_traced_or_stored(dsn: str, schema: str, tmp_p
 # -- in one process: span parents and exceptions for every kind of workflow and step ---------------------
 
 
+@ONE_SERVER  # spans made in Python: the same on any server (the trace through the table is tested on both above)
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["async", "sync"])
 async def test_step_spans_sit_under_their_workflow_and_exceptions_are_recorded(
@@ -246,6 +249,7 @@ def histogram(points: list[Any], **attributes: str) -> tuple[int, float]:
     return sum(p.count for p in chosen), sum(p.sum for p in chosen)
 
 
+@ONE_SERVER  # metrics counted in Python: the same on any server
 @pytest.mark.anyio
 async def test_the_metrics_move(sdk: SDK, app: pgflow.App) -> None:
     tries: dict[int, int] = {}

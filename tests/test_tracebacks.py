@@ -8,6 +8,8 @@ import pytest
 import pgflow
 from pgflow._core.outcomes import folded_traceback
 
+from .helpers import ONE_SERVER
+
 pytestmark = pytest.mark.anyio
 
 
@@ -19,6 +21,7 @@ def _middle(n: int) -> None:
     _innermost(n)
 
 
+@ONE_SERVER  # a traceback folded in Python: the same on any server
 async def test_a_failed_workflow_s_traceback_shows_the_user_s_frames_and_folds_the_rest(app: pgflow.App) -> None:
     @app.step(name="tb.parse", max_attempts=1)
     def parse(n: int) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import pgflow
 
-from .helpers import KINDS, TIMEOUT, Point, query, requeue
+from .helpers import KINDS, ONE_SERVER, TIMEOUT, Point, query, requeue
 
 pytestmark = pytest.mark.anyio
 
@@ -236,6 +236,7 @@ REFUSED: list[tuple[str, str, Callable[[], tuple[Any, ...]], dict[str, Any], lis
 ]
 
 
+@ONE_SERVER  # arguments are checked in Python before any statement: the same on any server
 @pytest.mark.parametrize("migrated", [False, True], ids=["fresh-schema", "migrated-schema"])
 @pytest.mark.parametrize(("case", "flow", "make_args", "kwargs", "fragments"), REFUSED, ids=[r[0] for r in REFUSED])
 async def test_refused_arguments_raise_and_write_nothing(
