@@ -25,7 +25,7 @@ import pytest
 import pgflow
 
 from .apps import fleet
-from .helpers import KINDS, query_sync, registered, registered_pids
+from .helpers import KINDS, ONE_SERVER, query_sync, registered, registered_pids
 from .processes import FLEET, LEASE, WAIT, Proc, Processes, failure_of, fleet_worker, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -459,6 +459,7 @@ def stop_supervisor(supervisor: Proc, children: set[int]) -> None:
     supervisor.stop()
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_them_all(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:
@@ -498,6 +499,7 @@ def test_supervisor_runs_two_worker_processes_restarts_a_killed_one_and_stops_th
         stop_supervisor(supervisor, children)
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 def test_a_child_killed_by_a_signal_while_the_supervisor_stops_makes_its_exit_code_non_zero(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:

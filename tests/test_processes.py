@@ -23,7 +23,7 @@ import pgflow
 from pgflow._core.engine import migrations
 
 from .apps import crashy, failing
-from .helpers import KINDS, query_sync
+from .helpers import KINDS, ONE_SERVER, query_sync
 from .processes import WAIT, Proc, Processes, lines, result_of, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,6 +284,7 @@ def resume_elsewhere(wf: Any, worker_env: dict[str, str], procs: Processes, hand
     assert [s.name for s in handle.steps()] == [wf.first.name, wf.gated[kind].name, wf.third.name]
 
 
+@ONE_SERVER  # how a stopping process cuts each kind of step short is Python's; the give-back is tested on both below
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_sigterm_past_the_grace_period_gives_the_workflow_back_and_exits(

@@ -18,6 +18,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import LEASE, Proc, Processes, wait_until
 from .test_worker_health import probe, probe_port
 
@@ -102,6 +103,7 @@ def supervised(procs: Processes, worker_env: dict[str, str]) -> Iterator[Supervi
         made.kill_all()
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 def test_a_killed_child_is_restarted_while_the_others_serve_on(
         supervised: Supervised, procs: Processes, dsn: str, schema: str) -> None:
     supervisor = supervised.start(3, delay=5.0, most=5.0, reset=30.0)
@@ -126,6 +128,7 @@ def test_a_killed_child_is_restarted_while_the_others_serve_on(
     assert not any(alive(p) for p in {*survivors, *replacement})
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_a_child_waits_to_be_restarted_stops_with_0(
         supervised: Supervised, procs: Processes, dsn: str, schema: str, signum: int) -> None:
@@ -143,6 +146,7 @@ def test_a_signal_while_a_child_waits_to_be_restarted_stops_with_0(
     assert "stopped" in supervisor.output()
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_a_child_starts_stops_with_0(supervised: Supervised, procs: Processes, signum: int) -> None:
     """A child still importing the app has no handler yet: the SIGTERM passed on kills it, which
@@ -155,6 +159,7 @@ def test_a_signal_while_a_child_starts_stops_with_0(supervised: Supervised, proc
     assert not alive(child) and not restarts(supervisor)
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 def test_a_child_that_keeps_crashing_waits_longer_each_time_and_starts_over_after_a_long_life(
         supervised: Supervised, procs: Processes, dsn: str, schema: str, tmp_path: Path) -> None:
     crash = tmp_path / "crash"
@@ -186,6 +191,7 @@ def test_a_child_that_keeps_crashing_waits_longer_each_time_and_starts_over_afte
 
 
 
+@ONE_SERVER  # the supervisor's restarts and signals are its process's matter: the same on any server
 def test_one_supervised_child_serves_the_probe(supervised: Supervised, procs: Processes) -> None:
     """``--health-port`` with ``--processes 1``: the one child serves it (more could not share the port)."""
     supervisor = supervised.start(1, delay=1.0, most=1.0, reset=30.0,

@@ -20,6 +20,7 @@ import pytest
 
 import pgflow
 
+from .helpers import ONE_SERVER
 from .processes import LEASE, Proc, Processes, wait_until
 from .proxy import Proxy
 
@@ -46,6 +47,7 @@ def healthy(port: int) -> bool:
     return probe(port)[0] == 200
 
 
+@ONE_SERVER  # the probe's HTTP answers, the server cut off by a proxy: the same on any server
 def test_the_probe_says_ok_ignores_unserved_names_refuses_junk_and_fails_without_the_database(
         procs: Processes, dsn: str, schema: str, worker_env: dict[str, str]) -> None:
     params = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -117,6 +119,7 @@ def test_the_probe_says_ok_ignores_unserved_names_refuses_junk_and_fails_without
             proxy.close()
 
 
+@ONE_SERVER  # the probe's HTTP answers and the process's loop: the same on any server
 def test_the_probe_reports_a_blocked_loop_and_recovers(procs: Processes, dsn: str, schema: str,
                                                       worker_env: dict[str, str]) -> None:
     worker = procs.worker("w", "tests.apps.probed:app", worker_env, lease=LEASE, extra=["--health-port", "0"])
@@ -139,6 +142,7 @@ def test_the_probe_reports_a_blocked_loop_and_recovers(procs: Processes, dsn: st
         probe(port)
 
 
+@ONE_SERVER  # the probe's HTTP answers: the same on any server
 async def test_an_in_process_worker_owns_its_probe(app: pgflow.App) -> None:
     @app.workflow(name="probed.here")
     async def here() -> int:
@@ -166,6 +170,7 @@ async def test_an_in_process_worker_owns_its_probe(app: pgflow.App) -> None:
 pytestmark = pytest.mark.anyio
 
 
+@ONE_SERVER  # an option refused before anything connects: the same on any server
 def test_health_port_is_refused_with_several_processes(worker_env: dict[str, str]) -> None:
     for args, words in ((["--processes", "2", "--health-port", "8081"], "--health-port probes one worker process"),
                         (["--health-port", "70000"], "--health-port is a TCP port")):
