@@ -61,7 +61,8 @@ venv .venv: $(STAMP)
 # make test stays under about 8 minutes; the cases marked chaos (tests/test_chaos.py) are make chaos.
 # Two sessions side by side (see pytest_collection_modifyitems in tests/conftest.py): the tests on
 # PostgreSQL 15 and those that use no server, logged to $(VENV)/test-pg15.log and printed at the end, and
-# the tests on the embedded PostgreSQL 18, on the terminal. The suite mostly waits on leases, sleeps and processes, so the halves barely slow each other.
+# the tests on the embedded PostgreSQL 18, on the terminal. The suite mostly waits on leases, sleeps and
+# processes, so the halves barely slow each other.
 # A half with no test selected (exit code 5, e.g. PYTEST_ARGS='-k pg18') counts as passed.
 TEST_PG15_LOG := $(VENV)/test-pg15.log
 test: $(STAMP)
