@@ -8,7 +8,7 @@ rate- or concurrency-limited queue apart, since its limits are its own, while sl
 from __future__ import annotations
 
 from .engine import Engine
-from .engine.claims import Claimed, Round
+from .engine.claimed import Claimed, Round
 
 
 async def claim_round(store: Engine, owner: str, unlimited: list[str], limited: list[str], names: list[str],

@@ -9,9 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from . import wire
-from .claimed import Claimed as Claimed  # (what a claim hands out: found here by its callers)
-from .claimed import Round as Round
-from .claimed import claimed_of
+from .claimed import Claimed, Round, claimed_of
 from .database import Database, Port, Session, Sql
 from .fencing import HOLDS_LOCKED
 from .key_limits import NEXT_TOKEN, keyed_queued
