@@ -22,7 +22,7 @@ import psycopg  # noqa: E402
 
 import pgflow  # noqa: E402
 from pgflow._core.engine import Engine  # noqa: E402
-from pgflow._core.starts import StepStarts  # noqa: E402
+from pgflow._core.step_starts import StepStarts  # noqa: E402
 
 real_steps, real_note = Engine.start_steps, StepStarts.note
 

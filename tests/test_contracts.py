@@ -57,7 +57,7 @@ def test_the_records_between_layers_name_their_fields() -> None:
     assert CANCELLED == ("cancelled", None, None)
     assert Fence(True, False).with_value(3) == Fenced(owner=True, cancel=False, value=3)
     start = StepStart("w", 2, 99, 0, 1)
-    assert (start.workflow_id, start.attempt, start.claim_token, start.position, start.step_attempt) == (
+    assert (start.workflow_id, start.attempt, start.lease_token, start.position, start.step_attempt) == (
         "w", 2, 99, 0, 1)
 
 

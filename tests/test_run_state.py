@@ -135,7 +135,7 @@ def test_a_cancel_is_not_hidden_by_an_outage_or_the_run_s_end() -> None:
 class _Owner:
     def __init__(self, n: int) -> None:
         self.workflow_id = f"w{n}"
-        self.claim_token = n
+        self.lease_token = n
         self.state = RunState(self.workflow_id, 1)
         self.named_streams: dict[str, Stream] = {}
         self.fence = None
@@ -175,7 +175,7 @@ async def test_an_outage_interrupts_every_run_of_the_batch() -> None:
 def _execution(scope: anyio.CancelScope) -> Execution:
     """An execution with nothing behind it but its state: only its fenced writes' answers are looked at."""
     state = RunState("w", 2, scope)
-    return Execution(runtime=None, store=None, workflow_id="w", attempt=1, claim_token=1,  # type: ignore[arg-type]
+    return Execution(runtime=None, store=None, workflow_id="w", attempt=1, lease_token=1,  # type: ignore[arg-type]
                      journal=RunJournal({}), token=anyio.lowlevel.current_token(), state=state,
                      streams=RunStreams(state, None, "w", 1), run=2)
 

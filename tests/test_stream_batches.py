@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 class _Owner:
     def __init__(self, n: int) -> None:
         self.workflow_id = f"w{n}"
-        self.claim_token = n
+        self.lease_token = n
         self.state = RunState(self.workflow_id, 1)
         self.named_streams: dict[str, Stream] = {}
         self.fence = None

@@ -49,7 +49,7 @@ async def test_a_takeover_moves_the_fence_on_and_the_rows_refuse_the_late_batch(
     [claimed], _ = await a.claims.claim("A", ["default"], ["fenced.w2"], 1, LEASE)
     assert claimed.id == started.id and claimed.fence is not None and claimed.fence[0] == "A"
     sid = (await a.chunks.stream_ids([started.id], ["s"]))[(started.id, "s")]
-    owner = [(started.id, claimed.claim_token)]
+    owner = [(started.id, claimed.lease_token)]
     assert await a.chunks.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \
         Written(set(), set(), True)
 
@@ -83,7 +83,7 @@ async def test_a_workers_two_batches_in_flight_take_its_fence_in_turn_not_togeth
     assert one.fence == two.fence is not None
 
     async def batch(claimed: Claimed, value: bytes) -> Written:
-        return await store.chunks.write_chunks([(claimed.id, claimed.claim_token)], [1], [sids[(claimed.id, "s")]], [0],
+        return await store.chunks.write_chunks([(claimed.id, claimed.lease_token)], [1], [sids[(claimed.id, "s")]], [0],
                                         [value], NO_PINGS, fence=claimed.fence)
 
     answers: dict[str, Written] = {}
@@ -133,7 +133,7 @@ async def test_a_fence_lost_as_in_a_crash_leaves_the_rows_to_decide_and_comes_ba
     [claimed], _ = await store.claims.claim("A", ["default"], ["fenced.w4"], 1, LEASE)
     assert claimed.fence is not None
     sid = (await store.chunks.stream_ids([started.id], ["s"]))[(started.id, "s")]
-    owner = [(started.id, claimed.claim_token)]
+    owner = [(started.id, claimed.lease_token)]
     # What a crash or a failover does to an unlogged table: it is empty.
     await query(dsn, f'TRUNCATE "{schema}".worker_fences')
     assert await store.chunks.write_chunks(owner, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence) == \

@@ -22,7 +22,7 @@ class Execution(Protocol):
 
     store: Engine
     workflow_id: str
-    claim_token: int
+    lease_token: int
     run: int
 
     async def fenced(self, operation: Callable[[], Awaitable[Fenced[T]]], what: str) -> T: ...
@@ -40,7 +40,7 @@ async def keep_attempt_error(execution: Execution, name: str, position: int, ste
     error = attempt_error(exc)
 
     async def note() -> Fenced[None]:
-        fence = await execution.store.details.note_step_error(execution.workflow_id, execution.claim_token, position,
+        fence = await execution.store.details.note_step_error(execution.workflow_id, execution.lease_token, position,
                                                       execution.run, step_attempt, error)
         return fence.with_value(None)
 

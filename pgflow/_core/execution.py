@@ -38,9 +38,9 @@ from .run_journal import RunJournal
 from .run_state import RunState
 from .run_streams import RunStreams
 from .runtime import Runtime
-from .starts import StepStarts
 from .status import ENDED
 from .step_body import StepRun, inside_step, run_step_body
+from .step_starts import StepStarts
 
 log = logging.getLogger("pgflow.execution")
 NOTE_WITHIN = 2.0  # seconds a step attempt's note may take: it only counts the attempt
@@ -56,7 +56,7 @@ class Execution:
     store: Engine
     workflow_id: str
     attempt: int  # the claim's number (a claim lost in a server crash leaves it to be handed out again)
-    claim_token: int  # never handed out twice: it fences every write of this run
+    lease_token: int  # never handed out twice: it fences every write of this run
     journal: RunJournal
     token: anyio.lowlevel.EventLoopToken
     state: RunState  # why it must stop, if it must (the only place that says so)
@@ -159,7 +159,7 @@ class Execution:
         it. A lost lease or a cancellation it learns of is left in the run's state, for the attempt to
         act on."""
 
-        start = StepStart(self.workflow_id, self.attempt, self.claim_token, position, tries)
+        start = StepStart(self.workflow_id, self.attempt, self.lease_token, position, tries)
 
         async def note() -> Fenced[None]:
             if self.starts is not None:  # the worker's batch of notes
@@ -177,7 +177,7 @@ class Execution:
 
         async def record() -> Fenced[None]:
             fence = await self.store.journal.record_step(
-                self.workflow_id, self.attempt, self.claim_token, position, name, output, error, attempts, ends)
+                self.workflow_id, self.attempt, self.lease_token, position, name, output, error, attempts, ends)
             return fence.with_value(None)
 
         try:
@@ -203,7 +203,7 @@ class Execution:
         async with self.marks_lock:
             for position, name in sorted(self.journal.marks.items()):
                 async def record(position: int = position, name: str = name) -> Fenced[None]:
-                    fence = await self.store.journal.record_step(self.workflow_id, self.attempt, self.claim_token,
+                    fence = await self.store.journal.record_step(self.workflow_id, self.attempt, self.lease_token,
                                                          position, name, None, None, 1)
                     return fence.with_value(None)
 

@@ -32,8 +32,8 @@ from .run_streams import RunStreams
 from .runtime import Runtime
 from .signals import End, News
 from .signals import keys as signal_keys
-from .starts import StepStarts
 from .status import Status
+from .step_starts import StepStarts
 from .streams.writer import StreamWriter
 
 log = logging.getLogger("pgflow.execution")
@@ -132,8 +132,8 @@ async def _open(slot: Slot, workflow: WorkflowSpec, claimed: Claimed, scope: any
     state = RunState(claimed.id, claimed.run, scope)
     return Execution(
         runtime=slot.runtime, store=slot.store, workflow_id=claimed.id, attempt=claimed.attempt,
-        claim_token=claimed.claim_token, journal=RunJournal(journal, horizon, tries, loaded_at), token=slot.token,
-        state=state, streams=RunStreams(state, slot.writer, claimed.id, claimed.claim_token, ends, claimed.fence,
+        lease_token=claimed.lease_token, journal=RunJournal(journal, horizon, tries, loaded_at), token=slot.token,
+        state=state, streams=RunStreams(state, slot.writer, claimed.id, claimed.lease_token, ends, claimed.fence,
                                         slot.cancels),
         starts=slot.starts, run=claimed.run, value_limit=workflow.codec.limit, alone=claimed.suspect,
     )
@@ -175,7 +175,7 @@ async def _give_back(slot: Slot, claimed: Claimed, fence_cut: str | None = None)
     ``fence_cut``: a batch of its chunks under that worker's fence was cut off and may still run."""
     with anyio.CancelScope(shield=True):
         try:
-            if await retrying(lambda: slot.store.claims.release(claimed.id, claimed.claim_token, fence_cut),
+            if await retrying(lambda: slot.store.claims.release(claimed.id, claimed.lease_token, fence_cut),
                               f"giving {claimed.id} back to the queue"):
                 # Its own queue (with_options may have moved it).
                 slot.runtime.signals.announce(News([signal_keys.queue(claimed.queue)]))
@@ -204,7 +204,7 @@ async def _suspend(runtime: Runtime, store: Engine, workflow: WorkflowSpec, clai
     """Give the slot of a workflow that waits long back: queued again, due when its wait ends."""
     with anyio.CancelScope(shield=True):
         try:
-            requeued = await retrying(lambda: store.waits.suspend(claimed.id, claimed.claim_token, pause.until,
+            requeued = await retrying(lambda: store.waits.suspend(claimed.id, claimed.lease_token, pause.until,
                                                             pause.topic), f"suspending {claimed.id}")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; a new run comes back to the wait
             log.warning("could not give %s back to the queue while it waits: %s", claimed.id, exc)
@@ -295,6 +295,6 @@ async def _finish(finisher: Finisher, execution: Execution, claimed: Claimed, wo
             log.warning("workflow %r attempt %d lost its lease before it could record %s",
                         execution.workflow_id, execution.run, status)
 
-    if not finisher.finish_soon(end, execution.claim_token, set(freed), then):
+    if not finisher.finish_soon(end, execution.lease_token, set(freed), then):
         with anyio.CancelScope(shield=True):
-            then(*await finisher.finish(end, execution.claim_token, set(freed)))
+            then(*await finisher.finish(end, execution.lease_token, set(freed)))

@@ -36,11 +36,11 @@ Then = Callable[[bool, BaseException | None], None]  # told (recorded, failure) 
 class _End:
     """An end waiting for its batch, and what to do once the batch is done."""
 
-    __slots__ = ("end", "claim_token", "keys", "carried", "then", "recorded")
+    __slots__ = ("end", "lease_token", "keys", "carried", "then", "recorded")
 
-    def __init__(self, end: End, claim_token: int, keys: set[str], then: Then) -> None:
+    def __init__(self, end: End, lease_token: int, keys: set[str], then: Then) -> None:
         self.end = end
-        self.claim_token = claim_token
+        self.lease_token = lease_token
         self.keys = keys
         self.carried = carried_end(end)  # small enough to ride in a payload
         self.then = then
@@ -73,9 +73,9 @@ class Finisher(GroupCommit[_End]):
         self._recorded = recorded
         self.pending = 0  # ends queued or in a batch in flight: their workflows' bodies are done
 
-    def finish_soon(self, end: End, claim_token: int, keys: set[str], then: Then) -> bool:
+    def finish_soon(self, end: End, lease_token: int, keys: set[str], then: Then) -> bool:
         """Queue an end for the next batch; ``then(recorded, failure)`` is called once that batch is
-        done (``recorded`` False: its claim, ``claim_token``, no longer held the workflow). ``keys`` are
+        done (``recorded`` False: its claim, ``lease_token``, no longer held the workflow). ``keys`` are
         told with it. False when the finisher has stopped (the worker is stopping): ``finish`` then
         records it in the caller's task."""
         if self._stopped:
@@ -86,13 +86,13 @@ class Finisher(GroupCommit[_End]):
             self.pending -= 1
             then(recorded, failure)
 
-        self._put(_End(end, claim_token, keys, done))
+        self._put(_End(end, lease_token, keys, done))
         return True
 
-    async def finish(self, end: End, claim_token: int, keys: set[str]) -> tuple[bool, BaseException | None]:
+    async def finish(self, end: End, lease_token: int, keys: set[str]) -> tuple[bool, BaseException | None]:
         """Record an end now, alone (for a worker whose finisher has stopped)."""
         answer: list[tuple[bool, BaseException | None]] = []
-        await self._flush([_End(end, claim_token, keys, lambda recorded, failure: answer.append((recorded, failure)))])
+        await self._flush([_End(end, lease_token, keys, lambda recorded, failure: answer.append((recorded, failure)))])
         return answer[0]
 
     async def _flush(self, batch: list[_End]) -> None:
@@ -101,12 +101,12 @@ class Finisher(GroupCommit[_End]):
     async def _record(self, batch: list[_End]) -> None:
         news = _news(batch)
         recorded, rode = await retrying(lambda: self._signals.ride(news, lambda pings: self._store.ends.finish_many(
-            [e.end.workflow_id for e in batch], [e.claim_token for e in batch], [e.end.status for e in batch],
+            [e.end.workflow_id for e in batch], [e.lease_token for e in batch], [e.end.status for e in batch],
             [e.end.output for e in batch], [e.end.error for e in batch], pings,
         )), f"recording the end of {len(batch)} workflows")
         self._recorded(len(batch))
         for item in batch:
-            item.resolve(recorded=(item.end.workflow_id, item.claim_token) in recorded)
+            item.resolve(recorded=(item.end.workflow_id, item.lease_token) in recorded)
         if len(recorded) == len(batch):
             self._signals.told(news, rode)
         else:  # only what was recorded may be told, and it did not ride

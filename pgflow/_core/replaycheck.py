@@ -178,7 +178,7 @@ async def check_replay(registry: Registry, runtime: Runtime, dsn: str, schema: s
 async def _check_one(spec: WorkflowSpec, runtime: Runtime, reads: ReplayReads, id: str, inputs: bytes,
                      journal: dict[int, StepRecord], horizon: int, within: float) -> Mismatch | None:
     state = RunState(id, 0)  # (no scope: nothing cancels a check)
-    check = ReplayCheck(runtime=runtime, store=cast(Engine, _NoStore()), workflow_id=id, attempt=0, claim_token=0,
+    check = ReplayCheck(runtime=runtime, store=cast(Engine, _NoStore()), workflow_id=id, attempt=0, lease_token=0,
                         journal=RunJournal(journal, horizon), token=anyio.lowlevel.current_token(), state=state,
                         streams=RunStreams(state, None, id, 0), reads=reads)
     reset = current_execution.set(check)

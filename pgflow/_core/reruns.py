@@ -39,7 +39,7 @@ async def retried(runtime: Runtime, store: Engine, workflow: WorkflowSpec, claim
     delay = policy.delay(policy_attempt)
     with anyio.CancelScope(shield=True):
         try:
-            rerun = await retrying(lambda: store.reruns.retry_later(claimed.id, claimed.claim_token, delay, error),
+            rerun = await retrying(lambda: store.reruns.retry_later(claimed.id, claimed.lease_token, delay, error),
                                    f"queueing {claimed.id} to run again")
         except Exception as exc:  # noqa: BLE001 - the lease runs out; the next claim fails it or runs it
             log.warning("could not queue %s to run again: %s", claimed.id, exc)

@@ -23,19 +23,19 @@ if TYPE_CHECKING:
 
 
 class RunStreams:
-    """One run's streams, and the writer's owner of its chunks: it fences them with ``claim_token``
+    """One run's streams, and the writer's owner of its chunks: it fences them with ``lease_token``
     (or ``fence``, its worker's, while that holds) and counts them in flight."""
 
-    __slots__ = ("state", "writer", "workflow_id", "claim_token", "ends", "cursor", "closed", "named_streams",
+    __slots__ = ("state", "writer", "workflow_id", "lease_token", "ends", "cursor", "closed", "named_streams",
                  "fence", "cancels", "chunks_in_flight", "fence_cut", "settled")
 
-    def __init__(self, state: RunState, writer: StreamWriter | None, workflow_id: str, claim_token: int,
+    def __init__(self, state: RunState, writer: StreamWriter | None, workflow_id: str, lease_token: int,
                  ends: dict[str, int] | None = None, fence: tuple[str, int] | None = None,
                  cancels: CancelWatch | None = None) -> None:
         self.state = state
         self.writer = writer
         self.workflow_id = workflow_id
-        self.claim_token = claim_token
+        self.lease_token = lease_token
         self.ends = ends if ends is not None else {}  # per key: the next free position in the table
         self.cursor: dict[str, int] = {}  # per key: how far the body's replay of its writes has got
         self.closed: set[str] = set()

@@ -7,7 +7,7 @@ plain string: ``handle.status() == "queued"``).
 One word, one meaning, in the code of ``pgflow._core`` (public names keep their own: a worker's
 ``lease=`` and the CLI's ``--lease`` are seconds, ``pgflow.attempt()`` is a run):
 
-- ``claim_token``: the random int a claim writes into ``workflows.lease_token``, never handed out
+- ``lease_token``: the random int a claim writes into ``workflows.lease_token``, never handed out
   twice; every write an execution makes is fenced by it (one whose claim was lost writes nothing).
 - ``lease_seconds``: how long a claim holds a workflow without a heartbeat (the worker's ``lease=``).
 - ``attempt``: the claim's number, ``workflows.attempt``: one more per claim of the row, whatever

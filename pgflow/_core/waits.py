@@ -31,7 +31,7 @@ async def sleep(execution: Execution, seconds: float) -> None:
 
         async def journal() -> Fenced[Wake]:
             return await store.waits.record_wake(
-                execution.workflow_id, execution.attempt, execution.claim_token, position, SLEEP, seconds)
+                execution.workflow_id, execution.attempt, execution.lease_token, position, SLEEP, seconds)
 
         wake = await execution.fenced(journal, "journal a sleep")
         left, until = wake.left, wake.at
@@ -63,7 +63,7 @@ async def set_event(execution: Execution, key: str, value: bytes) -> None:
     store = execution.store
 
     async def publish() -> Fenced[None]:
-        fence = await store.waits.set_event(execution.workflow_id, execution.attempt, execution.claim_token, position,
+        fence = await store.waits.set_event(execution.workflow_id, execution.attempt, execution.lease_token, position,
                                       name, key, value)
         return fence.with_value(None)
 
@@ -88,7 +88,7 @@ async def recv(execution: Execution, topic: str, timeout: float) -> bytes | None
     async def receive(final: bool) -> Receipt:
         async def statement() -> Fenced[Receipt]:
             return await store.waits.receive(
-                execution.workflow_id, execution.attempt, execution.claim_token, position, name, topic, timeout, final)
+                execution.workflow_id, execution.attempt, execution.lease_token, position, name, topic, timeout, final)
 
         return await execution.fenced(statement, f"receive a message on {topic!r}")
 

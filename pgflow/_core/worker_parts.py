@@ -26,7 +26,7 @@ from .registry import Registry
 from .runs import Runs
 from .runtime import Runtime
 from .signals import Waiter
-from .starts import StepStarts
+from .step_starts import StepStarts
 from .streams.writer import StreamWriter
 
 

@@ -22,7 +22,7 @@ async def stream(engine: Engine, claimed: Claimed, key: str = "s") -> int:
 async def write(engine: Engine, claimed: Claimed, sid: int, start: int, values: list[bytes | None],
                 pings: Pings = NO_PINGS, again: bool = False) -> Written:
     """``values`` written at ``start`` on, by ``claimed``'s run alone."""
-    return await engine.chunks.write_chunks([(claimed.id, claimed.claim_token)], [1] * len(values),
+    return await engine.chunks.write_chunks([(claimed.id, claimed.lease_token)], [1] * len(values),
                                             [sid] * len(values), list(range(start, start + len(values))), values,
                                             pings, again=again)
 
@@ -76,7 +76,7 @@ class TestChunks:
         kind = Kind()
         one, two = await kind.run(engine), await kind.run(engine)
         ids = await engine.chunks.stream_ids([one.id, one.id, two.id], ["x", "y", "x"])
-        owners = sorted([(one.id, one.claim_token), (two.id, two.claim_token)])
+        owners = sorted([(one.id, one.lease_token), (two.id, two.lease_token)])
         index = {owner[0]: n + 1 for n, owner in enumerate(owners)}
         sids = [ids[(one.id, "x")], ids[(two.id, "x")], ids[(one.id, "y")], ids[(one.id, "x")]]
         written = await engine.chunks.write_chunks(owners, [index[one.id], index[two.id], index[one.id], index[one.id]],
@@ -128,7 +128,7 @@ class TestChunks:
         one, two = await stream(engine, closed), await stream(engine, ended)
         await write(engine, closed, one, 0, [b"last", None])
         await write(engine, ended, two, 0, [b"only"])
-        await engine.ends.finish_many([ended.id], [ended.claim_token], ["succeeded"], [None], [None], NO_PINGS)
+        await engine.ends.finish_many([ended.id], [ended.lease_token], ["succeeded"], [None], [None], NO_PINGS)
         found, _, learnt, states = await engine.chunks.read_streams(
             [None, None, None], [closed.id, ended.id, unique("none")], ["s", "s", "s"], [1, 1, 0], 100, BIG, BIG)
         assert found == [[(1, None)], [], []]
@@ -142,10 +142,10 @@ class TestChunks:
         first = await kind.run(engine)
         sid = await stream(engine, first)
         await write(engine, first, sid, 0, [b"a"])
-        await engine.claims.release(first.id, first.claim_token)
+        await engine.claims.release(first.id, first.lease_token)
         second = await kind.claim_one(engine)
         late = await write(engine, first, sid, 1, [b"late"])
-        assert late == Written({(first.id, first.claim_token)}, set(), True)
+        assert late == Written({(first.id, first.lease_token)}, set(), True)
         assert await read(engine, sid) == [(0, b"a")]
         assert await write(engine, second, sid, 1, [b"b"]) == Written(set(), set(), True)
         assert await read(engine, sid) == [(0, b"a"), (1, b"b")]
@@ -153,15 +153,15 @@ class TestChunks:
     async def test_a_batch_drops_only_the_runs_fenced_out_and_names_cancellations(self, engine: Engine) -> None:
         kind = Kind()
         lost, held, cancelling = await kind.run(engine), await kind.run(engine), await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         await kind.claim_one(engine)
         await engine.workflows.request_cancel(cancelling.id)
         ids = await engine.chunks.stream_ids([lost.id, held.id, cancelling.id], ["s", "s", "s"])
         runs = sorted([lost, held, cancelling], key=lambda c: c.id)
         written = await engine.chunks.write_chunks(
-            [(c.id, c.claim_token) for c in runs], [1, 2, 3], [ids[(c.id, "s")] for c in runs], [0, 0, 0],
+            [(c.id, c.lease_token) for c in runs], [1, 2, 3], [ids[(c.id, "s")] for c in runs], [0, 0, 0],
             [b"0", b"1", b"2"], NO_PINGS)
-        assert written == Written({(lost.id, lost.claim_token)}, {cancelling.id}, True)
+        assert written == Written({(lost.id, lost.lease_token)}, {cancelling.id}, True)
         assert await read(engine, ids[(lost.id, "s")]) == []
         assert await read(engine, ids[(held.id, "s")]) != []
         assert await read(engine, ids[(cancelling.id, "s")]) != []
@@ -172,7 +172,7 @@ class TestChunks:
         claimed = await kind.run(engine, worker)
         assert claimed.fence is not None and claimed.fence[0] == worker
         sid = await stream(engine, claimed)
-        owners = [(claimed.id, claimed.claim_token)]
+        owners = [(claimed.id, claimed.lease_token)]
         held = await engine.chunks.write_chunks(owners, [1], [sid], [0], [b"a"], NO_PINGS, fence=claimed.fence)
         assert held == Written(set(), set(), True)
         # a fence that does not hold (another epoch) leaves the rows to decide: this one still holds
@@ -192,11 +192,11 @@ class TestChunks:
             self, engine: Engine, factory: EngineFactory) -> None:
         kind, channel = Kind(), unique("ch")
         held, lost = await kind.run(engine), await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         ids = await engine.chunks.stream_ids([held.id, lost.id], ["s", "s"])
         async with factory.listening([channel]) as heard:
             runs = sorted([held, lost], key=lambda c: c.id)
-            await engine.chunks.write_chunks([(c.id, c.claim_token) for c in runs], [1, 2],
+            await engine.chunks.write_chunks([(c.id, c.lease_token) for c in runs], [1, 2],
                                              [ids[(c.id, "s")] for c in runs], [0, 0], [b"x", b"y"],
                                              Pings([channel], ["mixed"]))
             await write(engine, held, ids[(held.id, "s")], 1, [b"z"], Pings([channel], ["held"]))

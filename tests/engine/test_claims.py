@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 async def holds(engine: Engine, claimed: Claimed) -> bool:
     """Whether ``claimed``'s token still holds its workflow: a fenced write answers (a record at a
     position no test uses otherwise)."""
-    fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, 999, "probe",
+    fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, 999, "probe",
                                              None, None, 1)
     return fence.owner
 
@@ -71,7 +71,7 @@ class TestClaim:
         one = await kind.claim_one(engine)
         two = await kind.claim_one(engine)
         assert {one.id, two.id} == {first, second}
-        assert one.claim_token != two.claim_token
+        assert one.lease_token != two.lease_token
         assert (one.attempt, one.run, one.uncounted, one.give_up, one.suspect) == (1, 1, False, False, False)
         row = await engine.workflows.workflow(one.id)
         assert row is not None and (row.status, row.attempt) == ("running", 1)
@@ -121,21 +121,21 @@ class TestRelease:
     async def test_a_released_workflow_is_claimable_again_at_once(self, engine: Engine, peer: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine)
-        assert await engine.claims.release(first.id, first.claim_token)
+        assert await engine.claims.release(first.id, first.lease_token)
         row = await engine.workflows.workflow(first.id)
         assert row is not None and row.status == "queued"
         second = await kind.claim_one(peer, "other")
-        assert second.id == first.id and second.claim_token != first.claim_token
+        assert second.id == first.id and second.lease_token != first.lease_token
         assert (second.attempt, second.run, second.give_up) == (2, 2, False)
 
     async def test_a_previous_claims_token_is_fenced(self, engine: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine)
-        await engine.claims.release(first.id, first.claim_token)
+        await engine.claims.release(first.id, first.lease_token)
         second = await kind.claim_one(engine)
         assert not await holds(engine, first)
         assert await holds(engine, second)
-        assert not await engine.claims.release(first.id, first.claim_token)  # nor released by it
+        assert not await engine.claims.release(first.id, first.lease_token)  # nor released by it
         row = await engine.workflows.workflow(first.id)
         assert row is not None and row.status == "running"
         assert await kind.claim(engine) == []
@@ -143,16 +143,16 @@ class TestRelease:
     async def test_a_release_twice_releases_once(self, engine: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine)
-        assert await engine.claims.release(first.id, first.claim_token)
-        assert not await engine.claims.release(first.id, first.claim_token)
+        assert await engine.claims.release(first.id, first.lease_token)
+        assert not await engine.claims.release(first.id, first.lease_token)
 
     async def test_the_claim_after_the_last_attempt_gives_the_workflow_up(self, engine: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine, max_attempts=2)
-        await engine.claims.release(first.id, first.claim_token)
+        await engine.claims.release(first.id, first.lease_token)
         second = await kind.claim_one(engine)
         assert (second.run, second.give_up) == (2, False)
-        await engine.claims.release(second.id, second.claim_token)
+        await engine.claims.release(second.id, second.lease_token)
         last = await kind.claim_one(engine)
         assert last.id == first.id and last.give_up and last.run == 2  # no third run begun
 
@@ -173,14 +173,14 @@ class TestUnclaim:
         assert row is not None and (row.status, row.attempt) == ("queued", 0)
         again = await kind.claim_one(engine)
         assert (again.id, again.attempt, again.run, again.set_start, again.set_deadline) == (first.id, 1, 1, True, True)
-        assert again.claim_token != first.claim_token
+        assert again.lease_token != first.lease_token
         assert not await holds(engine, first)
 
     async def test_only_claims_still_held_are_undone(self, engine: Engine) -> None:
         kind = Kind()
         one, two = await kind.starts(engine, 2)
         claimed = {c.id: c for c in await kind.claim(engine, limit=2)}
-        await engine.claims.release(one, claimed[one].claim_token)
+        await engine.claims.release(one, claimed[one].lease_token)
         retaken = await kind.claim_one(engine)
         assert await engine.claims.unclaim(list(claimed.values())) == [two]
         assert await holds(engine, retaken)
@@ -188,7 +188,7 @@ class TestUnclaim:
     async def test_a_wake_up_unclaimed_stays_uncounted(self, engine: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine)
-        await engine.waits.suspend(first.id, first.claim_token, datetime.now(UTC) - timedelta(seconds=1))
+        await engine.waits.suspend(first.id, first.lease_token, datetime.now(UTC) - timedelta(seconds=1))
         woken = await kind.claim_one(engine)
         assert woken.uncounted and woken.run == 1
         assert await engine.claims.unclaim([woken]) == [woken.id]
@@ -295,7 +295,7 @@ class TestLimitedQueues:
         assert len(one.claimed) == 1 and len(two.claimed) == 1
         assert (await engine.claims.claim_limited("a", kind.queue, [kind.name], 10, LEASE)).claimed == []
         done = one.claimed[0]
-        assert await engine.ends.finish_many([done.id], [done.claim_token], ["succeeded"], [None], [None], NO_PINGS)
+        assert await engine.ends.finish_many([done.id], [done.lease_token], ["succeeded"], [None], [None], NO_PINGS)
         assert len((await peer.claims.claim_limited("b", kind.queue, [kind.name], 10, LEASE)).claimed) == 1
 
     async def test_a_rate_limit_paces_claims(self, engine: Engine) -> None:

@@ -18,7 +18,7 @@ def failure(n: int) -> dict[str, str]:
 
 
 async def record(engine: Engine, claimed: Claimed, position: int, failed: bool = False) -> None:
-    fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, position, f"s{position}",
+    fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, position, f"s{position}",
                                              None if failed else b"ok", failure(0) if failed else None, 1)
     assert fence.owner
 
@@ -36,11 +36,11 @@ class TestDetails:
         claimed = await kind.run(engine, "reader", priority=3, max_attempts=5)
         await record(engine, claimed, 0)
         await record(engine, claimed, 1)
-        await engine.journal.start_steps([StepStart(claimed.id, claimed.attempt, claimed.claim_token, 2, 2)])
-        assert await engine.details.note_step_error(claimed.id, claimed.claim_token, 2, claimed.run, 1,
+        await engine.journal.start_steps([StepStart(claimed.id, claimed.attempt, claimed.lease_token, 2, 2)])
+        assert await engine.details.note_step_error(claimed.id, claimed.lease_token, 2, claimed.run, 1,
                                                     failure(1)) == Fence(True, False)
         ids = await engine.chunks.stream_ids([claimed.id, claimed.id], ["open", "shut"])
-        owners = [(claimed.id, claimed.claim_token)]
+        owners = [(claimed.id, claimed.lease_token)]
         await engine.chunks.write_chunks(owners, [1, 1, 1], [ids[(claimed.id, "open")], ids[(claimed.id, "shut")],
                                                              ids[(claimed.id, "shut")]],
                                          [0, 0, 1], [b"a", b"b", None], NO_PINGS)
@@ -80,11 +80,11 @@ class TestDetails:
     async def test_errors_kept_are_fenced_and_bounded(self, engine: Engine) -> None:
         kind = Kind()
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         claimed = await kind.claim_one(engine)
-        assert (await engine.details.note_step_error(lost.id, lost.claim_token, 0, 1, 1, failure(1))).owner is False
+        assert (await engine.details.note_step_error(lost.id, lost.lease_token, 0, 1, 1, failure(1))).owner is False
         for n in range(1, KEEP_ATTEMPT_ERRORS + 3):
-            await engine.details.note_step_error(claimed.id, claimed.claim_token, 0, claimed.run, n, failure(n))
+            await engine.details.note_step_error(claimed.id, claimed.lease_token, 0, claimed.run, n, failure(n))
         read = await engine.details.details(claimed.id, 10)
         assert read is not None
         assert [e.step_attempt for e in read.attempt_errors] == list(range(3, KEEP_ATTEMPT_ERRORS + 3))
@@ -102,7 +102,7 @@ class TestResume:
         await record(engine, claimed, 0)
         await record(engine, claimed, 1, failed=True)
         await record(engine, claimed, 2)
-        await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["failed"], [None], [failure(0)], NO_PINGS)
+        await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["failed"], [None], [failure(0)], NO_PINGS)
         assert await engine.management.resume(claimed.id) == ("failed", kind.queue)
         row = await engine.workflows.workflow(claimed.id)
         assert row is not None and (row.status, row.error, row.output) == ("queued", None, None)
@@ -114,7 +114,7 @@ class TestResume:
         kind = Kind()
         claimed = await kind.run(engine)
         await engine.workflows.request_cancel(claimed.id)
-        await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["cancelled"], [None], [None], NO_PINGS)
+        await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["cancelled"], [None], [None], NO_PINGS)
         assert await engine.management.resume(claimed.id) == ("cancelled", kind.queue)
         again = await kind.claim_one(engine)
         assert await engine.workflows.cancels_requested([again.id]) == []
@@ -124,7 +124,7 @@ class TestResume:
         queued = await kind.start(engine, delay=600.0)
         running = await kind.run(engine)
         done = await kind.run(engine)
-        await engine.ends.finish_many([done.id], [done.claim_token], ["succeeded"], [b"out"], [None], NO_PINGS)
+        await engine.ends.finish_many([done.id], [done.lease_token], ["succeeded"], [b"out"], [None], NO_PINGS)
         for id, status in ((queued, "queued"), (running.id, "running"), (done.id, "succeeded")):
             assert await engine.management.resume(id) == (status, kind.queue)
             row = await engine.workflows.workflow(id)

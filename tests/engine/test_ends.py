@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 async def finish(engine: Engine, runs: list[Claimed], status: str = "succeeded", output: bytes | None = b"out",
                  error: dict[str, Any] | None = None, pings: Pings = NO_PINGS) -> set[tuple[str, int]]:
-    return await engine.ends.finish_many([c.id for c in runs], [c.claim_token for c in runs], [status] * len(runs),
+    return await engine.ends.finish_many([c.id for c in runs], [c.lease_token for c in runs], [status] * len(runs),
                                          [output] * len(runs), [error] * len(runs), pings)
 
 
@@ -34,7 +34,7 @@ class TestEnds:
         claimed = await kind.run(engine)
         error = None if status == "succeeded" else {"type": "E", "message": "m"}
         output = b"out" if status == "succeeded" else None
-        assert await finish(engine, [claimed], status, output, error) == {(claimed.id, claimed.claim_token)}
+        assert await finish(engine, [claimed], status, output, error) == {(claimed.id, claimed.lease_token)}
         row = await engine.workflows.workflow(claimed.id)
         assert row is not None and (row.status, row.output, row.error, row.attempt) == (status, output, error, 1)
         assert await kind.claim(engine) == []
@@ -42,21 +42,21 @@ class TestEnds:
     async def test_ends_only_runs_still_held(self, engine: Engine) -> None:
         kind = Kind()
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         assert await finish(engine, [lost]) == set()  # released: no longer running under its token
         retaken = await kind.claim_one(engine)
         assert await finish(engine, [lost]) == set()
         row = await engine.workflows.workflow(lost.id)
         assert row is not None and (row.status, row.output) == ("running", None)
-        assert await finish(engine, [retaken]) == {(retaken.id, retaken.claim_token)}
+        assert await finish(engine, [retaken]) == {(retaken.id, retaken.lease_token)}
 
     async def test_a_batch_records_the_ends_held_and_only_those(self, engine: Engine) -> None:
         kind = Kind()
         runs = [await kind.run(engine) for _ in range(3)]
         lost = runs[1]
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         await kind.claim_one(engine)
-        assert await finish(engine, runs, output=b"done") == {(c.id, c.claim_token) for c in runs if c is not lost}
+        assert await finish(engine, runs, output=b"done") == {(c.id, c.lease_token) for c in runs if c is not lost}
         rows = {c.id: await engine.workflows.workflow(c.id) for c in runs}
         assert {id: (row.status, row.output) for id, row in rows.items() if row} == {
             runs[0].id: ("succeeded", b"done"), lost.id: ("running", None), runs[2].id: ("succeeded", b"done")}
@@ -81,7 +81,7 @@ class TestEnds:
         kind, channel = Kind(), unique("ch")
         held, lost, alone, gone = [await kind.run(engine) for _ in range(4)]
         for run in (lost, gone):
-            await engine.claims.release(run.id, run.claim_token)
+            await engine.claims.release(run.id, run.lease_token)
         async with factory.listening([channel]) as heard:
             await finish(engine, [held, lost], pings=Pings([channel], ["mixed"]))
             await finish(engine, [gone], pings=Pings([channel], ["gone"]))

@@ -12,12 +12,12 @@ pytestmark = pytest.mark.anyio
 
 
 def note(claimed: Claimed, position: int, tries: int) -> StepStart:
-    return StepStart(claimed.id, claimed.attempt, claimed.claim_token, position, tries)
+    return StepStart(claimed.id, claimed.attempt, claimed.lease_token, position, tries)
 
 
 async def record(engine: Engine, claimed: Claimed, position: int, output: bytes | None = b"out",
                  attempts: int = 1, name: str = "step") -> Fence:
-    return await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, position, name,
+    return await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, position, name,
                                             output, None, attempts)
 
 
@@ -41,7 +41,7 @@ class TestJournal:
         error = {"type": "ValueError", "message": "no", "nested": {"a": [1, 2]}}
         for position, name, output, err, ends in [(0, "a", b"zero", None, {"s": 3}), (2, "c", None, error, None),
                                                   (1, "b", b"", None, None)]:
-            fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, position, name,
+            fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, position, name,
                                                      output, err, 1, ends)
             assert fence == Fence(True, False)
         journal, horizon = await engine.journal.journal(claimed.id)
@@ -62,7 +62,7 @@ class TestJournal:
     async def test_a_record_under_a_lost_token_writes_nothing(self, engine: Engine) -> None:
         kind = Kind()
         first = await kind.run(engine)
-        await engine.claims.release(first.id, first.claim_token)
+        await engine.claims.release(first.id, first.lease_token)
         second = await kind.claim_one(engine)
         assert await record(engine, first, 0, b"late") == Fence(False, False)
         assert await engine.journal.journal(first.id) == ({}, -1)
@@ -70,7 +70,7 @@ class TestJournal:
 
     async def test_a_record_of_an_ended_workflow_writes_nothing(self, engine: Engine) -> None:
         claimed = await Kind().run(engine)
-        assert await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["succeeded"], [None], [None],
+        assert await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["succeeded"], [None], [None],
                                              NO_PINGS)
         assert (await record(engine, claimed, 0)).owner is False
         assert await engine.journal.journal(claimed.id) == ({}, -1)
@@ -122,7 +122,7 @@ class TestStepStarts:
         kind = Kind()
         first = await kind.run(engine)
         await engine.journal.start_steps([note(first, 0, 2)])
-        await engine.claims.release(first.id, first.claim_token)  # the run is cut short in its second try
+        await engine.claims.release(first.id, first.lease_token)  # the run is cut short in its second try
         second = await kind.claim_one(engine)
         await engine.journal.start_steps([note(second, 0, 1)])
         await record(engine, second, 0, attempts=1)
@@ -138,7 +138,7 @@ class TestStepStarts:
         kind = Kind()
         held, cancelling = await kind.run(engine), await kind.run(engine)
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         retaken = await kind.claim_one(engine)
         await engine.workflows.request_cancel(cancelling.id)
         answers = await engine.journal.start_steps([note(lost, 0, 5), note(held, 0, 1), note(cancelling, 0, 1)])
@@ -150,7 +150,7 @@ class TestStepStarts:
         kind = Kind()
         first = await kind.run(engine)
         await engine.journal.start_steps([note(first, 0, 2), note(first, 3, 1)])
-        await engine.claims.release(first.id, first.claim_token)
+        await engine.claims.release(first.id, first.lease_token)
         second = await kind.claim_one(engine)
         assert await engine.details.tries_begun(second.id) == {0: 2, 3: 1}
         await engine.journal.start_steps([note(second, 0, 1)])

@@ -32,7 +32,7 @@ async def claim(engine: Engine, kind: Kind, owner: str = "a", limit: int = 10, l
 
 
 async def finish(engine: Engine, claimed: Claimed) -> None:
-    assert await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["succeeded"], [None], [None], NO_PINGS)
+    assert await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["succeeded"], [None], [None], NO_PINGS)
 
 
 async def suspects_wait(engine: Engine, kind: Kind) -> None:

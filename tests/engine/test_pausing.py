@@ -30,7 +30,7 @@ class TestPausing:
         assert await engine.claims.claim("o", [kind.queue], [kind.name], 10, LEASE) == ([], None)
         await engine.claims.declare_queue(kind.queue, 5, None, 1.0)
         assert (await engine.claims.claim_limited("o", kind.queue, [kind.name], 10, LEASE)).claimed == []
-        record = await engine.journal.record_step(running.id, running.attempt, running.claim_token, 0, "s", None,
+        record = await engine.journal.record_step(running.id, running.attempt, running.lease_token, 0, "s", None,
                                                   None, 1)
         assert record.owner  # a running workflow runs on
         assert await engine.pausing.resume_queue(kind.queue)

@@ -23,7 +23,7 @@ def now() -> datetime:
 async def receive(engine: Engine, claimed: Claimed, position: int, topic: str = "t", timeout: float = 60.0,
                   final: bool = False) -> tuple[bool, Receipt]:
     """(whether the claim held the workflow, the receipt)."""
-    found = await engine.waits.receive(claimed.id, claimed.attempt, claimed.claim_token, position, f"recv:{topic}",
+    found = await engine.waits.receive(claimed.id, claimed.attempt, claimed.lease_token, position, f"recv:{topic}",
                                        topic, timeout, final)
     return found.owner, found.value
 
@@ -40,9 +40,9 @@ class TestSleeps:
 
     async def test_a_wake_up_is_journaled_once(self, engine: Engine) -> None:
         claimed = await Kind().run(engine)
-        first = await engine.waits.record_wake(claimed.id, claimed.attempt, claimed.claim_token, 0, "sleep", 100.0)
+        first = await engine.waits.record_wake(claimed.id, claimed.attempt, claimed.lease_token, 0, "sleep", 100.0)
         assert (first.owner, first.cancel) == (True, False) and 95.0 < first.value.left <= 100.0
-        again = await engine.waits.record_wake(claimed.id, claimed.attempt, claimed.claim_token, 0, "sleep", 5.0)
+        again = await engine.waits.record_wake(claimed.id, claimed.attempt, claimed.lease_token, 0, "sleep", 5.0)
         assert again.owner and again.value.at == first.value.at and again.value.left <= first.value.left
         record = await record_of(engine, claimed.id, 0)
         assert record is not None and (record.name, record.wake_at, record.waiting) == ("sleep", first.value.at, False)
@@ -51,8 +51,8 @@ class TestSleeps:
     async def test_a_lost_token_journals_no_wake_up(self, engine: Engine) -> None:
         kind = Kind()
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
-        found = await engine.waits.record_wake(lost.id, lost.attempt, lost.claim_token, 0, "sleep", 100.0)
+        await engine.claims.release(lost.id, lost.lease_token)
+        found = await engine.waits.record_wake(lost.id, lost.attempt, lost.lease_token, 0, "sleep", 100.0)
         assert not found.owner
         assert await engine.journal.journal(lost.id) == ({}, -1)
 
@@ -67,25 +67,25 @@ class TestSuspend:
     async def test_a_suspended_workflow_is_due_at_its_time(self, engine: Engine) -> None:
         kind = Kind()
         claimed = await kind.run(engine)
-        assert await engine.waits.suspend(claimed.id, claimed.claim_token, now() + HOUR) == \
+        assert await engine.waits.suspend(claimed.id, claimed.lease_token, now() + HOUR) == \
             Requeued(kind.queue, Status.QUEUED)
         got, due = await engine.claims.claim("o", [kind.queue], [kind.name], 10, LEASE)
         assert got == [] and due is not None and 3500.0 < due <= 3600.0
-        assert not (await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, 0, "s", None,
+        assert not (await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, 0, "s", None,
                                                      None, 1)).owner
 
     async def test_a_wake_up_is_no_new_run(self, engine: Engine) -> None:
         kind = Kind()
         claimed = await kind.run(engine)
-        await engine.waits.suspend(claimed.id, claimed.claim_token, now() - timedelta(seconds=1))
+        await engine.waits.suspend(claimed.id, claimed.lease_token, now() - timedelta(seconds=1))
         woken = await kind.claim_one(engine)
         assert (woken.id, woken.attempt, woken.run, woken.uncounted) == (claimed.id, 2, 1, True)
-        assert woken.claim_token != claimed.claim_token
+        assert woken.lease_token != claimed.lease_token
 
     async def test_a_suspension_ends_at_the_deadline_if_sooner(self, engine: Engine) -> None:
         kind = Kind()
         claimed = await kind.run(engine, timeout=60.0)
-        await engine.waits.suspend(claimed.id, claimed.claim_token, now() + HOUR)
+        await engine.waits.suspend(claimed.id, claimed.lease_token, now() + HOUR)
         _, due = await engine.claims.claim("o", [kind.queue], [kind.name], 10, LEASE)
         assert due is not None and due <= 60.0
 
@@ -93,7 +93,7 @@ class TestSuspend:
         kind = Kind()
         claimed = await kind.run(engine)
         await engine.workflows.request_cancel(claimed.id)
-        assert await engine.waits.suspend(claimed.id, claimed.claim_token, now()) == \
+        assert await engine.waits.suspend(claimed.id, claimed.lease_token, now()) == \
             Requeued(kind.queue, Status.CANCELLED)
         row = await engine.workflows.workflow(claimed.id)
         assert row is not None and row.status == "cancelled"
@@ -102,8 +102,8 @@ class TestSuspend:
     async def test_a_lost_token_suspends_nothing(self, engine: Engine) -> None:
         kind = Kind()
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
-        assert await engine.waits.suspend(lost.id, lost.claim_token, now() + HOUR) is None
+        await engine.claims.release(lost.id, lost.lease_token)
+        assert await engine.waits.suspend(lost.id, lost.lease_token, now() + HOUR) is None
         again = await kind.claim_one(engine)
         assert again.id == lost.id and not again.uncounted  # still due now, and a run cut short
 
@@ -159,7 +159,7 @@ class TestMessages:
     async def test_a_send_wakes_a_workflow_waiting_for_its_topic(self, engine: Engine) -> None:
         kind = Kind()
         claimed = await kind.run(engine)
-        await engine.waits.suspend(claimed.id, claimed.claim_token, now() + HOUR, topic="t")
+        await engine.waits.suspend(claimed.id, claimed.lease_token, now() + HOUR, topic="t")
         assert await engine.waits.send(claimed.id, "other", b"x", None) == (True, kind.queue, False)
         assert await kind.claim(engine) == []
         assert await engine.waits.send(claimed.id, "t", b"y", None) == (True, kind.queue, True)
@@ -170,7 +170,7 @@ class TestMessages:
         kind = Kind()
         claimed = await kind.run(engine)
         await engine.waits.send(claimed.id, "t", b"early", None)
-        await engine.waits.suspend(claimed.id, claimed.claim_token, now() + HOUR, topic="t")
+        await engine.waits.suspend(claimed.id, claimed.lease_token, now() + HOUR, topic="t")
         woken = await kind.claim_one(engine)
         assert (await receive(engine, woken, 0))[1].value == b"early"
 
@@ -202,7 +202,7 @@ class TestMessages:
         kind = Kind()
         lost = await kind.run(engine)
         await engine.waits.send(lost.id, "t", b"kept", None)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         owner, got = await receive(engine, lost, 0)
         assert not owner and not got.taken
         holder = await kind.claim_one(engine)
@@ -231,7 +231,7 @@ class TestEvents:
     async def test_a_lost_token_publishes_nothing(self, engine: Engine) -> None:
         kind = Kind()
         lost = await kind.run(engine)
-        await engine.claims.release(lost.id, lost.claim_token)
+        await engine.claims.release(lost.id, lost.lease_token)
         assert (await _set(engine, lost, 0, "k", b"late")).owner is False
         assert await engine.waits.get_event(lost.id, "k") == (None, "queued")
 
@@ -240,5 +240,5 @@ class TestEvents:
 
 
 async def _set(engine: Engine, claimed: Claimed, position: int, key: str, value: bytes) -> Fence:
-    return await engine.waits.set_event(claimed.id, claimed.attempt, claimed.claim_token, position,
+    return await engine.waits.set_event(claimed.id, claimed.attempt, claimed.lease_token, position,
                                         f"set_event:{key}", key, value)

@@ -45,8 +45,8 @@ class TestWorkers:
         worker = await register(engine, kind)
         kept, released, unnamed, ended = [await kind.run(engine, worker) for _ in range(4)]
         others = await kind.run(engine, "other")
-        await engine.claims.release(released.id, released.claim_token)
-        await engine.ends.finish_many([ended.id], [ended.claim_token], ["succeeded"], [None], [None], NO_PINGS)
+        await engine.claims.release(released.id, released.lease_token)
+        await engine.ends.finish_many([ended.id], [ended.lease_token], ["succeeded"], [None], [None], NO_PINGS)
         await engine.workflows.request_cancel(kept.id)
         held = await heartbeat(engine, worker, kind, [kept.id, released.id, ended.id, others.id, unique("none")])
         assert held == [Held(kept.id, kept.attempt, True)]
@@ -91,9 +91,9 @@ class TestWorkers:
         await anyio.sleep(0.25)
         taken = await kind.suspect_within(peer, "other")
         assert taken.id == lost.id
-        late = await engine.chunks.write_chunks([(lost.id, lost.claim_token)], [1], [sid], [0], [b"late"], NO_PINGS,
+        late = await engine.chunks.write_chunks([(lost.id, lost.lease_token)], [1], [sid], [0], [b"late"], NO_PINGS,
                                                 fence=lost.fence)
-        assert late == Written({(lost.id, lost.claim_token)}, set(), False)
+        assert late == Written({(lost.id, lost.lease_token)}, set(), False)
         found, _, _, _ = await engine.chunks.read_streams([sid], [""], [""], [0], 10, 1000, 1000)
         assert found == [[]]
 
@@ -104,6 +104,6 @@ class TestWorkers:
         assert claimed.fence is not None
         await engine.workers.unregister_worker(worker)
         sid = (await engine.chunks.stream_ids([claimed.id], ["s"]))[(claimed.id, "s")]
-        written = await engine.chunks.write_chunks([(claimed.id, claimed.claim_token)], [1], [sid], [0], [b"v"],
+        written = await engine.chunks.write_chunks([(claimed.id, claimed.lease_token)], [1], [sid], [0], [b"v"],
                                                    NO_PINGS, fence=claimed.fence)
         assert written == Written(set(), set(), False)

@@ -46,16 +46,16 @@ class TestWorkflows:
         row = await engine.workflows.workflow(claimed.id)
         assert row is not None and row.status == "running"
         assert await engine.workflows.cancels_requested([claimed.id, other.id]) == [claimed.id]
-        fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.claim_token, 0, "s", None,
+        fence = await engine.journal.record_step(claimed.id, claimed.attempt, claimed.lease_token, 0, "s", None,
                                                  None, 1)
         assert fence == Fence(True, True)
-        assert await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["cancelled"], [None], [None],
-                                             NO_PINGS) == {(claimed.id, claimed.claim_token)}
+        assert await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["cancelled"], [None], [None],
+                                             NO_PINGS) == {(claimed.id, claimed.lease_token)}
         assert await engine.workflows.cancels_requested([claimed.id]) == []
 
     async def test_an_ended_workflow_is_left_as_it_is(self, engine: Engine) -> None:
         claimed = await Kind().run(engine)
-        await engine.ends.finish_many([claimed.id], [claimed.claim_token], ["succeeded"], [b"out"], [None], NO_PINGS)
+        await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["succeeded"], [b"out"], [None], NO_PINGS)
         assert await engine.workflows.request_cancel(claimed.id) == Cancelled("succeeded", [])
         row = await engine.workflows.workflow(claimed.id)
         assert row is not None and (row.status, row.output) == ("succeeded", b"out")
@@ -69,7 +69,7 @@ class TestWorkflows:
         queued = await kind.start(engine, f"{parent.id}.0", parent=parent.id, delay=3600.0)
         running = await kind.run(engine, parent=parent.id)
         ended = await kind.run(engine, parent=parent.id)
-        await engine.ends.finish_many([ended.id], [ended.claim_token], ["succeeded"], [None], [None], NO_PINGS)
+        await engine.ends.finish_many([ended.id], [ended.lease_token], ["succeeded"], [None], [None], NO_PINGS)
         grandchild = await kind.start(engine, parent=running.id, delay=3600.0)
         unrelated = await kind.start(engine, delay=3600.0)
         cancelled = await engine.workflows.request_cancel(parent.id)

@@ -23,7 +23,7 @@ class Claimed:
     queue: str
     traceparent: str | None  # the caller's trace, when it had one
     waited: float  # seconds from being due (or its lease running out) to this claim
-    claim_token: int  # never handed out twice: it fences every write of the execution
+    lease_token: int  # never handed out twice: it fences every write of the execution
     born: int  # the row's created_at in microseconds (what binds news of its end to this workflow)
     # The attempt counted against the workflow's budget (``pgflow.attempt()``): 1 on its first run,
     # one more per run a crash or a stop interrupted; resuming after a sleep or a resume() costs none.
@@ -63,7 +63,7 @@ def claimed_of(rows: Sequence[tuple[Any, ...]], owner: str, token: int) -> list[
     """The claimed workflows of a claim's rows (all but its last, which says when the next falls due)."""
     return [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
                     seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
-                    waited=float(waited), claim_token=token, born=born, run=run, expired=bool(expired),
+                    waited=float(waited), lease_token=token, born=born, run=run, expired=bool(expired),
                     retries=retries, set_start=set_start, set_deadline=set_deadline, give_up=bool(give_up),
                     crashes=crashes, uncounted=bool(free), fence=None if epoch is None else (owner, epoch))
             for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,

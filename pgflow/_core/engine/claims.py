@@ -371,7 +371,7 @@ class Claims(Port):
         queued again as they were before it, the attempt not counted, so giving them back costs them
         nothing. (A limited queue's token spent on the claim is not refunded.) Returns the ids given back."""
         rows = await self.db.rows(UNCLAIM, (
-            [c.id for c in claimed], [c.claim_token for c in claimed], [c.set_start for c in claimed],
+            [c.id for c in claimed], [c.lease_token for c in claimed], [c.set_start for c in claimed],
             [c.set_deadline for c in claimed], [c.uncounted for c in claimed], [c.give_up for c in claimed]))
         return [str(row[0]) for row in rows]
 
@@ -386,13 +386,13 @@ class Claims(Port):
                                           "period": rate_period, "key_concurrency": key_concurrency,
                                           "key_rate": key_rate_limit})
 
-    async def release(self, id: str, claim_token: int, fence_cut: str | None = None) -> bool:
+    async def release(self, id: str, lease_token: int, fence_cut: str | None = None) -> bool:
         """Give a workflow back to the queue now, so another worker resumes it without waiting.
         ``fence_cut``: a batch of the run's chunks under that worker's fence was cut off and may still
         run; the release moves the fence on in its own statement, so it commits only after that batch
         (which does not lock this row) has ended, and one not yet past the fence is refused."""
         if fence_cut is None:
-            row = await self.db.row(RELEASE, (id, claim_token))
+            row = await self.db.row(RELEASE, (id, lease_token))
         else:
-            row = await self.db.row(RELEASE_FENCE_CUT, (fence_cut, id, claim_token))
+            row = await self.db.row(RELEASE_FENCE_CUT, (fence_cut, id, lease_token))
         return row is not None

@@ -137,14 +137,14 @@ NOTING_ERROR = Sql(NOTE_ERROR)  # (as the executor runs it)
 
 
 class Details(Port):
-    async def note_step_error(self, workflow_id: str, claim_token: int, position: int, run: int,
+    async def note_step_error(self, workflow_id: str, lease_token: int, position: int, run: int,
                               step_attempt: int, error: dict[str, Any]) -> Fence:
         """Keep the error of a step attempt that is retried, for the execution holding
-        ``claim_token`` (fenced: one that lost it writes nothing). The step's oldest rows beyond
+        ``lease_token`` (fenced: one that lost it writes nothing). The step's oldest rows beyond
         KEEP_ATTEMPT_ERRORS go in the same statement."""
         row = await self.db.row(
             NOTING_ERROR,
-            {"id": workflow_id, "lease": claim_token, "position": position, "run": run, "try": step_attempt,
+            {"id": workflow_id, "lease": lease_token, "position": position, "run": run, "try": step_attempt,
              "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode()),
              "keep": KEEP_ATTEMPT_ERRORS - 1},
         )

@@ -54,12 +54,12 @@ class Ends(Port):
     """The end statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def finish_many(
-        self, workflow_ids: list[str], claim_tokens: list[int], statuses: list[str], outputs: list[bytes | None],
+        self, workflow_ids: list[str], lease_tokens: list[int], statuses: list[str], outputs: list[bytes | None],
         errors: list[dict[str, Any] | None], pings: Pings,
     ) -> set[tuple[str, int]]:
         """Record the ends of many executions in one autocommit statement; ``pings`` go out with its
         commit only if every end was recorded (they may carry the ends: one that was not recorded
-        must not reach a caller). An end is recorded only while its claim (``claim_tokens``)
+        must not reach a caller). An end is recorded only while its claim (``lease_tokens``)
         still holds the workflow (fencing); returns the (id, claim token) pairs that were.
 
         The rows are locked in id order, the order every statement that locks several workflow rows
@@ -70,11 +70,11 @@ class Ends(Port):
         texts = [None if e is None else _ERRORS.encode(e).decode() for e in errors]
         if len(workflow_ids) == 1:
             rows = await self.db.rows(FINISHING_ONE, {
-                "id": workflow_ids[0], "lease": claim_tokens[0], "status": statuses[0], "output": outputs[0],
+                "id": workflow_ids[0], "lease": lease_tokens[0], "status": statuses[0], "output": outputs[0],
                 "error": texts[0], "pings_channels": pings.channels, "pings": pings.payloads})
         else:
             rows = await self.db.rows(FINISHING, {
-                "ids": workflow_ids, "leases": claim_tokens, "statuses": statuses, "outputs": outputs,
+                "ids": workflow_ids, "leases": lease_tokens, "statuses": statuses, "outputs": outputs,
                 "errors": texts, "n": len(workflow_ids), "pings_channels": pings.channels,
                 "pings": pings.payloads})
         return {(str(id), int(token)) for id, token in rows}

@@ -93,11 +93,11 @@ class Requeued(NamedTuple):
 
 
 class StepStart(NamedTuple):
-    """A note that the execution holding ``claim_token`` (its claim number ``attempt``) starts attempt
+    """A note that the execution holding ``lease_token`` (its claim number ``attempt``) starts attempt
     ``step_attempt`` of the step at ``position`` (``Engine.start_steps``)."""
 
     workflow_id: str
     attempt: int
-    claim_token: int
+    lease_token: int
     position: int
     step_attempt: int

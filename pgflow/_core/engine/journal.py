@@ -108,17 +108,17 @@ class Journal(Port):
         return [Fence(cancel is not None, bool(cancel)) for _, cancel in rows]
 
     async def record_step(
-        self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, output: bytes | None,
+        self, workflow_id: str, attempt: int, lease_token: int, position: int, name: str, output: bytes | None,
         error: dict[str, Any] | None, attempts: int, stream_ends: dict[str, int] | None = None,
     ) -> Fence:
-        """Record a finished step for the execution holding ``attempt`` under ``claim_token``.
+        """Record a finished step for the execution holding ``attempt`` under ``lease_token``.
 
         The workflow row is share-locked for the insert, so a takeover cannot slip in between the
         fencing check and the write.
         """
         row = await self.db.row(
             RECORD_STEP,
-            {"id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            {"id": workflow_id, "attempt": attempt, "lease": lease_token, "position": position, "name": name,
              "output": output, "error": _jsonb(error), "attempts": attempts,
              "stream_ends": _jsonb(stream_ends or None)},
         )

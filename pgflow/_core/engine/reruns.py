@@ -37,17 +37,17 @@ class Rerun(NamedTuple):
 class Reruns(Port):
     """The statements of ``Engine`` for workflow retries (the pool and schema come from it)."""
 
-    async def retry_later(self, workflow_id: str, claim_token: int, delay: float,
+    async def retry_later(self, workflow_id: str, lease_token: int, delay: float,
                           error: dict[str, Any]) -> Rerun | None:
         """Queue a workflow whose body failed again, due in ``delay`` seconds (or at its timeout's
-        deadline, if that comes first), for the execution holding ``claim_token``. As ``resume``
+        deadline, if that comes first), for the execution holding ``lease_token``. As ``resume``
         does, the journal loses the first step record that holds an error and every later one, so
         that step runs again while those before it replay; the failure stays in ``error`` until the
         workflow ends, and ``retries`` counts it. The failed run costs nothing of ``max_attempts``
         (which counts runs cut short). A cancellation asked for meanwhile ends it as cancelled.
         None when the claim no longer holds it."""
         async with self.db.session() as s, s.transaction():
-            if await s.row(HOLDS, (workflow_id, claim_token)) is None:
+            if await s.row(HOLDS, (workflow_id, lease_token)) is None:
                 return None
             await s.run(FORGET_FROM_ERROR, {"id": workflow_id})
             await s.run(FORGET_ATTEMPTS, (workflow_id,))

@@ -92,31 +92,31 @@ GET_EVENT = Sql(
 class Waits(Port):
     """The statements of ``Engine`` for sleeps and suspensions (the pool and schema come from it)."""
 
-    async def record_wake(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str,
+    async def record_wake(self, workflow_id: str, attempt: int, lease_token: int, position: int, name: str,
                           seconds: float) -> Fenced[Wake]:
         """Journal a wake-up ``seconds`` from now, on the server's clock, for the execution holding
-        ``attempt`` under ``claim_token``; the wake-up as journaled (by this call or an earlier one)."""
+        ``attempt`` under ``lease_token``; the wake-up as journaled (by this call or an earlier one)."""
         row = await self.db.row(RECORD_WAKE, {
-            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "id": workflow_id, "attempt": attempt, "lease": lease_token, "position": position, "name": name,
             "seconds": seconds})
         assert row is not None
         return Fenced(row[0] is not None, bool(row[0]), Wake(float(row[2] or 0.0), row[1] or datetime.now(UTC)))
 
-    async def suspend(self, workflow_id: str, claim_token: int, until: datetime,
+    async def suspend(self, workflow_id: str, lease_token: int, until: datetime,
                       topic: str | None = None) -> Requeued | None:
         """Give a running workflow's slot back until ``until`` (or its timeout's deadline, if that
         comes first, when the claim fails it): queued again, due then, its lease released; its
         next claim begins no new attempt (``uncounted``: migration 0028).
         A workflow waiting for a message on ``topic`` that is already there is due at once,
         and a cancellation asked for meanwhile ends it as cancelled instead. Returns its queue and
-        status now, or None when ``claim_token`` no longer holds the workflow.
+        status now, or None when ``lease_token`` no longer holds the workflow.
 
         The row is locked before the messages are looked at, by a statement of its own: a send that
         stores a message locks the row too, so either the send committed first and this look sees its
         message, or the send waits for this commit and then finds the workflow waiting for its topic.
         (fencing.HOLDS_LOCKED)"""
         async with self.db.session() as s, s.transaction():
-            if await s.row(HOLDS, (workflow_id, claim_token)) is None:
+            if await s.row(HOLDS, (workflow_id, lease_token)) is None:
                 return None
             row = await s.row(SUSPEND, {"id": workflow_id, "topic": topic, "until": until})
         return None if row is None else Requeued(str(row[0]), Status(row[1]))
@@ -138,7 +138,7 @@ class Waits(Port):
                 await s.run(DUE_NOW, (workflow_id,))
         return True, str(stored[0]), bool(waiting is not None and waiting[0])
 
-    async def receive(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str, topic: str,
+    async def receive(self, workflow_id: str, attempt: int, lease_token: int, position: int, name: str, topic: str,
                       timeout: float, final: bool) -> Fenced[Receipt]:
         """For the execution holding ``attempt``: take the oldest unconsumed message of ``topic`` and
         journal it at ``position``, in one statement, so a message is consumed exactly when its
@@ -147,17 +147,17 @@ class Waits(Port):
 
         """
         row = await self.db.row(RECEIVE, {
-            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "id": workflow_id, "attempt": attempt, "lease": lease_token, "position": position, "name": name,
             "topic": topic, "timeout": timeout, "final": final})
         assert row is not None
         return Fenced(row[0] is not None, bool(row[0]), Receipt(bool(row[1]), row[2], float(row[4] or 0.0), row[3]))
 
-    async def set_event(self, workflow_id: str, attempt: int, claim_token: int, position: int, name: str,
+    async def set_event(self, workflow_id: str, attempt: int, lease_token: int, position: int, name: str,
                         key: str, value: bytes) -> Fence:
         """Publish ``value`` under ``key`` for the execution holding ``attempt``, and journal it at
         ``position`` in the same statement (a position already journaled publishes nothing)."""
         row = await self.db.row(SET_EVENT, {
-            "id": workflow_id, "attempt": attempt, "lease": claim_token, "position": position, "name": name,
+            "id": workflow_id, "attempt": attempt, "lease": lease_token, "position": position, "name": name,
             "key": key, "value": value})
         assert row is not None
         return Fence(row[0] is not None, bool(row[0]))

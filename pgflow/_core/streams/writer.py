@@ -56,7 +56,7 @@ class Owner(Protocol):
     which is told when it must stop."""
 
     workflow_id: str
-    claim_token: int
+    lease_token: int
     state: RunState
     named_streams: dict[str, Stream]  # per key, what the writer knows of the stream
     fence: tuple[str, int] | None  # the worker fence it was claimed under, while that holds
@@ -189,7 +189,7 @@ class StreamWriter(GroupCommit[_Pending]):
         index: dict[Owner, int] = {}
         for p in batch:
             index.setdefault(p.owner, len(index) + 1)
-        owners = [(owner.workflow_id, owner.claim_token) for owner in index]
+        owners = [(owner.workflow_id, owner.lease_token) for owner in index]
         chunk_owners = [index[p.owner] for p in batch]
         positions = [p.position for p in batch]
         values = [p.value for p in batch]
@@ -245,7 +245,7 @@ class StreamWriter(GroupCommit[_Pending]):
             return
         for p in batch:
             state = p.owner.state
-            if (p.owner.workflow_id, p.owner.claim_token) in fenced:
+            if (p.owner.workflow_id, p.owner.lease_token) in fenced:
                 p.resolve(state.lose_lease())
                 continue
             if p.owner.workflow_id in cancelled and not state.cancelled:
