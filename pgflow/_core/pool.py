@@ -8,6 +8,19 @@ the connection's socket is shut down. The waiting query then fails at once as a 
 pgflow's idempotent operations already retry on a fresh one, and the pool drops the dead connection.
 (Cancelling the waiting task instead would make psycopg send the server a cancel request and wait up
 to ten more seconds for an answer that cannot come through the same dead link.)
+
+Two bypasses of psycopg_pool live here and nowhere else, each measured against the pool's public way
+by ``python -m benchmarks.bypasses`` (figures and the run in benchmarks/README.md):
+
+- ``_NewestFirst`` hands out the connection returned last. It replaces the pool's private deque of
+  idle connections, so pyproject.toml bounds psycopg-pool below 3.4 (read in 3.2.2 and 3.3.3); if a
+  release stops keeping that deque, the pool goes back to its own order (oldest first) and
+  tests/test_pool_reuse.py fails.
+- ``Checkout`` takes and returns a connection by the pool's public ``getconn`` and ``putconn``
+  without its ``connection()`` context.
+
+(``Pool``'s own attributes, ``_returned`` and ``_sweep``, are names psycopg_pool does not use in those
+releases either: the same bound keeps them from meeting one of its own.)
 """
 
 from __future__ import annotations
@@ -44,10 +57,12 @@ class _NewestFirst(collections.deque[Any]):
     longest goes out first. Under light load (an application's sporadic starts, an idle worker's claim
     and end) every checkout then finds a connection that sat longer than IDLE_CHECK_AFTER and pays a
     check's round trip before its query, on a backend gone cold. Taking from the end that returns go
-    to keeps the connection just used in use (benchmarks/README.md, session 14: a no-op started every
-    0.3 s, p50 6.4 against 5.8 ms start-to-result), and leaves the idle ones to be checked when a burst
-    needs them. (The pool's shrinking takes from this end too, so it closes a warm connection
-    rather than the longest idle: harmless, the pool shrinks all the same.)
+    to keeps the connection just used in use, and leaves the idle ones to be checked when a burst
+    needs them: a checkout and ``SELECT 1`` every 0.3 s on a pool grown to 10 took 728 against 1,476 µs
+    (p50), a no-op started every 0.3 s after a burst 11.4 against 12.8 ms start-to-result (p50)
+    (``benchmarks.bypasses --only pool_order,sporadic``). (The pool's shrinking takes from this end
+    too, so it closes a warm connection rather than the longest idle: harmless, the pool shrinks all
+    the same.)
     """
 
     def popleft(self) -> Any:
@@ -126,7 +141,10 @@ class Checkout:
     back through the connection's lock: nothing to do on an autocommit connection, whose statements
     each commit themselves (an explicit ``conn.transaction()`` ends its own), and a connection left
     in a transaction is rolled back by the pool as it comes back. Each checkout of the hot path (a
-    start, a claim, a batch) was two context managers and a lock deeper than it needed to be."""
+    start, a claim, a batch) was two context managers and a lock deeper than it needed to be: 12 against
+    26 µs of CPU a checkout, and a no-op started and awaited back to back costs its caller 1.04x and
+    its worker 1.13x the CPU through ``connection()``; in a drain, whose claims and ends are batched,
+    it is lost in the noise (``benchmarks.bypasses --only checkout,lone,drain16,drain64``)."""
 
     __slots__ = ("_pool", "_timeout", "_within", "_conn", "_timer")
 

@@ -1,13 +1,20 @@
-"""The tasks a worker runs its claimed workflows in, and their owner.
+"""The tasks a worker runs its claimed workflows in, and their owner: pgflow's one bypass of anyio's
+task groups, kept here.
 
 One task per workflow run, as an anyio task group would keep them, but spawned as plain asyncio
-tasks: anyio's ``start_soon`` gives every task a handle, a cancel scope and an event nobody reads
-here, about 22 us more per task than ``create_task`` on this machine (a no-op workflow's whole
-worker CPU is about 100 us). What the group did that matters is kept: each run is handed a cancel
-scope to run its body in (the one a cancellation request also cancels: one scope a run, not two),
-so stopping it honours the shielded parts (an end being recorded, an interrupted run being given
-back); and ``serve``, a task of the worker's group, owns the runs: when the worker stops it cancels
-every run's scope and waits for each run to end.
+tasks: anyio's ``start_soon`` gives every task a handle, a cancel scope of the group's and a done
+callback that this owner does not need. What that buys, measured side by side (``python -m
+benchmarks.bypasses --only runs,drain16,drain64``, benchmarks/README.md): 16 against 64 µs of CPU a
+run, and a draining worker spends 1.35-1.38x its CPU per no-op with a task group in its place. It
+uses anyio's public cancel scopes only (entered in tasks anyio did not spawn, which its asyncio
+backend supports), so it needs no bound on anyio's version; tests/test_runs.py holds what the group
+did that matters, below.
+
+What the group did that matters is kept: each run is handed a cancel scope to run its body in (the
+one a cancellation request also cancels: one scope a run, not two), so stopping it honours the
+shielded parts (an end being recorded, an interrupted run being given back); and ``serve``, a task of
+the worker's group, owns the runs: when the worker stops it cancels every run's scope and waits for
+each run to end.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ stream, or have not for a while, does not receive the chunks of the fleet's batc
 Any role that can connect may send on the channels: a payload is believed only once it opens with the
 schema's keyring (``sealing.py``) and was not heard before (``Replays``); anything else is dropped
 and counted in ``rejected``.
+
+Between its statements the listener reads its socket itself (``_hear``), beside psycopg's notify
+handler, rather than through psycopg's ``notifies()``: pgflow's one bypass of psycopg's listening,
+kept here. It uses psycopg's public libpq wrapper only (``pgconn.socket``, ``consume_input``,
+``notifies``), so it needs no bound on psycopg's version; its invariant is that nothing else reads the
+connection while ``_hear`` waits. What it buys, measured side by side (``python -m benchmarks.bypasses
+--only listener,lone``, benchmarks/README.md): a notification costs the listener 1.6x its CPU through
+``notifies()``, on uvloop and on asyncio's own loop alike, and a no-op started and awaited back to
+back costs its caller 1.14x and its worker 1.13x the CPU.
 """
 
 from __future__ import annotations
