@@ -98,12 +98,13 @@ class GroupRuns:
     def start(self, run: Callable[[Any, anyio.CancelScope], Awaitable[None]], what: Any, name: str) -> bool:
         if self._group is None:
             return False
-        self._group.start_soon(self._hosted, run, what, anyio.CancelScope(), name=name)
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)  # (counted from now, as Runs counts its tasks)
+        self._group.start_soon(self._hosted, run, what, scope, name=name)
         return True
 
     async def _hosted(self, run: Callable[[Any, anyio.CancelScope], Awaitable[None]], what: Any,
                       scope: anyio.CancelScope) -> None:
-        self._scopes.add(scope)
         try:
             with anyio.CancelScope(shield=True):
                 await run(what, scope)

@@ -4,7 +4,7 @@ task groups, kept here.
 One task per workflow run, as an anyio task group would keep them, but spawned as plain asyncio
 tasks: anyio's ``start_soon`` gives every task a handle, a cancel scope of the group's and a done
 callback that this owner does not need. What that buys, measured side by side (``python -m
-benchmarks.bypasses --only runs,drain16,drain64``, benchmarks/README.md): 16 against 64 µs of CPU a
+benchmarks.bypasses --only runs,drain16,drain64``, benchmarks/README.md): 16 against 50 µs of CPU a
 run, and a draining worker spends 1.35-1.38x its CPU per no-op with a task group in its place. It
 uses anyio's public cancel scopes only (entered in tasks anyio did not spawn, which its asyncio
 backend supports), so it needs no bound on anyio's version; tests/test_runs.py holds what the group
