@@ -307,10 +307,12 @@ class PublicListener(Listener):
     async def _hear(self, conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
         with contextlib.suppress(ValueError):  # (removed at the first wait: psycopg keeps a backlog without it)
             conn.remove_notify_handler(self._handed_over)
-        with anyio.CancelScope() as self._hearing:
-            async for note in conn.notifies(timeout=seconds):
-                self.dispatch(note.payload, note.channel)
-        self._hearing = None
+        try:
+            with anyio.CancelScope() as self._hearing:  # (``want_streams`` cancels it, as the bypass's wait)
+                async for note in conn.notifies(timeout=seconds):
+                    self.dispatch(note.payload, note.channel)
+        finally:
+            self._hearing = None
 
 
 SENDER = """
