@@ -66,6 +66,7 @@ from psycopg_pool import AsyncConnectionPool
 from benchmarks import drain_ab, harness
 from pgflow._core import log_lines, loops
 from pgflow._core import pool as pool_module
+from pgflow._core.engine.channel import SignalKey
 from pgflow._core.outcomes import _END
 from pgflow._core.registry import Config
 from pgflow._core.runs import Runs
@@ -74,7 +75,6 @@ from pgflow._core.signals import keys as signal_keys
 from pgflow._core.signals.listener import Listener
 from pgflow._core.signals.sealing import Keyring, sealed
 from pgflow._core.status import Status
-from pgflow._core.store.channel import SignalKey
 
 Measure = Callable[[str], Awaitable[float | dict[str, float]]]
 
