@@ -15,7 +15,7 @@ from ._core.client import Client
 from ._core.engine.details import DetailsRead
 from ._core.engine.management import WorkerRow
 from ._core.maintenance import KEYS, NAMES, PARTITIONS, REAPER, RETENTION, ROTATION_OVERLAP, cron_service, lock_name
-from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_paced
+from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_leftovers, prune_paced
 from ._core.registry import Registry
 from ._core.signals import News
 from ._core.signals import keys as signal_keys
@@ -149,14 +149,17 @@ class Operations:
                           progress: Callable[[int], None] | None = None) -> int:
         """Delete the workflows that finished more than ``older_than`` ago, with their steps and
         streams, ``batch`` at a time (each batch one short statement, so nothing holds locks for
-        long); ``progress(deleted so far)`` after each batch. Returns how many went. Workers do this
-        by themselves for ``App(retention=...)``. A pruned stream's chunks become unreachable at once
-        and their space is freed when their partition is dropped: once every stream begun in its
-        period (a day by default) is pruned and the period is over, by this call or the workers."""
+        long); ``progress(deleted so far)`` after each batch. Returns how many went. Then, as the
+        workers' retention does, expired free-standing streams, the debounce keys whose run began and
+        the per-key buckets full again. Workers do all this by themselves for ``App(retention=...)``.
+        A pruned stream's chunks become unreachable at once and their space is freed when their
+        partition is dropped: once every stream begun in its period (a day by default) is pruned and
+        the period is over, by this call or the workers."""
         seconds, batch = check_older_than(older_than), check_batch(batch)
         runtime = self._client.runtime()
         deleted = await prune_paced(lambda: runtime.db(lambda store: store.management.prune(seconds, batch)), batch,
                                     progress)
+        await runtime.db(lambda store: prune_leftovers(store, batch))
         await runtime.db(lambda store: store.partitions.drop_chunk_partitions())
         return deleted
 

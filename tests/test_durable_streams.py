@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 import pgflow
@@ -325,9 +327,13 @@ async def test_expired_streams_answer_404_and_are_pruned(app: pgflow.App) -> Non
     assert (await call(asgi, "PUT", "/keep", [("stream-ttl", "3600")]))[0] == 201
     assert (await call(asgi, "GET", "/gone"))[0] == 404  # expired: deleted by the request that found it
     await anyio.sleep(1.2)
-    runtime = app._client.runtime()
-    store = await runtime.store()
+    store = await app._internals().runtime().store()
     assert await prune_expired_streams(store) == 1  # /short, which nobody asked for since
+    assert (await call(asgi, "PUT", "/brief", [("stream-expires-at", "2001-01-01T00:00:00Z")]))[0] == 201
+    await app.prune_async(timedelta(days=1))  # a user's prune deletes the expired streams too
+    async with await psycopg.AsyncConnection.connect(store.pool.conninfo, autocommit=True) as conn:
+        cur = await conn.execute(f'SELECT path FROM "{app.schema}".free_streams ORDER BY path')
+        assert [row[0] for row in await cur.fetchall()] == ["/keep"]
     statements = store.free_streams
     assert await statements.get("/short") is None
     assert await statements.get("/keep") is not None

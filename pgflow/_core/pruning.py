@@ -74,10 +74,17 @@ async def prune(store: Engine, older_than: float, batch: int = PRUNE_BATCH) -> i
     deleted = await prune_paced(lambda: store.management.prune(older_than, batch), batch)
     if deleted:
         log.info("retention: deleted %d workflows finished over %.0f s ago", deleted, older_than)
+    await prune_leftovers(store, batch)
+    return deleted
+
+
+async def prune_leftovers(store: Engine, batch: int = PRUNE_BATCH) -> None:
+    """What no finished workflow holds but nobody needs any more: expired free-standing streams, the
+    debounce keys whose run has begun, the per-key buckets that are full again. The retention service
+    and ``App.prune`` both end with it."""
     await prune_expired_streams(store, batch)
     await prune_debounces(store, batch)
     await prune_key_buckets(store, batch)
-    return deleted
 
 
 async def prune_debounces(store: Engine, batch: int = PRUNE_BATCH) -> int:
