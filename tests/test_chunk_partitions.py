@@ -204,8 +204,8 @@ async def test_an_upgraded_schema_keeps_its_chunks_in_the_first_partition_until_
 ) -> None:
     # The chunks as they were before 0022, written by this version's code, which needs what its claims
     # read (apart from the chunks) to run a worker at all: its fences (0026), the crash attribution's
-    # columns (0028) and the paused queues (0031).
-    before = [m for m in migrations.available() if m.version < 22 or m.version in (26, 28, 31)]
+    # columns (0028), the paused queues (0031) and a start's key (0032).
+    before = [m for m in migrations.available() if m.version < 22 or m.version in (26, 28, 31, 32)]
     with monkeypatch.context() as patch:
         patch.setattr(migrations, "available", lambda: before)
         old = pgflow.App(dsn, schema=schema, poll_interval=0.5)

@@ -7,15 +7,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 import pgflow
-from pgflow.cli import LEAVING, _threads_still_running
 
 from .helpers import ONE_SERVER
 from .processes import LEASE, Processes, wait_until
@@ -95,16 +92,24 @@ def test_a_worker_stopped_past_a_stuck_step_thread_names_it_and_still_runs_the_e
 
 
 def test_threads_on_their_way_out_are_not_counted_as_stuck() -> None:
-    leaving = threading.Thread(target=time.sleep, args=(0.2,), name="leaving")
-    release = threading.Event()
-    stuck = threading.Thread(target=release.wait, name="stuck")
-    leaving.start()
-    began = time.monotonic()
-    try:
-        assert _threads_still_running(LEAVING) == []
-        assert time.monotonic() - began < LEAVING  # returned once the thread had left
-        stuck.start()
-        assert _threads_still_running(0.2) == [stuck]
-    finally:
-        release.set()
-        stuck.join()
+    """In a process of its own: threads that other tests left in this one would count."""
+    subprocess.run([sys.executable, "-c", _THREADS_CHECK], check=True, timeout=60)
+
+
+_THREADS_CHECK = """
+import threading, time
+from pgflow.cli import LEAVING, _threads_still_running
+leaving = threading.Thread(target=time.sleep, args=(0.2,), name="leaving")
+release = threading.Event()
+stuck = threading.Thread(target=release.wait, name="stuck")
+leaving.start()
+began = time.monotonic()
+assert _threads_still_running(LEAVING) == []
+assert time.monotonic() - began < LEAVING  # returned once the thread had left
+stuck.start()
+try:
+    assert _threads_still_running(0.2) == [stuck]
+finally:
+    release.set()
+    stuck.join()
+"""

@@ -108,10 +108,11 @@ def factory(request: pytest.FixtureRequest, server: tuple[str, EmbeddedServer | 
     return ENGINES[request.param](server[0])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 async def engine(factory: EngineFactory) -> AsyncIterator[Engine]:
     """One store per engine and server for the whole suite: a store costs a migration (most of a
-    second), and the tests keep apart by unique names, queues, ids and worker ids."""
+    second), and the tests keep apart by unique names, queues, ids and worker ids. Closed when the
+    suite ends, not the session: the tests after it count this process's sessions."""
     async with factory.store() as engine:
         yield engine
 
