@@ -31,19 +31,16 @@ from ._core.codec import encode_unchecked
 from ._core.current import journaling
 from ._core.debounce_options import (
     check_debounce_combination,
-    check_debounce_complete,
-    check_debounce_expiry,
     check_debounce_key,
     check_debounce_max,
     check_debounce_window,
 )
 from ._core.engine.debounces import Debounce
-from ._core.engine.starts import Timing
 from ._core.key_options import check_key, key_of
 from ._core.registry import DEFAULT_MAX_ATTEMPTS, StepSpec, WorkflowSpec
+from ._core.start_options import StartOptions
 from ._core.starting import enqueue, enqueue_debounced, enqueue_many, enqueue_named, refuse_children
 from ._core.sync import on_a_loop
-from ._core.timing import timing
 from .handle import WorkflowHandle
 
 P = ParamSpec("P")
@@ -73,36 +70,6 @@ class Step(Generic[P, R]):
         if not on_a_loop():
             return execution.call_step_from_thread(self.spec, args, kwargs)
         return execution.step_call(self.spec, args, kwargs)
-
-
-@dataclass(frozen=True)
-class StartOptions:
-    id: str | None = None
-    queue: str | None = None
-    priority: int | None = None
-    delay: float = 0.0
-    eta: datetime | None = None
-    expires: datetime | float | None = None
-    debounce: float | None = None
-    debounce_key: str | None = None
-    debounce_max: float | None = None
-    key: str | None = None
-
-    def timing(self) -> Timing | None:
-        """The stored timing; for a debounced start its expiry alone, checked to come after the
-        first window (a run that expired before it was due could never run)."""
-        if self.debounce is not None:
-            check_debounce_expiry(self.debounce, self.expires)
-            return timing(0.0, None, self.expires)
-        return timing(self.delay, self.eta, self.expires)
-
-    def debounced(self) -> Debounce | None:
-        """How a start with these options is debounced, None when it is not; a ValueError for a
-        debounce half given (what ``with_options`` could not refuse, as a later call may complete it)."""
-        most = check_debounce_complete(window=self.debounce, key=self.debounce_key, most=self.debounce_max)
-        if most is None or self.debounce is None or self.debounce_key is None:
-            return None
-        return Debounce(self.debounce_key, self.debounce, most)
 
 
 @dataclass(frozen=True)
