@@ -26,6 +26,8 @@ from pgflow._core.run_streams import RunStreams
 from pgflow._core.streams.writer import Stream, StreamWriter, _Pending
 from pgflow.errors import CancelRequested, ExecutionInterrupted, LeaseLost, StoreUnavailable, Suspended
 
+from .test_stream_batches import RunOwner
+
 pytestmark = pytest.mark.anyio
 
 # Strongest first; the kinds of one rank together.
@@ -132,23 +134,11 @@ def test_a_cancel_is_not_hidden_by_an_outage_or_the_run_s_end() -> None:
         assert state.cancelled
 
 
-class _Owner:
-    def __init__(self, n: int) -> None:
-        self.workflow_id = f"w{n}"
-        self.lease_token = n
-        self.state = RunState(self.workflow_id, 1)
-        self.named_streams: dict[str, Stream] = {}
-        self.fence = None
-        self.chunks_in_flight = 0
-        self.settled = None
-        self.fence_cut = None
-
-
 async def test_the_chunks_after_a_refused_one_are_skipped_whatever_comes_after() -> None:
     """A batch the server refused is split; the later half must not write a chunk of a run whose
     earlier chunk was refused (a gap), even once a cancel or a timeout was told to the run after it."""
     loop = asyncio.get_running_loop()
-    owner = _Owner(1)
+    owner = RunOwner(1)
     refused = _Pending(owner, "k", 0, b"bad", Stream("s"), loop.create_future())
     later = _Pending(owner, "k", 1, b"next", Stream("s"), loop.create_future())
     StreamWriter._refused([refused], ValueError("no NUL here"))
@@ -163,7 +153,7 @@ async def test_the_chunks_after_a_refused_one_are_skipped_whatever_comes_after()
 
 async def test_an_outage_interrupts_every_run_of_the_batch() -> None:
     loop = asyncio.get_running_loop()
-    owners = [_Owner(1), _Owner(2)]
+    owners = [RunOwner(1), RunOwner(2)]
     owners[1].state.cancel()  # told first, and stronger: it stays
     batch = [_Pending(owner, "k", 0, b"v", Stream(f"s{n}"), loop.create_future()) for n, owner in enumerate(owners)]
     StreamWriter._refused(batch, psycopg.OperationalError("connection refused"))

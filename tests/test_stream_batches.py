@@ -18,7 +18,10 @@ from pgflow._core.streams.writer import COHORT_AT_LEAST, Stream, StreamWriter, _
 pytestmark = pytest.mark.anyio
 
 
-class _Owner:
+class RunOwner:
+    """What the stream writer reads and keeps of a run (``RunStreams``' part of it), without a run:
+    the writer's tests drive it with these."""
+
     def __init__(self, n: int) -> None:
         self.workflow_id = f"w{n}"
         self.lease_token = n
@@ -30,7 +33,7 @@ class _Owner:
         self.fence_cut = None
 
 
-def _queued(writer: StreamWriter, streams: list[Stream], owners: list[_Owner]) -> None:
+def _queued(writer: StreamWriter, streams: list[Stream], owners: list[RunOwner]) -> None:
     loop = asyncio.get_running_loop()
     for stream, owner in zip(streams, owners, strict=True):
         writer._queue.append(_Pending(owner, "k", 0, b"v", stream, loop.create_future()))
@@ -43,7 +46,7 @@ def _writer(*, cohorts: bool) -> StreamWriter:
 async def test_writers_in_step_go_as_two_cohorts_and_a_stream_waits_for_its_own() -> None:
     writer = _writer(cohorts=True)
     writers = 4 * COHORT_AT_LEAST
-    owners = [_Owner(n) for n in range(writers)]
+    owners = [RunOwner(n) for n in range(writers)]
     streams = [Stream(f"s{n}") for n in range(writers)]
     _queued(writer, streams, owners)
     first = writer._take_batch()
@@ -61,23 +64,23 @@ async def test_writers_in_step_go_as_two_cohorts_and_a_stream_waits_for_its_own(
 async def test_writers_in_step_go_as_one_batch_to_a_server_on_this_machine() -> None:
     writer = _writer(cohorts=False)
     writers = 4 * COHORT_AT_LEAST
-    _queued(writer, [Stream(f"s{n}") for n in range(writers)], [_Owner(n) for n in range(writers)])
+    _queued(writer, [Stream(f"s{n}") for n in range(writers)], [RunOwner(n) for n in range(writers)])
     assert (len(writer._take_batch()), len(writer._queue)) == (writers, 0)
 
 
 async def test_a_short_queue_goes_whole() -> None:
     writer = _writer(cohorts=True)
     few = 2 * COHORT_AT_LEAST - 1
-    _queued(writer, [Stream(f"s{n}") for n in range(few)], [_Owner(n) for n in range(few)])
+    _queued(writer, [Stream(f"s{n}") for n in range(few)], [RunOwner(n) for n in range(few)])
     assert len(writer._take_batch()) == few
 
 
 async def test_a_settled_run_sends_nothing_more_and_waits_for_its_batch_in_flight() -> None:
     writer = _writer(cohorts=True)
-    owner, other = _Owner(1), _Owner(2)
+    owner, other = RunOwner(1), RunOwner(2)
     _queued(writer, [Stream("a"), Stream("b")], [owner, other])
     batch = writer._take_batch()
-    assert writer.settle(_Owner(3)) is None  # nothing in flight: nothing to wait for
+    assert writer.settle(RunOwner(3)) is None  # nothing in flight: nothing to wait for
     settled = writer.settle(owner)
     assert settled is not None and not settled.done()
     assert isinstance(owner.state.reason, RunOver)
