@@ -68,9 +68,6 @@ class TestDetails:
         assert [s.position for s in read.steps] == [0] and read.steps_total == 2
         assert [(b.position, b.tries) for b in read.begun] == [(2, 2)]
 
-    @pytest.mark.xfail(strict=True, reason="details() reads the kept errors only up to the last step listed"
-                       " (ATTEMPT_ERRORS: position <= last) when steps_limit cuts the listing, so a step begun"
-                       " and not recorded, always past the steps recorded, loses its retried errors")
     async def test_a_read_of_the_first_steps_keeps_the_errors_of_the_steps_begun(self, engine: Engine) -> None:
         claimed = await self.written(engine, Kind())
         read = await engine.details.details(claimed.id, 1)

@@ -96,9 +96,12 @@ WORKFLOW = f"SELECT {_ROW} FROM {{s}}.workflows WHERE id = %s"  # (id)
 STEPS = (f"SELECT {', '.join(StepRead._fields)}"
          " FROM {s}.steps WHERE workflow_id = %s ORDER BY position LIMIT %s")  # (id, limit)
 STEP_COUNT = "SELECT count(*) FROM {s}.steps WHERE workflow_id = %s"  # (id)
-ATTEMPT_ERRORS = ("SELECT position, run, step_attempt, failed_at, error FROM {s}.step_errors"
-                  " WHERE workflow_id = %s AND (%s OR position <= %s)"
-                  " ORDER BY position, run, step_attempt")  # (id, every step listed, last position listed)
+# The kept errors of the steps listed and of the steps begun and not recorded (always past the steps
+# recorded, so a listing cut by its limit would leave them out by position alone).
+ATTEMPT_ERRORS = ("SELECT e.position, e.run, e.step_attempt, e.failed_at, e.error FROM {s}.step_errors e"
+                  " WHERE e.workflow_id = %s AND (%s OR e.position <= %s OR NOT EXISTS (SELECT FROM {s}.steps s"
+                  "  WHERE s.workflow_id = e.workflow_id AND s.position = e.position))"
+                  " ORDER BY e.position, e.run, e.step_attempt")  # (id, every step listed, last position listed)
 BEGUN = ("SELECT a.position, sum(a.tries)::int AS tries,"
          " (array_agg(a.started_at ORDER BY a.attempt DESC))[1] AS started_at"
          " FROM {s}.step_attempts a WHERE a.workflow_id = %s AND NOT EXISTS (SELECT FROM {s}.steps s"
@@ -171,7 +174,6 @@ class Details(Port):
             if total == steps_limit:
                 counted = await s.row(COUNT_STEPS, (workflow_id,))
                 total = int(counted[0]) if counted else total
-            # The kept errors of the steps listed, and of the steps begun and not recorded yet.
             listed_all, last = total == len(steps), steps[-1].position if steps else -1
             return DetailsRead(WorkflowRead._make(found[0]), steps, total,
                                [AttemptErrorRead._make(row) for row in await s.rows(
