@@ -176,8 +176,9 @@ class WorkflowHandle(Generic[R]):
     async def resume_async(self) -> None:
         """Run a failed or cancelled (or timed-out) workflow again: the steps recorded with an output
         are replayed, not re-run; the step whose record is its final error runs again, and so does
-        everything after it; the attempt budget starts afresh. A workflow still queued or running, or
-        one that succeeded, is refused with CannotResume."""
+        everything after it; its budgets start afresh (the runs ``max_attempts`` counts, and the retries
+        of its retry policy). A workflow still queued or running, or one that succeeded, is refused
+        with CannotResume."""
         runtime = self._client.runtime()
         found = await runtime.db(lambda store: store.management.resume(self.id))
         if found is None:

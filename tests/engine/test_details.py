@@ -89,8 +89,8 @@ class TestDetails:
 
 class TestResume:
     """``resume`` queues a failed or cancelled workflow again, due now, from its first step record that
-    holds an error (it and every later record go, the others stay, and every try noted); its budget
-    of runs starts afresh and a cancellation asked for is forgotten. It answers the status the workflow
+    holds an error (it and every later record go, the others stay, and every try noted); its budgets
+    (runs, and the retries of its retry policy) start afresh and a cancellation asked for is forgotten. It answers the status the workflow
     had and its queue; a workflow in any other status is left as it is; None: no such workflow."""
 
     async def test_a_failed_workflow_runs_again_from_its_failed_step(self, engine: Engine) -> None:
@@ -106,6 +106,18 @@ class TestResume:
         assert sorted((await engine.journal.journal(claimed.id))[0]) == [0]
         again = await kind.claim_one(engine)
         assert (again.id, again.run, again.give_up) == (claimed.id, 1, False)
+
+    async def test_the_retry_policy_starts_afresh(self, engine: Engine) -> None:
+        kind = Kind()
+        claimed = await kind.run(engine)
+        for _ in range(2):
+            assert await engine.reruns.retry_later(claimed.id, claimed.lease_token, 0.0, failure(0)) is not None
+            claimed = await kind.claim_one(engine)
+        assert claimed.retries == 2
+        await engine.ends.finish_many([claimed.id], [claimed.lease_token], ["failed"], [None], [failure(0)], NO_PINGS)
+        assert await engine.management.resume(claimed.id) == ("failed", kind.queue)
+        again = await kind.claim_one(engine)
+        assert (again.id, again.retries) == (claimed.id, 0)
 
     async def test_a_cancelled_workflow_forgets_the_cancellation(self, engine: Engine) -> None:
         kind = Kind()

@@ -136,7 +136,7 @@ FORGET_STEP_ERRORS = Sql(
     "DELETE FROM {s}.step_errors e WHERE workflow_id = %s AND NOT EXISTS (SELECT FROM {s}.steps s"
     " WHERE s.workflow_id = e.workflow_id AND s.position = e.position)")
 REQUEUE = Sql(
-    "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, due_at = {s}.clock_now(),"
+    "UPDATE {s}.workflows SET status = 'queued', attempt_base = attempt, retries = 0, due_at = {s}.clock_now(),"
     " output = NULL, error = NULL, finished_at = NULL, cancel_requested = false,"
     " deadline_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = %s")
 
@@ -284,8 +284,10 @@ class Management(Port):
             return rows, int(total), max(int(last_child), int(last_step)) + 1
 
     async def resume(self, workflow_id: str) -> tuple[str, str] | None:
-        """Queue a failed or cancelled workflow again from its first step without an output: that
-        step's record and every later one go, the others stay; its attempt budget starts afresh.
+        """Queue a failed or cancelled workflow again from its first step record that holds an error
+        (every record when none does): that record and every later one go, the others stay. Both its
+        budgets start afresh, the runs ``max_attempts`` counts and the retries of its retry policy (a
+        workflow whose policy was spent would otherwise fail again at its first failure).
         Returns the status it had and its queue (None: no such workflow); only "failed" and
         "cancelled" resume."""
         async with self.db.session() as s, s.transaction():
