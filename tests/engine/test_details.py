@@ -90,8 +90,9 @@ class TestDetails:
 class TestResume:
     """``resume`` queues a failed or cancelled workflow again, due now, from its first step record that
     holds an error (it and every later record go, the others stay, and every try noted); its budgets
-    (runs, and the retries of its retry policy) start afresh and a cancellation asked for is forgotten. It answers the status the workflow
-    had and its queue; a workflow in any other status is left as it is; None: no such workflow."""
+    (runs, and the retries of its retry policy) start afresh and a cancellation asked for is forgotten.
+    It answers the status the workflow had and its queue; a workflow in any other status is left as it
+    is; None: no such workflow."""
 
     async def test_a_failed_workflow_runs_again_from_its_failed_step(self, engine: Engine) -> None:
         kind = Kind()
