@@ -12,12 +12,12 @@ backstop for a ping that was lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import anyio
 import psycopg
 
 from .engine import Engine
+from .run_state import RunState
 from .signals import Waiters
 from .signals import keys as signal_keys
 
@@ -26,13 +26,13 @@ log = logging.getLogger("pgflow.worker")
 
 class CancelWatch:
     """Watches the ``ended`` pings of the workflows given to ``watch``; ``run`` stops those whose
-    cancellation was asked for, through their worker's ``cancellers`` (each a run's
-    ``RunState.cancel``, the one way a run is cancelled)."""
+    cancellation was asked for, through the states of the runs their worker runs (``RunState.cancel``,
+    the one way a run is cancelled)."""
 
-    def __init__(self, store: Engine, waiters: Waiters, cancellers: dict[str, Callable[[], None]]) -> None:
+    def __init__(self, store: Engine, waiters: Waiters, runs_by_id: dict[str, RunState]) -> None:
         self._store = store
         self._waiters = waiters
-        self._cancellers = cancellers
+        self._runs_by_id = runs_by_id
         self._watched: set[str] = set()
         self._unchecked: set[str] = set()  # watched since the last look, which no ping has told of
         self._heard = False  # a ping (or a reconnect) since the last look: every watched one is looked at
@@ -74,7 +74,7 @@ class CancelWatch:
                 self._unchecked.update(looked_at)  # (looked at again with the next wake)
                 continue
             for workflow_id in cancelled:
-                cancel = self._cancellers.get(workflow_id)
-                if cancel is not None:
+                run = self._runs_by_id.get(workflow_id)
+                if run is not None:
                     log.info("workflow %s was cancelled; stopping it", workflow_id)
-                    cancel()
+                    run.cancel()

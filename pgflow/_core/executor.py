@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -52,7 +51,7 @@ class Slot:
     token: anyio.lowlevel.EventLoopToken
     # The cancel of each running run by workflow id (``RunState.cancel``): how the worker's heartbeat
     # and its cancel watch reach a run they hear was cancelled.
-    cancellers: dict[str, Callable[[], None]] | None = None
+    runs_by_id: dict[str, RunState] | None = None
     starts: StepStarts | None = None
     cancels: CancelWatch | None = None  # hears of cancellations for runs fenced by their worker
 
@@ -150,18 +149,18 @@ async def _run_cancellable(slot: Slot, workflow: WorkflowSpec, claimed: Claimed,
     "cancelled". The worker stopping cancels ``scope`` too (``_Stopped``: the run is given back)."""
     outcome: Outcome | None
     with scope:
-        canceller = execution.state.cancel
-        cancellers = slot.cancellers
-        if cancellers is not None:
-            cancellers[claimed.id] = canceller
+        state = execution.state
+        runs_by_id = slot.runs_by_id
+        if runs_by_id is not None:
+            runs_by_id[claimed.id] = state
         try:
             # (Without a timeout the body runs right here: one frame less to resume each time it
             # wakes, which a streaming body does once per chunk.)
             outcome = await (_run(workflow, claimed, execution, slot.limiter) if claimed.seconds_left is None
                              else _run_in_time(workflow, claimed, execution, slot.limiter, claimed.seconds_left))
         finally:
-            if cancellers is not None and cancellers.get(claimed.id) is canceller:
-                del cancellers[claimed.id]  # not another execution's of the same id
+            if runs_by_id is not None and runs_by_id.get(claimed.id) is state:
+                del runs_by_id[claimed.id]  # not another execution's of the same id
     if scope.cancelled_caught:
         if execution.state.cancelled:
             return CANCELLED

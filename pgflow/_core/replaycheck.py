@@ -114,7 +114,7 @@ class ReplayCheck(Execution):
             raise
 
     async def write_marks(self) -> None:
-        self.journal.marks.clear()  # a patch taken fresh is past the journal's end: nothing follows to check
+        self.journal.forget_marks()
 
     async def before_child_start(self, ids: list[str], name: str) -> bool:
         """A child the stored run started must be there under the id this start gives it, and be of

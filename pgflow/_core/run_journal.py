@@ -46,5 +46,10 @@ class RunJournal:
         return position
 
     def marked(self, position: int) -> None:
-        """The marker at ``position`` is written (or, for a replay check, past caring)."""
+        """The marker at ``position`` is written."""
         del self.marks[position]
+
+    def forget_marks(self) -> None:
+        """The markers taken are not to be written (a replay check writes nothing: a patch taken fresh
+        is past the journal's end, where nothing follows to check)."""
+        self.marks.clear()

@@ -38,6 +38,7 @@ from .engine import Claimed
 from .executor import give_back_unrun, run_claimed
 from .health import FleetVerdict, HealthServer, Liveness
 from .registry import Registry
+from .run_state import RunState
 from .runtime import Runtimes
 from .signals import keys as signal_keys
 from .suspects import Suspects
@@ -82,7 +83,7 @@ class Worker:
         # Executions by workflow id. Two of one id can overlap after a server crash lost a claim: the
         # first, fenced out, runs on until it tries to write while this worker claims the id again.
         self.running: collections.Counter[str] = collections.Counter()
-        self._cancellers: dict[str, Callable[[], None]] = {}
+        self._runs_by_id: dict[str, RunState] = {}
         self._slot_wanted = True
         self._suspects = Suspects()  # of a crash: whether they wait, and the one run alone now
         self.interrupted = 0
@@ -133,7 +134,7 @@ class Worker:
         await store.workers.register_worker(self.id, socket.gethostname(), os.getpid(), self.queues, __version__,
                                     sorted(self.registry.workflows), self.lease_seconds)
         self._parts = parts = assemble(runtime, store, self.registry, self.queues, self.lease_seconds,
-                                       self.heartbeat, self._limiter, self._cancellers, cohorts=not here)
+                                       self.heartbeat, self._limiter, self._runs_by_id, cohorts=not here)
         for queue in self.queues:
             runtime.signals.waiters.add(signal_keys.queue(queue), parts.wake)
         async with contextlib.AsyncExitStack() as stack:
@@ -349,10 +350,10 @@ class Worker:
                 self._liveness.renewed()
             # A cancelled workflow stops now, even one that never reaches another step or write.
             for held in leases:
-                cancel = self._cancellers.get(held.id) if held.cancel_requested else None
-                if cancel is not None:
+                run = self._runs_by_id.get(held.id) if held.cancel_requested else None
+                if run is not None:
                     log.info("workflow %s was cancelled; stopping it", held.id)
-                    cancel()
+                    run.cancel()
 
     @staticmethod
     async def _pulse(liveness: Liveness) -> None:

@@ -9,7 +9,6 @@ what. They are made on entry, not with the worker: anyio and the store need the 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -23,6 +22,7 @@ from .executor import Slot
 from .finisher import Finisher
 from .maintenance import Maintenance
 from .registry import Registry
+from .run_state import RunState
 from .runs import Runs
 from .runtime import Runtime
 from .signals import Waiter
@@ -50,8 +50,8 @@ class Parts:
 
 
 def assemble(runtime: Runtime, store: Engine, registry: Registry, queues: list[str], lease: float, heartbeat: float,
-             limiter: anyio.CapacityLimiter, cancellers: dict[str, Callable[[], None]], *, cohorts: bool) -> Parts:
-    """The parts of a worker serving ``queues`` (``cancellers``: the cancel of each workflow it runs,
+             limiter: anyio.CapacityLimiter, runs_by_id: dict[str, RunState], *, cohorts: bool) -> Parts:
+    """The parts of a worker serving ``queues`` (``runs_by_id``: the state of each workflow it runs,
     by id; ``limiter``: its slots)."""
     assert runtime.config is not None
     config = runtime.config
@@ -66,8 +66,8 @@ def assemble(runtime: Runtime, store: Engine, registry: Registry, queues: list[s
                               chores(runtime, store, registry, queues, lease, heartbeat, unserved),
                               interval=lease, query_timeout=config.query_timeout)
     # (the loop's token is for the executions' sync callbacks)
-    cancels = CancelWatch(store, runtime.signals.waiters, cancellers)
-    slot = Slot(runtime, store, limiter, writer, finisher, anyio.lowlevel.current_token(), cancellers, starts,
+    cancels = CancelWatch(store, runtime.signals.waiters, runs_by_id)
+    slot = Slot(runtime, store, limiter, writer, finisher, anyio.lowlevel.current_token(), runs_by_id, starts,
                 cancels)
     return Parts(runtime, store, Waiter(), writer, finisher, starts, slot, cancels, maintenance, unserved, Runs(),
                  contextlib.AsyncExitStack())
