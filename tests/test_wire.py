@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple, TypedDict
 
 import anyio
 import psycopg
@@ -20,14 +21,41 @@ from .helpers import query
 
 pytestmark = pytest.mark.anyio
 
+
+
+class Echoed(TypedDict):
+    text: wire.Text | None
+    bytea: wire.Bytea | None
+    bool: wire.Bool | None
+    int4: wire.Int4 | None
+    int8: wire.Int8 | None
+    float8: wire.Float8 | None
+    at: wire.Timestamptz | None
+    texts: wire.Texts | None
+    int4s: wire.Int4s | None
+    int8s: wire.Int8s | None
+    byteas: wire.Byteas | None
+    ats: wire.Timestamptzs | None
+
+
+class Sleeping(TypedDict):
+    seconds: wire.Float8
+
+
+class Dividing(TypedDict):
+    zero: wire.Int4
+
+
+class Hashing(TypedDict):
+    b: wire.Bytea
+
+
 ECHO = wire.Statement(
     "SELECT %(text)s, %(bytea)s, %(bool)s, %(int4)s, %(int8)s, %(float8)s, %(at)s, %(texts)s, %(int4s)s,"
-    " %(int8s)s, %(byteas)s, %(ats)s, %(text)s || '%%(not a placeholder)s'",
-    text=wire.TEXT, bytea=wire.BYTEA, bool=wire.BOOL, int4=wire.INT4, int8=wire.INT8, float8=wire.FLOAT8,
-    at=wire.TIMESTAMPTZ, texts=wire.TEXTS, int4s=wire.INT4S, int8s=wire.INT8S, byteas=wire.BYTEAS,
-    ats=wire.TIMESTAMPTZS)
-SLEEP = wire.Statement("SELECT 1 FROM pg_sleep(%(seconds)s)", seconds=wire.FLOAT8)
-DIVIDE = wire.Statement("SELECT x FROM (VALUES (1), (1)) v(x) GROUP BY x HAVING 1 / (%(zero)s) > 0", zero=wire.INT4)
+    " %(int8s)s, %(byteas)s, %(ats)s, %(text)s || '%%(not a placeholder)s'", row=tuple[Any, ...], params=Echoed)
+SLEEP = wire.Statement("SELECT 1 FROM pg_sleep(%(seconds)s)", row=tuple[int], params=Sleeping)
+DIVIDE = wire.Statement("SELECT x FROM (VALUES (1), (1)) v(x) GROUP BY x HAVING 1 / (%(zero)s) > 0",
+                        row=tuple[int], params=Dividing)
 
 
 @pytest.fixture
@@ -61,11 +89,41 @@ async def test_a_statement_is_prepared_once_per_connection(pool: Pool) -> None:
         assert await cur.fetchone() == (1,)
 
 
+class A(TypedDict):
+    a: wire.Text
+
+
+class AC(A):
+    c: wire.Text
+
+
+class Untyped(TypedDict):
+    a: str  # (no wire type: how would it be sent?)
+
+
 def test_a_statement_says_which_parameter_has_no_type_or_is_not_named() -> None:
     with pytest.raises(TypeError, match=r"%\(b\)s, whose type is not given"):
-        wire.Statement("SELECT %(a)s, %(b)s", a=wire.TEXT)
+        wire.Statement("SELECT %(a)s, %(b)s", row=tuple[str, str], params=A)
     with pytest.raises(TypeError, match=r"does not name: \['c'\]"):
-        wire.Statement("SELECT %(a)s", a=wire.TEXT, c=wire.TEXT)
+        wire.Statement("SELECT %(a)s", row=tuple[str], params=AC)
+    with pytest.raises(TypeError, match="'a' of Untyped is no wire type"):
+        wire.Statement("SELECT %(a)s", row=tuple[str], params=Untyped)
+
+
+class Pair(NamedTuple):
+    text: str
+    number: int
+
+
+async def test_a_row_comes_back_as_its_statement_declares_it(pool: Pool) -> None:
+    """A NamedTuple row is made in psycopg's loop, read by name; a ``tuple[...]`` one stays psycopg's tuple."""
+    named = wire.Statement("SELECT %(a)s, 7::int8", row=Pair, params=A)
+    plain = wire.Statement("SELECT %(a)s, 7::int8", row=tuple[str, int], params=A)
+    async with pool.connection() as conn:
+        [pair] = await wire.fetch(conn, named, "x", {"a": "seven"})
+        [bare] = await wire.fetch(conn, plain, "x", {"a": "seven"})
+    assert type(pair) is Pair and (pair.text, pair.number) == ("seven", 7)
+    assert type(bare) is tuple and bare == ("seven", 7)
 
 
 async def test_the_servers_error_is_psycopgs_and_the_connection_goes_on(pool: Pool) -> None:
@@ -78,7 +136,8 @@ async def test_the_servers_error_is_psycopgs_and_the_connection_goes_on(pool: Po
 async def test_a_statement_bigger_than_the_sockets_buffer_goes_out_whole(pool: Pool, dsn: str) -> None:
     big = bytes(range(256)) * 32768  # 8 MiB
     async with pool.connection() as conn:
-        [(back,)] = await wire.fetch(conn, wire.Statement("SELECT md5(%(b)s)", b=wire.BYTEA), "x", {"b": big})
+        [(back,)] = await wire.fetch(conn, wire.Statement("SELECT md5(%(b)s)", row=tuple[str], params=Hashing), "x",
+                                     {"b": big})
     [(expected,)] = await query(dsn, "SELECT md5(%s)", big)
     assert back == expected
 

@@ -8,11 +8,11 @@ are opaque text here (sealed by the signals layer before they reach a statement)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from psycopg import AsyncConnection
 
-from . import arrays
+from . import arrays, wire
 from .database import Port, Session, Sql, quote_identifier
 
 
@@ -38,7 +38,14 @@ def riding(columns: int, condition: str = "") -> str:
             f" unnest(%(pings_channels)s::text[], %(pings)s::text[]) AS x(c, p){where}) AS pinged WHERE pinged.n < 0")
 
 
-def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> dict[str, Any]:
+class Riding(TypedDict):
+    """The parameters of ``riding``'s branch, in a statement's own (``class Starting(New, Riding)``)."""
+
+    pings_channels: wire.Texts
+    pings: wire.Texts
+
+
+def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> Riding:
     """The parameters of ``riding``'s branch, for a statement on ``conn``. The payloads go as one
     packed binary array: psycopg would dump a text array element by element, escaping every
     character of every payload (seen: a tenth of a stream writer's CPU)."""

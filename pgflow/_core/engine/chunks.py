@@ -7,12 +7,13 @@ position): a bigint key instead of two text columns in every index entry of the 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict, cast
 
 from . import wire
-from .channel import Pings, riding
+from .channel import Pings, Riding, riding
 from .database import Port, Sql
 from .fencing import held
+from .statement import Id
 
 # The fence of a batch of chunks, the one place that says whose chunks may be written: the workflow
 # rows the writers named (``asked``: ordinal i, id, lease, in id order, the order rows are locked in
@@ -22,9 +23,30 @@ from .fencing import held
 _FENCE = " " + held("fence", "asked", "a.i, w.id, w.cancel_requested", lock=" FOR SHARE") + ","
 
 
-def _write(again: bool) -> wire.Statement:
-    """A batch of chunks from many executions, fenced, with its pings (``write_chunks``)."""
-    return wire.Statement(
+class Chunked(Riding):
+    """What every batch of chunks is written with: each chunk's stream, position and value."""
+
+    streams: wire.Int8s
+    positions: wire.Int4s
+    values: wire.Byteas
+
+
+class Writing(Chunked):
+    ids: wire.Texts  # the executions writing, in id order, with their claim's token
+    leases: wire.Int8s
+    owners: wire.Int8s  # each chunk's execution, by its place in ids (from 1)
+    n: wire.Int4
+
+
+class ByWorker(Chunked):
+    worker: wire.Text
+    epoch: wire.Int8
+
+
+def _write(again: bool) -> str:
+    """A batch of chunks from many executions, fenced, with its pings (``write_chunks``); a row for each
+    execution fenced out or whose cancellation was requested: (id, lease, fenced out, cancelled)."""
+    return (
         "WITH asked AS MATERIALIZED (SELECT * FROM unnest(%(ids)b::text[], %(leases)b::int8[])"
         "   WITH ORDINALITY AS a(id, lease, i) ORDER BY id),"
         + _FENCE +
@@ -36,15 +58,14 @@ def _write(again: bool) -> wire.Statement:
         " SELECT a.id, a.lease, f.id IS NULL, coalesce(f.cancel_requested, false)"
         " FROM asked a LEFT JOIN fence f ON f.i = a.i"
         " WHERE f.id IS NULL OR f.cancel_requested"
-        + riding(4, "(SELECT count(*) FROM fence) = %(n)s"),
-        ids=wire.TEXTS, leases=wire.INT8S, owners=wire.INT8S, streams=wire.INT8S, positions=wire.INT4S,
-        values=wire.BYTEAS, n=wire.INT4, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+        + riding(4, "(SELECT count(*) FROM fence) = %(n)s"))
 
 
-WRITING, WRITING_AGAIN = _write(again=False), _write(again=True)
+WRITING = wire.Statement(_write(again=False), row=tuple[str, int, bool, bool], params=Writing)
+WRITING_AGAIN = wire.Statement(_write(again=True), row=tuple[str, int, bool, bool], params=Writing)
 
 
-def _write_fenced_by_worker(again: bool) -> wire.Statement:
+def _write_fenced_by_worker(again: bool) -> str:
     """A batch of chunks from executions that were all claimed under one worker fence (migration
     0026): one row locked, whatever the number of workflows; the answer is whether it held.
 
@@ -53,7 +74,7 @@ def _write_fenced_by_worker(again: bool) -> wire.Statement:
     every pair of batches that overlapped (343 in a run of 102,400 chunks in 256 streams), which the
     server logs, stores and must freeze in time. Exclusive, a worker's batches take the row in turn, each
     waiting at most for the other's commit, and make none."""
-    return wire.Statement(
+    return (
         "WITH fence AS MATERIALIZED (SELECT epoch FROM {s}.worker_fences"
         "   WHERE worker = %(worker)s AND epoch = %(epoch)s FOR NO KEY UPDATE),"
         " written AS (INSERT INTO {s}.chunks (stream_id, position, value)"
@@ -61,20 +82,25 @@ def _write_fenced_by_worker(again: bool) -> wire.Statement:
         "    AS b(s, p, v) WHERE EXISTS (SELECT FROM fence)"
         f"  {'ON CONFLICT DO NOTHING' if again else ''})"
         " SELECT EXISTS (SELECT FROM fence)"
-        + riding(1, "EXISTS (SELECT FROM fence)"),
-        worker=wire.TEXT, epoch=wire.INT8, streams=wire.INT8S, positions=wire.INT4S, values=wire.BYTEAS,
-        pings_channels=wire.TEXTS, pings=wire.TEXTS)
+        + riding(1, "EXISTS (SELECT FROM fence)"))
 
 
-BY_WORKER, BY_WORKER_AGAIN = _write_fenced_by_worker(again=False), _write_fenced_by_worker(again=True)
+BY_WORKER = wire.Statement(_write_fenced_by_worker(again=False), row=tuple[bool], params=ByWorker)
+BY_WORKER_AGAIN = wire.Statement(_write_fenced_by_worker(again=True), row=tuple[bool], params=ByWorker)
 
 
 # The next free position of each of a workflow's streams.
 STREAM_ENDS = Sql(
     "SELECT i.key, (SELECT max(position) + 1 FROM {s}.chunks WHERE stream_id = i.id)"
-    " FROM {s}.stream_ids i WHERE i.workflow_id = %s"
-)
-# The ids of (workflow, key) streams, naming those that have none yet.
+    " FROM {s}.stream_ids i WHERE i.workflow_id = %s", row=tuple[str, int | None], params=Id)
+
+
+class Streams(NamedTuple):
+    workflow_ids: list[str]
+    keys: list[str]
+
+
+# The ids of (workflow, key) streams, naming those that have none yet: (id, workflow id, key).
 NAME_STREAMS = Sql(
     "WITH asked AS (SELECT * FROM unnest(%b::text[], %b::text[]) AS a(workflow_id, key)),"
     " named AS (INSERT INTO {s}.stream_ids (workflow_id, key) SELECT workflow_id, key FROM asked"
@@ -82,7 +108,7 @@ NAME_STREAMS = Sql(
     " SELECT id, workflow_id, key FROM named"
     " UNION ALL SELECT i.id, i.workflow_id, i.key FROM asked a"
     "   JOIN {s}.stream_ids i ON i.workflow_id = a.workflow_id AND i.key = a.key",
-    binary=True)
+    row=tuple[int, str, str], params=Streams, binary=True)
 
 
 class Written(NamedTuple):
@@ -101,7 +127,7 @@ class Chunks(Port):
     async def stream_ends(self, workflow_id: str) -> dict[str, int]:
         """The next free position of each of a workflow's streams: read once per execution, so
         positions are then assigned in memory rather than by a max()+1 query per write."""
-        return {str(key): int(end) for key, end in await self.db.rows(STREAM_ENDS, (workflow_id,)) if end is not None}
+        return {key: end for key, end in await self.db.rows(STREAM_ENDS, workflow_id) if end is not None}
 
     async def stream_ids(self, workflow_ids: list[str], keys: list[str]) -> dict[tuple[str, str], int]:
         """The ids of these (workflow, key) streams, naming those that have none yet. A stream named
@@ -111,7 +137,7 @@ class Chunks(Port):
         asked = sorted(set(zip(workflow_ids, keys, strict=True)))
         async with self.db.session() as s:
             while asked:
-                for id, workflow_id, key in await s.rows(NAME_STREAMS, ([w for w, _ in asked], [k for _, k in asked])):
+                for id, workflow_id, key in await s.rows(NAME_STREAMS, [w for w, _ in asked], [k for _, k in asked]):
                     found[(workflow_id, key)] = id
                 asked = [stream for stream in asked if stream not in found]
         return found
@@ -138,17 +164,17 @@ class Chunks(Port):
         """
         async with self.db.session() as s:
             if fence is not None:
-                [(held,)] = await s.rows(BY_WORKER_AGAIN if again else BY_WORKER, {
-                    "worker": fence[0], "epoch": fence[1], "streams": stream_ids, "positions": positions,
-                    "values": values, "pings_channels": pings.channels, "pings": pings.payloads})
+                [(held,)] = await s.rows(
+                    BY_WORKER_AGAIN if again else BY_WORKER, worker=fence[0], epoch=fence[1], streams=stream_ids,
+                    positions=positions, values=values, pings_channels=pings.channels, pings=pings.payloads)
                 if held:
                     return Written(set(), set(), True)
-            rows = await s.rows(WRITING_AGAIN if again else WRITING, {
-                "ids": [w for w, _ in owners], "leases": [token for _, token in owners], "owners": chunk_owners,
-                "streams": stream_ids, "positions": positions, "values": values, "n": len(owners),
-                "pings_channels": pings.channels, "pings": pings.payloads})
-        return Written({(str(r[0]), int(r[1])) for r in rows if r[2]}, {str(r[0]) for r in rows if r[3]},
-                       fence is None)
+            rows = await s.rows(
+                WRITING_AGAIN if again else WRITING, ids=[w for w, _ in owners], leases=[token for _, token in owners],
+                owners=chunk_owners, streams=stream_ids, positions=positions, values=values, n=len(owners),
+                pings_channels=pings.channels, pings=pings.payloads)
+        return Written({(id, lease) for id, lease, fenced, _ in rows if fenced},
+                       {id for id, _, _, cancelled in rows if cancelled}, fence is None)
 
     async def read_streams(
         self, stream_ids: list[int | None], workflow_ids: list[str], keys: list[str], offsets: list[int],
@@ -165,13 +191,12 @@ class Chunks(Port):
         visible too, so a reader that finds no chunks and an ended workflow knows the stream is over.
         """
         known = None not in stream_ids
-        sizes = {"limit": limit, "budget": budget, "whole": whole}
+        sizes: Sizes = {"limit": limit, "budget": budget, "whole": whole}
         if known:  # the usual read, of streams read before: by id alone
-            rows = await self.db.rows(READING_BY_ID, {"sids": stream_ids, "starts": offsets, **sizes})
+            rows = await self.db.rows(READING_BY_ID, sids=cast("list[int]", stream_ids), starts=offsets, **sizes)
         else:  # some have no id yet (or none written so far): by workflow and key (an id 0 is unknown)
-            rows = await self.db.rows(READING_BY_NAME, {
-                "sids": [sid or 0 for sid in stream_ids], "workflow_ids": workflow_ids, "keys": keys,
-                "starts": offsets, **sizes})
+            rows = await self.db.rows(READING_BY_NAME, sids=[sid or 0 for sid in stream_ids], workflow_ids=workflow_ids,
+                                      keys=keys, starts=offsets, **sizes)
         return _sorted_reads(rows, len(stream_ids), learn=not known)
 
 
@@ -211,12 +236,33 @@ _READ_BY_NAME = (
     "  FROM unnest(%(sids)s::int8[], %(workflow_ids)s::text[], %(keys)s::text[], %(starts)s::int[])"
     "   WITH ORDINALITY AS q(sid, workflow_id, key, start, i)) r" + _READ_CHUNKS
 )
-_READ_PARAMS = {"sids": wire.INT8S, "starts": wire.INT4S, "limit": wire.INT8, "budget": wire.INT8, "whole": wire.INT8}
-READING_BY_ID = wire.Statement(_READ_BY_ID, **_READ_PARAMS)
-READING_BY_NAME = wire.Statement(_READ_BY_NAME, workflow_ids=wire.TEXTS, keys=wire.TEXTS, **_READ_PARAMS)
 
 
-def _sorted_reads(rows: list[tuple[Any, ...]], asked: int, learn: bool) -> tuple[
+class Sizes(TypedDict):
+    limit: wire.Int8
+    budget: wire.Int8
+    whole: wire.Int8
+
+
+class Reading(Sizes):
+    sids: wire.Int8s  # (by name: 0, an id not known)
+    starts: wire.Int4s
+
+
+class ReadingByName(Reading):
+    workflow_ids: wire.Texts
+    keys: wire.Texts
+
+
+# A row of a read: the index asked (from 1), the stream's id, the workflow's status and whether the stream
+# is closed (for a stream with no chunks found), and a chunk found (position, value), or the first one left
+# out (cut); plain tuples, as psycopg reads them (readers read thousands a second).
+ReadRow = tuple[int, int | None, str | None, bool, int | None, bytes | None, bool | None]
+READING_BY_ID = wire.Statement(_READ_BY_ID, row=cast("type[ReadRow]", ReadRow), params=Reading)
+READING_BY_NAME = wire.Statement(_READ_BY_NAME, row=cast("type[ReadRow]", ReadRow), params=ReadingByName)
+
+
+def _sorted_reads(rows: list[ReadRow], asked: int, learn: bool) -> tuple[
         list[list[tuple[int, bytes | None]]], set[int], dict[int, int], dict[int, tuple[str | None, bool]]]:
     """The rows of a read, by index asked (the rows count from 1): the chunks found, the reads cut
     short, the stream ids learnt (only when ``learn``: some were asked by name), and the status of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 
 @dataclass(slots=True, eq=False)
@@ -59,12 +59,20 @@ class Round(NamedTuple):
     refill: float | None = None
 
 
-def claimed_of(rows: Sequence[tuple[Any, ...]], owner: str, token: int) -> list[Claimed]:
+# A row of the claim statement (``claim_sql._claim``), in order: each claimed workflow's id, name, inputs,
+# attempt, max_attempts, seconds_left, run, queue, traceparent, waited, born, expired, retries, set_start,
+# set_deadline, give_up, crashes, free and its claimer's fence epoch; then two columns that only its last
+# row fills (whose others are NULL, not as typed here): the seconds until the next delayed workflow falls
+# due, and whether suspects wait.
+ClaimRow = tuple[str, str, bytes, int, int | None, float | None, int, str, str | None, float, int, bool, int, bool,
+                 bool, bool, int | None, bool, int | None, float | None, bool | None]
+
+
+def claimed_of(rows: Sequence[ClaimRow], owner: str, token: int) -> list[Claimed]:
     """The claimed workflows of a claim's rows (all but its last, which says when the next falls due)."""
-    return [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts,
-                    seconds_left=None if left is None else float(left), queue=queue, traceparent=traceparent,
-                    waited=float(waited), lease_token=token, born=born, run=run, expired=bool(expired),
-                    retries=retries, set_start=set_start, set_deadline=set_deadline, give_up=bool(give_up),
-                    crashes=crashes, uncounted=bool(free), fence=None if epoch is None else (owner, epoch))
+    return [Claimed(id=id, name=name, inputs=inputs, attempt=attempt, max_attempts=max_attempts, seconds_left=left,
+                    queue=queue, traceparent=traceparent, waited=waited, lease_token=token, born=born, run=run,
+                    expired=expired, retries=retries, set_start=set_start, set_deadline=set_deadline,
+                    give_up=give_up, crashes=crashes, uncounted=free, fence=None if epoch is None else (owner, epoch))
             for id, name, inputs, attempt, max_attempts, left, run, queue, traceparent, waited, born, expired,
             retries, set_start, set_deadline, give_up, crashes, free, epoch, _, _ in rows]

@@ -15,18 +15,20 @@ Either is prepared where the connection allows it and sent plain through a trans
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Never, ParamSpec, TypeVar, overload
 
 import psycopg
-from psycopg import AsyncConnection, pq, sql
+from psycopg import AsyncConnection, AsyncCursor, pq, sql
 
 from .. import connecting
 from ..pool import Checkout, Pool
 from . import wire
+from .statement import UNDECLARED, Params, Statement, Untyped
 
-Params = Mapping[str, Any] | Sequence[Any] | None
+R = TypeVar("R")
+P = ParamSpec("P")
 Row = tuple[Any, ...]
 
 
@@ -36,16 +38,34 @@ def quote_identifier(name: str) -> str:
     return sql.Identifier(name).as_string()
 
 
-class Sql:
+class Sql(Statement[R, P]):
     """A statement whose parameters psycopg adapts: its template, with ``{s}`` for the schema and
-    psycopg's placeholders (``%s``, ``%(name)s``, ``%b``); ``binary``: its rows come back in binary."""
+    psycopg's placeholders (``%s``, ``%(name)s``, ``%b``); ``binary``: its rows come back in binary;
+    ``row=`` and ``params=``: its types (``statement.py``)."""
 
-    __slots__ = ("template", "binary", "_by_schema")
+    __slots__ = ("template", "binary", "_by_schema", "_cursor")
 
-    def __init__(self, template: str, *, binary: bool = False) -> None:
+    @overload
+    def __init__(self: Sql[Untyped, ...], template: str, *, binary: bool = ...) -> None: ...
+    @overload
+    def __init__(self: Sql[Never, []], template: str, *, row: None, binary: bool = ...) -> None: ...
+    @overload
+    def __init__(self: Sql[Never, P], template: str, *, row: None, params: Callable[P, object],
+                 binary: bool = ...) -> None: ...
+    @overload
+    def __init__(self: Sql[R, []], template: str, *, row: type[R], binary: bool = ...) -> None: ...
+    @overload
+    def __init__(self: Sql[R, P], template: str, *, row: type[R], params: Callable[P, object],
+                 binary: bool = ...) -> None: ...
+
+    def __init__(self, template: str, *, row: Any = UNDECLARED, params: Any = None, binary: bool = False) -> None:
+        super().__init__(row, params)
         self.template = template
         self.binary = binary
         self._by_schema: dict[str, str] = {}
+        # (a cursor that makes the declared rows, for a statement whose rows are no plain tuples)
+        make_row = self.make_row
+        self._cursor = None if make_row is tuple else lambda conn: conn.cursor(row_factory=lambda _: make_row)
 
     def for_schema(self, schema: str) -> str:
         """The statement for the (quoted) ``schema``."""
@@ -58,24 +78,25 @@ class Sql:
         return f"Sql({self.template[:60]!r}...)"
 
 
-Statement = Sql | wire.Statement
-
 # The first statement of a transaction whose reads all come from one snapshot and that writes nothing.
-SNAPSHOT = Sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+SNAPSHOT = Sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", row=None)
 
 
-def _rows(conn: AsyncConnection[Any], statement: Statement, params: Params, schema: str,
-          prepare: bool) -> Coroutine[Any, Any, list[Row]]:
+def _rows(conn: AsyncConnection[Any], statement: Statement[R, Any], params: Params, schema: str,
+          prepare: bool) -> Coroutine[Any, Any, list[R]]:
     """What every statement of the engine runs through: ``statement`` on ``conn`` (checked out, idle).
     (It hands back the statement's coroutine rather than awaiting it: no frame of its own on the hot path.)"""
     if isinstance(statement, wire.Statement):
-        assert isinstance(params, Mapping), "a wire statement takes its parameters by name"
+        assert isinstance(params, dict), "a wire statement takes its parameters by name"
         return wire.fetch(conn, statement, schema, params, prepare=prepare)
-    return _adapted(conn, statement.for_schema(schema), params, statement.binary)
+    assert isinstance(statement, Sql)
+    return _adapted(conn, statement, statement.for_schema(schema), params)
 
 
-async def _adapted(conn: AsyncConnection[Any], text: str, params: Params, binary: bool) -> list[Row]:
-    cur = await conn.execute(text, params, binary=binary)
+async def _adapted(conn: AsyncConnection[Any], statement: Sql[R, Any], text: str, params: Params) -> list[R]:
+    cursor = statement._cursor
+    cur: AsyncCursor[Any] = await (conn if cursor is None else cursor(conn)).execute(
+        text, params, binary=statement.binary)
     # (Its status, not ``cur.description``, which makes a Column of every column to say the same.)
     return await cur.fetchall() if (done := cur.pgresult) is not None and done.status == _TUPLES else []
 
@@ -83,12 +104,12 @@ async def _adapted(conn: AsyncConnection[Any], text: str, params: Params, binary
 _TUPLES = pq.ExecStatus.TUPLES_OK
 
 
-def _run(conn: AsyncConnection[Any], statement: Statement, params: Params, schema: str,
+def _run(conn: AsyncConnection[Any], statement: Statement[Any, Any], params: Params, schema: str,
          prepare: bool) -> Coroutine[Any, Any, object]:
     """``_rows`` for a statement run for what it does: what psycopg read of its rows is left unread."""
-    if isinstance(statement, wire.Statement):
-        return _rows(conn, statement, params, schema, prepare)
-    return conn.execute(statement.for_schema(schema), params, binary=statement.binary)
+    if isinstance(statement, Sql):
+        return conn.execute(statement.for_schema(schema), params, binary=statement.binary)
+    return _rows(conn, statement, params, schema, prepare)
 
 
 class Session:
@@ -96,7 +117,10 @@ class Session:
     order. ``Database.session`` makes one over a connection of the pool's; the few connections pgflow
     keeps apart from the pool (the listener's, the maintenance leader's, check-replay's read-only one,
     a migration's) are used through one made over them, with their ``schema`` (quoted; none: statements
-    that name no table of it)."""
+    that name no table of it).
+
+    A statement's parameters follow it, as its ``params=`` declares them (``statement.py``): by keyword,
+    in order, or (a statement not typed yet) in one mapping or sequence."""
 
     __slots__ = ("conn", "_schema", "_prepares")
 
@@ -105,23 +129,25 @@ class Session:
         self._schema = schema
         self._prepares = prepares
 
-    def rows(self, statement: Statement, params: Params = None) -> Coroutine[Any, Any, list[Row]]:
+    def rows(self, statement: Statement[R, P], /, *args: P.args,
+             **kwargs: P.kwargs) -> Coroutine[Any, Any, list[R]]:
         """The rows ``statement`` returns (none for one that returns no rows)."""
+        params = kwargs if kwargs and statement.named else statement.given(args, kwargs)
         return _rows(self.conn, statement, params, self._schema, self._prepares)
 
-    async def row(self, statement: Statement, params: Params = None) -> Row | None:
+    async def row(self, statement: Statement[R, P], /, *args: P.args, **kwargs: P.kwargs) -> R | None:
         """The first row ``statement`` returns, or None."""
-        rows = await _rows(self.conn, statement, params, self._schema, self._prepares)
+        rows = await _rows(self.conn, statement, statement.given(args, kwargs), self._schema, self._prepares)
         return rows[0] if rows else None
 
-    async def run(self, statement: Statement, params: Params = None) -> None:
+    async def run(self, statement: Statement[Any, P], /, *args: P.args, **kwargs: P.kwargs) -> None:
         """Run ``statement`` for what it does, not for rows."""
-        await _run(self.conn, statement, params, self._schema, self._prepares)
+        await _run(self.conn, statement, statement.given(args, kwargs), self._schema, self._prepares)
 
-    def rows_then_durable(self, statement: wire.Statement,
-                          params: Mapping[str, Any]) -> Coroutine[Any, Any, list[Row]]:
+    def rows_then_durable(self, statement: wire.Statement[R, P], /, *args: P.args,
+                          **kwargs: P.kwargs) -> Coroutine[Any, Any, list[R]]:
         """``rows``, then a commit that waits for the disk, in the same round trip (``wire.fetch_then_durable``)."""
-        return wire.fetch_then_durable(self.conn, statement, self._schema, params)
+        return wire.fetch_then_durable(self.conn, statement, self._schema, kwargs)
 
     async def script(self, text: bytes) -> None:
         """Run a script of many commands as it is (a migration's file, its schema filled in): no
@@ -153,7 +179,8 @@ class _Checkout(Session):
 
 
 class Database:
-    """One schema's tables behind one pool: what every port runs its statements through."""
+    """One schema's tables behind one pool: what every port runs its statements through, each on a
+    connection of its own (``session``: several on one), with its parameters as ``Session`` takes them."""
 
     def __init__(self, pool: Pool, schema: str) -> None:
         self.pool = pool
@@ -164,20 +191,23 @@ class Database:
         """A connection of the pool's, whose use must be over ``within`` seconds (``Pool.connection``)."""
         return _Checkout(self.pool.connection(within=within), self.quoted, self.pool.prepares)
 
-    async def rows(self, statement: Statement, params: Params = None, *, within: float | None = None) -> list[Row]:
+    async def rows(self, statement: Statement[R, P], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """``statement``'s rows, on a connection of its own."""
-        async with self.pool.connection(within=within) as conn:
+        params = kwargs if kwargs and statement.named else statement.given(args, kwargs)
+        async with self.pool.connection() as conn:
             return await _rows(conn, statement, params, self.quoted, self.pool.prepares)
 
-    async def row(self, statement: Statement, params: Params = None, *, within: float | None = None) -> Row | None:
+    async def row(self, statement: Statement[R, P], /, *args: P.args, **kwargs: P.kwargs) -> R | None:
         """``statement``'s first row or None, on a connection of its own."""
-        async with self.pool.connection(within=within) as conn:
+        params = statement.given(args, kwargs)
+        async with self.pool.connection() as conn:
             rows = await _rows(conn, statement, params, self.quoted, self.pool.prepares)
         return rows[0] if rows else None
 
-    async def run(self, statement: Statement, params: Params = None, *, within: float | None = None) -> None:
+    async def run(self, statement: Statement[Any, P], /, *args: P.args, **kwargs: P.kwargs) -> None:
         """Run ``statement`` for what it does, on a connection of its own."""
-        async with self.pool.connection(within=within) as conn:
+        params = statement.given(args, kwargs)
+        async with self.pool.connection() as conn:
             await _run(conn, statement, params, self.quoted, self.pool.prepares)
 
     async def on_this_machine(self) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from . import wire
-from .channel import Pings, riding
+from .channel import Pings, Riding, riding
 from .database import Port
 from .fencing import held
 
@@ -30,8 +31,19 @@ FINISH = (
 )
 
 
-FINISHING = wire.Statement(FINISH, ids=wire.TEXTS, leases=wire.INT8S, statuses=wire.TEXTS, outputs=wire.BYTEAS,
-                           errors=wire.TEXTS, n=wire.INT4, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+Ended = tuple[str, int]  # an end recorded: the workflow's id and its claim's token (the rows of FINISHING's)
+
+
+class Finishing(Riding):
+    ids: wire.Texts
+    leases: wire.Int8s
+    statuses: wire.Texts
+    outputs: wire.Byteas
+    errors: wire.Texts
+    n: wire.Int4
+
+
+FINISHING = wire.Statement(FINISH, row=tuple[str, int], params=Finishing)
 
 # A batch of one end (what a worker with little to do sends): one row cannot be locked out of order,
 # so the update finds it and locks it itself, with the same fence, its values given as they are (no
@@ -46,17 +58,26 @@ FINISH_ONE = (
     " SELECT id, lease_token FROM done"
     + riding(2, "EXISTS (SELECT FROM done)")
 )
-FINISHING_ONE = wire.Statement(FINISH_ONE, id=wire.TEXT, lease=wire.INT8, status=wire.TEXT, output=wire.BYTEA,
-                               error=wire.TEXT, pings_channels=wire.TEXTS, pings=wire.TEXTS)
+
+
+class FinishingOne(Riding):
+    id: wire.Text
+    lease: wire.Int8
+    status: wire.Text
+    output: wire.Bytea | None
+    error: wire.Text | None
+
+
+FINISHING_ONE = wire.Statement(FINISH_ONE, row=tuple[str, int], params=FinishingOne)
 
 
 class Ends(Port):
     """The end statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def finish_many(
-        self, workflow_ids: list[str], lease_tokens: list[int], statuses: list[str], outputs: list[bytes | None],
-        errors: list[dict[str, Any] | None], pings: Pings,
-    ) -> set[tuple[str, int]]:
+        self, workflow_ids: Sequence[str], lease_tokens: Sequence[int], statuses: Sequence[str],
+        outputs: Sequence[bytes | None], errors: Sequence[dict[str, Any] | None], pings: Pings,
+    ) -> set[Ended]:
         """Record the ends of many executions in one autocommit statement; ``pings`` go out with its
         commit only if every end was recorded (they may carry the ends: one that was not recorded
         must not reach a caller). An end is recorded only while its claim (``lease_tokens``)
@@ -69,12 +90,11 @@ class Ends(Port):
         """
         texts = [None if e is None else _ERRORS.encode(e).decode() for e in errors]
         if len(workflow_ids) == 1:
-            rows = await self.db.rows(FINISHING_ONE, {
-                "id": workflow_ids[0], "lease": lease_tokens[0], "status": statuses[0], "output": outputs[0],
-                "error": texts[0], "pings_channels": pings.channels, "pings": pings.payloads})
+            rows = await self.db.rows(
+                FINISHING_ONE, id=workflow_ids[0], lease=lease_tokens[0], status=statuses[0], output=outputs[0],
+                error=texts[0], pings_channels=pings.channels, pings=pings.payloads)
         else:
-            rows = await self.db.rows(FINISHING, {
-                "ids": workflow_ids, "leases": lease_tokens, "statuses": statuses, "outputs": outputs,
-                "errors": texts, "n": len(workflow_ids), "pings_channels": pings.channels,
-                "pings": pings.payloads})
-        return {(str(id), int(token)) for id, token in rows}
+            rows = await self.db.rows(
+                FINISHING, ids=workflow_ids, leases=lease_tokens, statuses=statuses, outputs=outputs, errors=texts,
+                n=len(workflow_ids), pings_channels=pings.channels, pings=pings.payloads)
+        return set(rows)

@@ -33,7 +33,16 @@ HOLDS_LOCKED = (
     "SELECT w.id FROM (SELECT id, lease_token, status FROM {s}.workflows WHERE id = %s LIMIT 1 FOR NO KEY UPDATE) w"
     " WHERE w.lease_token = %s AND w.status = 'running'"
 )
-HOLDS = Sql(HOLDS_LOCKED)
+
+
+class Holding(NamedTuple):
+    """The parameters of ``HOLDS_LOCKED``: the workflow, and the claim's token."""
+
+    id: str
+    lease: int
+
+
+HOLDS = Sql(HOLDS_LOCKED, row=tuple[str], params=Holding)
 
 
 def held(name: str, asked: str, select: str, *, lock: str = "", by: str = "w.lease_token = a.lease") -> str:

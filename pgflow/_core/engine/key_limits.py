@@ -29,7 +29,10 @@ suspects run beside them afterwards: the limit broken by a crash.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from .database import Port, Sql
+from .statement import Batch
 
 
 def keyed_queued(verdict: str, not_paused: str) -> str:
@@ -90,6 +93,11 @@ def keyed_queued(verdict: str, not_paused: str) -> str:
 
 # When a round came up short and the queue has a per-key rate: the seconds until the first key with due
 # work whose bucket ran dry has a whole token again (None: no such key), for the claim loop's next look.
+class NextToken(TypedDict):
+    queue: str
+    names: list[str]
+
+
 NEXT_TOKEN = Sql(
     "SELECT min((1 - b.tokens) * q.rate_period / q.key_rate_limit) FROM {s}.queues q"
     " CROSS JOIN LATERAL (SELECT k.key, least(q.key_rate_limit::float8, k.tokens + q.key_rate_limit"
@@ -97,8 +105,8 @@ NEXT_TOKEN = Sql(
     "  FROM {s}.queue_keys k WHERE k.queue = q.name) b"
     " WHERE q.name = %(queue)s AND q.key_rate_limit IS NOT NULL AND b.tokens < 1"
     "  AND EXISTS (SELECT FROM {s}.workflows w WHERE w.status = 'queued' AND w.queue = q.name AND w.key = b.key"
-    "   AND w.due_at <= {s}.clock_now() AND w.name = ANY(%(names)s) AND w.crashes IS NULL)"
-)
+    "   AND w.due_at <= {s}.clock_now() AND w.name = ANY(%(names)s) AND w.crashes IS NULL)",
+    row=tuple[float | None], params=NextToken)
 
 # Buckets that are full again (a key without a row has a full bucket), and those of queues that have
 # no per-key rate any more. The delete tests the row it deletes again: a claim that spent the bucket
@@ -110,8 +118,7 @@ FULL_BUCKETS = Sql(
     f"WITH full_ AS (SELECT k.queue, k.key FROM {{s}}.queue_keys k WHERE {_FULL} LIMIT %(batch)s),"
     " gone AS (DELETE FROM {s}.queue_keys k USING full_ f WHERE k.queue = f.queue AND k.key = f.key"
     f"  AND {_FULL} RETURNING 1)"
-    " SELECT count(*) FROM gone"
-)
+    " SELECT count(*) FROM gone", row=tuple[int], params=Batch)
 
 
 class KeyLimits(Port):
@@ -119,5 +126,5 @@ class KeyLimits(Port):
 
     async def prune_buckets(self, batch: int) -> int:
         """Delete up to ``batch`` buckets that are full again; how many went."""
-        row = await self.db.row(FULL_BUCKETS, {"batch": batch})
-        return int(row[0]) if row else 0
+        row = await self.db.row(FULL_BUCKETS, batch=batch)
+        return row[0] if row else 0

@@ -94,7 +94,7 @@ class HealthRead(NamedTuple):
     waiting: list[WaitingRow]
 
 
-def _listing(order: str) -> Sql:
+def _listing(order: str) -> Sql[tuple[Any, ...], ...]:
     """The light records of the workflows that match every filter given, by creation time in ``order``."""
     return Sql(
         f"SELECT {RECORD} FROM {{s}}.workflows"

@@ -47,7 +47,7 @@ class Reruns(Port):
         (which counts runs cut short). A cancellation asked for meanwhile ends it as cancelled.
         None when the claim no longer holds it."""
         async with self.db.session() as s, s.transaction():
-            if await s.row(HOLDS, (workflow_id, lease_token)) is None:
+            if await s.row(HOLDS, workflow_id, lease_token) is None:
                 return None
             await s.run(FORGET_FROM_ERROR, {"id": workflow_id})
             await s.run(FORGET_ATTEMPTS, (workflow_id,))

@@ -3,13 +3,15 @@ and expires, and what the start found."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 from . import wire
-from .channel import Pings, ping_parameters, riding
+from .channel import Pings, Riding, ping_parameters, riding
 from .database import Port, Sql
+from .statement import Id
 
 # A row's creation time in microseconds: what binds news of a workflow to this one of its id.
 BORN = "(extract(epoch FROM created_at) * 1000000)::int8"
@@ -24,8 +26,16 @@ class Timing:
     expires_at: datetime | None = None
     expires_in: float | None = None
 
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self) -> Timed:
         return {"eta": self.eta, "expires_at": self.expires_at, "expires_in": self.expires_in}
+
+
+class Timed(TypedDict):
+    """``Timing``'s parameters, as the start statements name them (``DUE``, ``EXPIRES``)."""
+
+    eta: wire.Timestamptz | None
+    expires_at: wire.Timestamptz | None
+    expires_in: wire.Float8 | None
 
 
 NO_TIMING = Timing()
@@ -53,10 +63,24 @@ class NewWorkflows:
     when: Timing = NO_TIMING
     key: str | None = None
 
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self) -> New:
         return {"name": self.name, "queue": self.queue, "priority": self.priority, "delay": self.delay,
                 "max_attempts": self.max_attempts, "timeout": self.timeout, "parent": self.parent,
                 "traceparent": self.traceparent, "start_key": self.key, **self.when.parameters()}
+
+
+class New(Timed):
+    """``NewWorkflows``' parameters, as the start statements name them."""
+
+    name: wire.Text
+    queue: wire.Text
+    priority: wire.Int4
+    delay: wire.Float8
+    max_attempts: wire.Int4 | None
+    timeout: wire.Float8 | None
+    parent: wire.Text | None
+    traceparent: wire.Text | None
+    start_key: wire.Text | None
 
 
 class Started(NamedTuple):
@@ -85,17 +109,38 @@ START = (
     f" UNION ALL SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %(id)s"
     "  AND NOT EXISTS (SELECT FROM new)" + riding(3)
 )
-STARTING = wire.Statement(
-    START, id=wire.TEXT, name=wire.TEXT, queue=wire.TEXT, priority=wire.INT4, inputs=wire.BYTEA, eta=wire.TIMESTAMPTZ,
-    delay=wire.FLOAT8, max_attempts=wire.INT4, timeout=wire.FLOAT8, parent=wire.TEXT, traceparent=wire.TEXT,
-    expires_at=wire.TIMESTAMPTZ, expires_in=wire.FLOAT8, pings_channels=wire.TEXTS, pings=wire.TEXTS, lazy=wire.BOOL,
-    start_key=wire.TEXT)
+
+
+class Starting(New, Riding):
+    id: wire.Text
+    inputs: wire.Bytea
+    lazy: wire.Bool
+
+
+# (its row made a Started in psycopg's loop: one row, and no conversion of each column after)
+STARTING = wire.Statement(START, row=Started, params=Starting)
 # Whether this role may send the second commit of ``wire.fetch_then_durable`` (see ``Starts.enqueue``).
-CAN_BE_DURABLE_AFTER = Sql(wire.CAN_BE_DURABLE_AFTER)
-# A workflow's name and birth, once a start found its id taken by a start it could not see yet.
-FOUND = Sql(f"SELECT name, {BORN} FROM {{s}}.workflows WHERE id = %s")
+CAN_BE_DURABLE_AFTER = Sql(wire.CAN_BE_DURABLE_AFTER, row=tuple[bool])
+# What a start found, once it found its id taken by a start it could not see yet.
+FOUND = Sql(f"SELECT false, name, {BORN} FROM {{s}}.workflows WHERE id = %s", row=Started, params=Id)
 # Many starts of one name in one statement, each id inserted unless it exists (with its key), and what
 # each found (by its ordinal in the ids asked).
+class EnqueueMany(New, Riding):
+    ids: Sequence[str]
+    inputs: Sequence[bytes]
+    keys: Sequence[str | None]
+
+
+class Enqueued(NamedTuple):
+    """A start of ``ENQUEUE_MANY``: its ordinal ``n`` in the ids asked, whether it ``created`` the row,
+    and the ``name`` and birth of the row its id holds (None: a start it could not see took the id)."""
+
+    n: int
+    created: bool
+    name: str | None
+    born: int | None
+
+
 ENQUEUE_MANY = Sql(
     "WITH asked AS (SELECT * FROM unnest(%(ids)b::text[], %(inputs)b::bytea[], %(keys)s::text[])"
     "   WITH ORDINALITY AS a(id, inputs, key, n)),"
@@ -109,8 +154,8 @@ ENQUEUE_MANY = Sql(
     " SELECT a.n, new.id IS NOT NULL, coalesce(new.name, w.name),"
     "  coalesce(new.born, (extract(epoch FROM w.created_at) * 1000000)::int8) FROM asked a"
     " LEFT JOIN new ON new.id = a.id"
-    " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4)
-)
+    " LEFT JOIN {s}.workflows w ON w.id = a.id AND new.id IS NULL" + riding(4),
+    row=Enqueued, params=EnqueueMany)
 
 
 class Starts(Port):
@@ -129,50 +174,50 @@ class Starts(Port):
         saves. Through a pooler, which may not take a pipeline, always in one durable commit, as when
         the role may not send the second commit's message."""
         if self._durable_after is None:
-            may = await self.db.row(CAN_BE_DURABLE_AFTER, ()) if self.db.pool.prepares else None
+            may = await self.db.row(CAN_BE_DURABLE_AFTER) if self.db.pool.prepares else None
             self._durable_after = may is not None and may[0] is True
         alone = self._durable_after and not self._starts_in_flight
         self._starts_in_flight += 1
         try:
-            given = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
-                     "pings": pings.payloads, "lazy": alone}
+            given: Starting = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
+                               "pings": pings.payloads, "lazy": alone}
             if alone:
                 async with self.db.session() as s:
-                    rows = await s.rows_then_durable(STARTING, given)
+                    rows = await s.rows_then_durable(STARTING, **given)
             else:
-                rows = await self.db.rows(STARTING, given)
+                rows = await self.db.rows(STARTING, **given)
         finally:
             self._starts_in_flight -= 1
-        row = rows[0] if rows else None
-        if row is None:
-            # The row was inserted by a concurrent start whose commit we could not see yet; ours
-            # waited on its unique index entry, so it is committed now.
-            found = await self.db.row(FOUND, (id,))
-            if found is None:
-                raise LookupError(id)
-            return Started(False, str(found[0]), int(found[1]))
-        return Started(bool(row[0]), str(row[1]), int(row[2]))
+        if rows:
+            return rows[0]
+        # The row was inserted by a concurrent start whose commit we could not see yet; ours waited on
+        # its unique index entry, so it is committed now.
+        found = await self.db.row(FOUND, id)
+        if found is None:
+            raise LookupError(id)
+        return found
 
     async def enqueue_many(self, ids: list[str], inputs: list[bytes], new: NewWorkflows,
                            pings: Pings, keys: list[str | None] | None = None) -> list[Started]:
         """Insert many queued workflows of one name in one statement, skipping ids that exist; what
         each start found, in the order of ``ids``. ``keys``: each start's key (None: ``new.key``)."""
         async with self.db.session() as s:
-            rows = await s.rows(ENQUEUE_MANY, {
-                "ids": ids, "inputs": inputs, "keys": keys if keys is not None else [new.key] * len(ids),
-                **new.parameters(), **ping_parameters(s.conn, pings)})
+            rows = await s.rows(ENQUEUE_MANY, ids=ids, inputs=inputs,
+                                keys=keys if keys is not None else [new.key] * len(ids),
+                                **new.parameters(), **ping_parameters(s.conn, pings))
         found: list[Started] = [Started(False, "", 0)] * len(ids)
         created_here: set[str] = set()
-        for n, created, row_name, born in rows:
-            id = ids[n - 1]
+        for row in rows:
+            id, created = ids[row.n - 1], row.created
             if created and id in created_here:
                 created = False  # the same id twice in one list: created once
             if created:
                 created_here.add(id)
-            if row_name is None:  # a concurrent start inserted it and committed after our snapshot
-                late = await self.db.row(FOUND, (id,))
+            if row.name is None or row.born is None:  # a concurrent start inserted it and committed after our snapshot
+                late = await self.db.row(FOUND, id)
                 if late is None:
                     raise LookupError(id)
-                row_name, born = late
-            found[n - 1] = Started(bool(created), str(row_name), int(born))
+                found[row.n - 1] = late
+            else:
+                found[row.n - 1] = Started(created, row.name, row.born)
         return found

@@ -116,7 +116,7 @@ class Waits(Port):
         message, or the send waits for this commit and then finds the workflow waiting for its topic.
         (fencing.HOLDS_LOCKED)"""
         async with self.db.session() as s, s.transaction():
-            if await s.row(HOLDS, (workflow_id, lease_token)) is None:
+            if await s.row(HOLDS, workflow_id, lease_token) is None:
                 return None
             row = await s.row(SUSPEND, {"id": workflow_id, "topic": topic, "until": until})
         return None if row is None else Requeued(str(row[0]), Status(row[1]))

@@ -26,16 +26,21 @@ import asyncio
 import itertools
 import re
 import struct
+import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, pq
 from psycopg.adapt import Transformer
 
 from . import arrays
+from .statement import Statement as Declared
+
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class Param(NamedTuple):
@@ -68,33 +73,65 @@ BYTEAS = Param(1001, lambda values: bytes(values) if isinstance(values, arrays.B
 TIMESTAMPTZS = Param(1185, lambda values: arrays.timestamptzs(
     [None if at is None else _microseconds(at) for at in values]))
 
+# A parameter's type as a statement's ``params=`` (a TypedDict) declares it: the Python type its callers
+# give, annotated with how it is sent (``key: Int8``; ``key: Text | None``, which may be NULL).
+Text = Annotated[str, TEXT]
+Bytea = Annotated[bytes, BYTEA]
+Bool = Annotated[bool, BOOL]
+Int4 = Annotated[int, INT4]
+Int8 = Annotated[int, INT8]
+Float8 = Annotated[float, FLOAT8]
+Timestamptz = Annotated[datetime, TIMESTAMPTZ]
+Texts = Annotated[Sequence[str | None] | arrays.TextArray, TEXTS]
+Int4s = Annotated[Sequence[int] | arrays.Int4Array, INT4S]
+Int8s = Annotated[Sequence[int] | arrays.Int8Array, INT8S]
+Byteas = Annotated[Sequence[bytes | None] | arrays.ByteaArray, BYTEAS]
+Timestamptzs = Annotated[Sequence[datetime | None], TIMESTAMPTZS]
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 _names = itertools.count(1)
 
 
-class Statement:
-    """One statement: its SQL, with ``{s}`` for the schema and ``%(name)s`` placeholders, and the
-    type of each parameter it names."""
+def declared(params: Callable[..., object]) -> dict[str, Param]:
+    """The type of each parameter a ``params=`` TypedDict declares (``Text``, ``Int8 | None``, ...)."""
+    found = {}
+    for name, hint in typing.get_type_hints(params, include_extras=True).items():
+        kinds = [arg for arg in typing.get_args(hint) if typing.get_origin(arg) is Annotated] or [hint]
+        marks = [mark for kind in kinds for mark in getattr(kind, "__metadata__", ()) if isinstance(mark, Param)]
+        if len(marks) != 1:
+            raise TypeError(f"parameter {name!r} of {params.__name__} is no wire type (Text, Int8, ...): {hint!r}")
+        found[name] = marks[0]
+    return found
 
-    def __init__(self, template: str, **params: Param) -> None:
+
+class Statement(Declared[R, P]):
+    """One statement: its SQL, with ``{s}`` for the schema and ``%(name)s`` placeholders; the type of
+    its rows (``row=``: a NamedTuple, or a ``tuple[...]`` for rows left as psycopg reads them) and of
+    each parameter it names (``params=``: a TypedDict of the types above)."""
+
+    __slots__ = ("_template", "_names", "_types", "_packs", "_formats", "_by_schema")
+
+    def __init__(self, template: str, *, row: type[R], params: Callable[P, object]) -> None:
+        super().__init__(row, params)
+        types = declared(params)
         order: list[str] = []
 
         def number(match: re.Match[str]) -> str:
             name = match.group(1)
             if name is None:
                 return "%"
-            if name not in params:
+            if name not in types:
                 raise TypeError(f"the statement names %({name})s, whose type is not given")
             if name not in order:
                 order.append(name)
             return f"${order.index(name) + 1}"
 
         self._template = _PLACEHOLDER.sub(number, template)
-        if unused := set(params) - set(order):
+        if unused := set(types) - set(order):
             raise TypeError(f"parameters given that the statement does not name: {sorted(unused)}")
         self._names = order
-        self._types = [params[name].oid for name in order]
-        self._packs = [params[name].pack for name in order]
+        self._types = [types[name].oid for name in order]
+        self._packs = [types[name].pack for name in order]
         self._formats = [1] * len(order)
         self._by_schema: dict[str, tuple[bytes, bytes]] = {}  # quoted schema -> (SQL, prepared name)
 
@@ -115,22 +152,22 @@ class Statement:
 _prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], set[bytes]] = weakref.WeakKeyDictionary()
 
 
-async def fetch(conn: AsyncConnection[Any], statement: Statement, schema: str, given: Mapping[str, Any],
-                *, prepare: bool = True) -> list[tuple[Any, ...]]:
+async def fetch(conn: AsyncConnection[Any], statement: Statement[R, Any], schema: str, given: Mapping[str, Any],
+                *, prepare: bool = True) -> list[R]:
     """Run ``statement`` on ``conn`` (checked out, idle) with the ``given`` values; its rows."""
     sql, name = statement.for_schema(schema)
     values = statement.values(given)
     pgconn = conn.pgconn
     if not prepare:
         pgconn.send_query_params(sql, values, statement._types, statement._formats, 1)
-        return _rows(conn, await _results(pgconn))
+        return _rows(conn, await _results(pgconn), statement.make_row)
     for _ in _ONCE_MORE:
         await _prepare(conn, statement, sql, name)
         pgconn.send_query_prepared(name, values, statement._formats, 1)
         results = await _results(pgconn)
         if not _forgotten(conn, results):
             break
-    return _rows(conn, results)
+    return _rows(conn, results, statement.make_row)
 
 
 _ONCE_MORE = range(2)  # a statement the server forgot is prepared again and sent once more
@@ -149,7 +186,7 @@ def _forgotten(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult]) -
     return False
 
 
-async def _prepare(conn: AsyncConnection[Any], statement: Statement, sql: bytes, name: bytes) -> None:
+async def _prepare(conn: AsyncConnection[Any], statement: Statement[Any, Any], sql: bytes, name: bytes) -> None:
     """Prepare ``statement`` on ``conn`` under ``name``, once per connection."""
     done = _prepared.get(conn)
     if done is None:
@@ -173,8 +210,8 @@ CAN_BE_DURABLE_AFTER = ("SELECT coalesce(bool_and(has_function_privilege(oid, 'E
                         "  AND pronamespace = 'pg_catalog'::regnamespace")
 
 
-async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, schema: str,
-                             given: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement[R, Any], schema: str,
+                             given: Mapping[str, Any]) -> list[R]:
     """``fetch`` for a ``statement`` whose own commit does not wait for the disk (it sets
     ``synchronous_commit`` off for itself), followed in the same round trip, pipelined, by a commit
     that does wait: the statement's rows come back only once what it wrote, and what it read that
@@ -196,7 +233,7 @@ async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement, s
         pgconn.exit_pipeline_mode()
         if not _forgotten(conn, results[:-1]):  # (then nothing ran, and the durable commit was an empty one)
             break
-    rows = _rows(conn, results[:-1])  # (the statement's error first, if it failed)
+    rows = _rows(conn, results[:-1], statement.make_row)  # (the statement's error first, if it failed)
     _rows(conn, results[-1:])
     return rows
 
@@ -243,13 +280,15 @@ _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)  # (a pipeline's later
 # one has failed, come back PIPELINE_ABORTED: an error too, after the failed statement's own)
 
 
-def _rows(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult]) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = []
+def _rows(conn: AsyncConnection[Any], results: Sequence[pq.abc.PGresult],
+          make_row: Callable[[Any], Any] = tuple) -> list[Any]:
+    """The rows of ``results``, each made by ``make_row`` of the tuple psycopg read (``tuple``: that tuple)."""
+    rows: list[Any] = []
     for result in results:
         if result.status not in _OK:
             raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
         if result.ntuples:
             loader = Transformer.from_context(conn)
             loader.set_pgresult(result, format=pq.Format.BINARY)
-            rows += loader.load_rows(0, result.ntuples, tuple)
+            rows += loader.load_rows(0, result.ntuples, make_row)
     return rows

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 from .database import Port, Sql
 from .fencing import held
@@ -23,17 +23,40 @@ def new_fence(worker: str) -> str:
             " ON CONFLICT (worker) DO NOTHING")
 
 
+class Registering(TypedDict):
+    """A worker as the registry records it (``REGISTER``; its heartbeat's upsert, ``HEARTBEAT``)."""
+
+    host: str
+    pid: int
+    queues: list[str]
+    version: str
+    names: list[str]
+    lease: float | None
+
+
+class Register(Registering):
+    id: str
+
+
+class Beating(Registering):
+    owner: str  # the worker's id
+    running: list[str]  # the workflows it runs, sorted
+
+
+class OfWorker(TypedDict):
+    id: str
+
+
 # A worker registered, with a fence of its own.
 REGISTER = Sql(
     "WITH fence AS (" + new_fence("id") + ")"
     " INSERT INTO {s}.workers (id, host, pid, queues, version, names, lease)"
-    " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)"
-)
+    " VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(version)s, %(names)s, %(lease)s)",
+    row=None, params=Register)
 # A worker forgotten with its fence.
 UNREGISTER = Sql(
     "WITH gone AS (DELETE FROM {s}.worker_fences WHERE worker = %(id)s)"
-    " DELETE FROM {s}.workers WHERE id = %(id)s"
-)
+    " DELETE FROM {s}.workers WHERE id = %(id)s", row=None, params=OfWorker)
 # A heartbeat (``Workers.heartbeat``): the worker alive, its fence there, the leases it names extended.
 HEARTBEAT = Sql(
     # An upsert: a worker the others forgot (it was cut off for a while) comes back.
@@ -48,8 +71,13 @@ HEARTBEAT = Sql(
                by="w.lease_owner = %(owner)s") +
     " UPDATE {s}.workflows SET lease_expires_at = now() + make_interval(secs => %(lease)s)"
     " WHERE id IN (SELECT id FROM renewed) AND EXISTS (SELECT FROM lazy)"
-    " RETURNING id, attempt, cancel_requested"
-)
+    " RETURNING id, attempt, cancel_requested", row=Held, params=Beating)
+
+
+class Silent(NamedTuple):
+    seconds: float
+
+
 # The workers silent for a while forgotten, with their fences; how many.
 FORGET = Sql(
     "WITH forgotten AS (DELETE FROM {s}.workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
@@ -58,8 +86,7 @@ FORGET = Sql(
     " doomed AS (SELECT worker FROM {s}.worker_fences WHERE worker IN (SELECT id FROM forgotten)"
     "  ORDER BY worker FOR UPDATE),"
     " gone AS (DELETE FROM {s}.worker_fences WHERE worker IN (SELECT worker FROM doomed))"
-    " SELECT count(*) FROM forgotten"
-)
+    " SELECT count(*) FROM forgotten", row=tuple[int], params=Silent)
 
 
 class Workers(Port):
@@ -67,12 +94,11 @@ class Workers(Port):
 
     async def register_worker(self, id: str, host: str, pid: int, queues: Sequence[str],
                               version: str, names: Sequence[str], lease_seconds: float | None = None) -> None:
-        await self.db.run(REGISTER, {
-            "id": id, "host": host, "pid": pid, "queues": list(queues), "version": version, "names": list(names),
-            "lease": lease_seconds})
+        await self.db.run(REGISTER, id=id, host=host, pid=pid, queues=list(queues), version=version,
+                          names=list(names), lease=lease_seconds)
 
     async def unregister_worker(self, id: str) -> None:
-        await self.db.run(UNREGISTER, {"id": id})
+        await self.db.run(UNREGISTER, id=id)
 
     async def heartbeat(self, owner: str, lease_seconds: float, host: str, pid: int, queues: Sequence[str],
                         version: str, names: Sequence[str], running: Sequence[str],
@@ -84,12 +110,11 @@ class Workers(Port):
         A heartbeat lost in a crash harms nothing (the leases simply run out), so it does not wait
         for the disk. One not answered ``within`` seconds is abandoned with its connection: the next
         one, on a fresh link, may still come in time."""
-        rows = await self.db.rows(HEARTBEAT, {
-            "owner": owner, "lease": lease_seconds, "host": host, "pid": pid, "queues": list(queues),
-            "version": version, "names": list(names), "running": list(running)}, within=within)
-        return [Held(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
+        async with self.db.session(within=within) as s:
+            return await s.rows(HEARTBEAT, owner=owner, lease=lease_seconds, host=host, pid=pid, queues=list(queues),
+                                version=version, names=list(names), running=list(running))
 
     async def forget_workers(self, silent_for: float) -> int:
         """Forget the workers whose heartbeat has been silent for ``silent_for`` seconds."""
-        row = await self.db.row(FORGET, (silent_for,))
-        return int(row[0]) if row else 0
+        row = await self.db.row(FORGET, silent_for)
+        return row[0] if row else 0
