@@ -6,7 +6,24 @@ source, so a new ``conn.execute`` anywhere fails here before it ships."""
 from __future__ import annotations
 
 import ast
+import collections.abc
+import importlib
+import re
+import types
+import typing
+from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+from pgflow._core.engine import quote_identifier, wire
+from pgflow._core.engine.database import Sql
+from pgflow._core.engine.migrations import migrate
+from pgflow._core.engine.statement import Statement
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pgflow"
 ENGINE = PACKAGE / "_core" / "engine"
@@ -91,3 +108,160 @@ def test_statements_are_named_at_import_not_built_per_call() -> None:
                 if isinstance(node, ast.Call) and ast.unparse(node.func) in ("Sql", "wire.Statement"):
                     built.add((name, function.name))
     assert built == BUILT_AT_CALL_TIME
+
+
+# -- each statement's types (issue 41): its rows and its parameters, as it declares them (engine/statement.py)
+
+# Modules whose statements are not typed yet (their rows plain tuples of anything, their parameters one
+# mapping or sequence): the free-standing streams', under change elsewhere when the rest was typed.
+NOT_TYPED_YET = {"free_appends", "free_rows", "free_streams",
+                 # (being typed)
+                 "channel", "clock", "dashboard", "debounces", "details", "journal", "management", "migrations",
+                 "partitions", "pausing", "replay", "reruns", "sessions", "waits", "workflows"}
+_PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sb]|%[sb]")
+
+
+def _statements(module: str) -> dict[str, Statement[Any, Any]]:
+    """The statements named in ``module`` of the engine (``NAME``; ``NAME[key]`` for one of a dict of variants)."""
+    found: dict[str, Statement[Any, Any]] = {}
+    for name, value in vars(importlib.import_module(f"pgflow._core.engine.{module}")).items():
+        if isinstance(value, Statement):
+            found[name] = value
+        elif isinstance(value, dict):
+            found |= {f"{name}[{key!r}]": v for key, v in value.items() if isinstance(v, Statement)}
+    return found
+
+
+def catalogue() -> dict[str, Statement[Any, Any]]:
+    """Every statement of the engine, each once (``module.NAME``, under the first module that names it)."""
+    found: dict[int, tuple[str, Statement[Any, Any]]] = {}
+    for path in sorted(ENGINE.glob("*.py")):
+        for name, statement in _statements(path.stem).items():
+            found.setdefault(id(statement), (f"{path.stem}.{name}", statement))
+    return dict(found.values())
+
+
+def typed() -> dict[str, Statement[Any, Any]]:
+    """The statements that declare their types: all but those of ``NOT_TYPED_YET``."""
+    left = {id(statement) for module in NOT_TYPED_YET for statement in _statements(module).values()}
+    return {name: statement for name, statement in catalogue().items() if id(statement) not in left}
+
+
+def test_every_statement_declares_its_rows() -> None:
+    """``row=``: a NamedTuple, a ``tuple[...]``, or None for a statement that returns none (whether it
+    does, and how many columns of which types, the server says below)."""
+    assert [name for name, statement in typed().items() if statement.untyped] == []
+    assert [name for name in catalogue() if name.split(".")[0] in NOT_TYPED_YET], "NOT_TYPED_YET lists no module left"
+
+
+def test_each_statements_parameters_are_the_ones_it_names() -> None:
+    """A TypedDict names each ``%(name)s`` of its statement, a NamedTuple has one field per ``%s``, and a
+    statement that declares none has no placeholder. (A ``wire.Statement`` checks its own as it is made.)"""
+    wrong = {}
+    for name, statement in typed().items():
+        if not isinstance(statement, Sql) or statement.untyped:
+            continue
+        marks = [m for m in _PLACEHOLDER.finditer(statement.template) if m.group(0) != "%%"]
+        names, positional = {m.group(1) for m in marks if m.group(1)}, sum(1 for m in marks if not m.group(1))
+        spec = statement.params
+        declared = (set(), 0) if spec is None else (set(typing.get_type_hints(spec)), 0) if statement.named \
+            else (set(), len(spec._fields))
+        if declared != (names, positional):
+            wrong[name] = (declared, (names, positional))
+    assert wrong == {}
+
+
+# What a column or parameter of each type is in Python (psycopg's loaders and dumpers), by the type's name;
+# an array's ("_text") is a list of its element's.
+PYTHON = {"int2": int, "int4": int, "int8": int, "oid": int, "float4": float, "float8": float, "numeric": Decimal,
+          "text": str, "varchar": str, "name": str, "bool": bool, "bytea": bytes, "timestamptz": datetime,
+          "interval": timedelta, "jsonb": Any, "void": type(None)}
+
+
+def _fits(annotation: Any, type_name: str) -> bool:
+    """Whether a value of the PostgreSQL type ``type_name`` is one of ``annotation`` (None left aside:
+    whether a column may be NULL is the statement's to say, not its type's)."""
+    if annotation is Any or annotation is object:
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _fits(args[0], type_name)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(arg, type_name) for arg in args if arg is not type(None)) or type_name == "void"
+    if type_name.startswith("_"):
+        return origin in (list, collections.abc.Sequence) and _fits(args[0], type_name[1:])
+    expected = PYTHON.get(type_name)
+    if expected is Any or expected is None:
+        return expected is Any or type_name not in PYTHON
+    return isinstance(origin or annotation, type) and issubclass(origin or annotation, expected) \
+        and not (expected is int and issubclass(annotation, bool))
+
+
+def _columns(row: Any) -> list[Any] | None:
+    """The types a row declares, one per column (None: no rows)."""
+    if row is None:
+        return None
+    if isinstance(row, types.GenericAlias):
+        return list(typing.get_args(row))
+    hints = typing.get_type_hints(row)
+    return [hints[field] for field in row._fields]
+
+
+def _numbered(template: str) -> tuple[str, list[str]]:
+    """A ``Sql`` template with libpq's placeholders for psycopg's (as psycopg sends it), and the names of
+    its named ones in their order."""
+    order: list[str] = []
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(0) == "%%":
+            return "%"
+        if match.group(1) is None:
+            count += 1
+            return f"${count}"
+        order.extend([match.group(1)] if match.group(1) not in order else [])
+        return f"${order.index(match.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(number, template), order
+
+
+@pytest.mark.anyio
+async def test_each_statement_returns_the_rows_it_declares(dsn: str, schema: str) -> None:
+    """The server's own description of each statement, prepared on a migrated schema, against what the
+    statement declares: as many columns as its row has fields (none when it declares none), each of a
+    type its field holds; and for a ``Sql``, each parameter of a type its declaration gives (the server
+    infers them as it does for psycopg's, which sends most without one)."""
+    quoted = quote_identifier(schema)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await migrate(conn, quoted)
+        cur = await conn.execute("SELECT oid::int, typname FROM pg_type")
+        names = {oid: name for oid, name in await cur.fetchall()}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wrong = {}
+        for n, (name, statement) in enumerate(typed().items()):
+            if statement.untyped:
+                continue  # (test_every_statement_declares_its_rows names it)
+            if isinstance(statement, wire.Statement):
+                text, types_given = statement.for_schema(quoted)[0], statement._types
+                params: list[Any] = []  # (sent as declared)
+            else:
+                assert isinstance(statement, Sql)
+                numbered, order = _numbered(statement.for_schema(quoted))
+                text, types_given = numbered.encode(), None
+                hints = {} if statement.params is None else typing.get_type_hints(statement.params)
+                params = [hints[name] for name in order] if statement.named else list(hints.values())
+            prepared = conn.pgconn.prepare(f"t{n}".encode(), text, types_given)
+            assert prepared.status == pq.ExecStatus.COMMAND_OK, (name, prepared.get_error_message())
+            described = conn.pgconn.describe_prepared(f"t{n}".encode())
+            columns = [names[described.ftype(i)] for i in range(described.nfields)]
+            declared = _columns(statement.row)
+            if declared is None:
+                if columns:
+                    wrong[name] = f"declares no rows, returns {columns}"
+            elif len(declared) != len(columns) or not all(map(_fits, declared, columns)):
+                wrong[name] = f"declares {declared}, returns {columns}"
+            sent = [names[described.param_type(i)] for i in range(described.nparams)]
+            if params and (len(params) != len(sent) or not all(map(_fits, params, sent))):
+                wrong[name] = f"declares the parameters {params}, takes {sent}"
+    assert wrong == {}

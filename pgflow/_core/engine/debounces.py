@@ -105,7 +105,8 @@ class Debounces(Port):
         transaction-mode pooler may not take one, and a debounced start is no hot path: it waits a
         window by design."""
         params: dict[str, Any] = {
-            "id": id, "inputs": inputs, **new.parameters(), "space": f"pgflow.debounce {self.db.schema}",
+            "id": id, "inputs": inputs, **new.parameters(), "start_key": new.key,
+            "space": f"pgflow.debounce {self.db.schema}",
             "key": debounce.key, "window": debounce.window, "most": debounce.most}
         async with self.db.session() as s, s.transaction():
             await s.run(LOCK_KEY, params)

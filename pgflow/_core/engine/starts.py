@@ -66,11 +66,12 @@ class NewWorkflows:
     def parameters(self) -> New:
         return {"name": self.name, "queue": self.queue, "priority": self.priority, "delay": self.delay,
                 "max_attempts": self.max_attempts, "timeout": self.timeout, "parent": self.parent,
-                "traceparent": self.traceparent, "start_key": self.key, **self.when.parameters()}
+                "traceparent": self.traceparent, **self.when.parameters()}
 
 
 class New(Timed):
-    """``NewWorkflows``' parameters, as the start statements name them."""
+    """``NewWorkflows``' parameters, as the start statements name them (but its ``key``: a start of many
+    takes one per workflow)."""
 
     name: wire.Text
     queue: wire.Text
@@ -80,7 +81,6 @@ class New(Timed):
     timeout: wire.Float8 | None
     parent: wire.Text | None
     traceparent: wire.Text | None
-    start_key: wire.Text | None
 
 
 class Started(NamedTuple):
@@ -113,6 +113,7 @@ START = (
 
 class Starting(New, Riding):
     id: wire.Text
+    start_key: wire.Text | None
     inputs: wire.Bytea
     lazy: wire.Bool
 
@@ -179,8 +180,8 @@ class Starts(Port):
         alone = self._durable_after and not self._starts_in_flight
         self._starts_in_flight += 1
         try:
-            given: Starting = {"id": id, "inputs": inputs, **new.parameters(), "pings_channels": pings.channels,
-                               "pings": pings.payloads, "lazy": alone}
+            given: Starting = {"id": id, "inputs": inputs, **new.parameters(), "start_key": new.key,
+                               "pings_channels": pings.channels, "pings": pings.payloads, "lazy": alone}
             if alone:
                 async with self.db.session() as s:
                     rows = await s.rows_then_durable(STARTING, **given)
