@@ -13,7 +13,7 @@ import msgspec
 from ._core.checks import check_queue
 from ._core.client import Client
 from ._core.engine.details import DetailsRead
-from ._core.engine.management import WorkerRow
+from ._core.engine.overview import WorkerRow
 from ._core.maintenance import KEYS, NAMES, PARTITIONS, REAPER, RETENTION, ROTATION_OVERLAP, cron_service, lock_name
 from ._core.pruning import PRUNE_BATCH, check_batch, check_older_than, prune_leftovers, prune_paced
 from ._core.registry import Registry

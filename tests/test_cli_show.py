@@ -333,7 +333,7 @@ async def test_every_statement_of_a_details_read_goes_by_an_index(app: pgflow.Ap
         plans["note"] = prepared_plan(conn, schema, "note", NOTE_ERROR,
                                       ["text", "int8", "int", "int", "int", "jsonb", "int"],
                                       ["'w77'", "1", "0", "1", "3", "'{}'", "9"],
-                                      ["id", "lease", "position", "run", "try", "error", "keep"])
+                                      ["id", "lease", "position", "run", "step_attempt", "error", "keep"])
     for name, text in plans.items():
         assert "Seq Scan" not in text and "Index" in text, (name, text)
 

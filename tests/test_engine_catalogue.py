@@ -116,8 +116,7 @@ def test_statements_are_named_at_import_not_built_per_call() -> None:
 # mapping or sequence): the free-standing streams', under change elsewhere when the rest was typed.
 NOT_TYPED_YET = {"free_appends", "free_rows", "free_streams",
                  # (being typed)
-                 "channel", "clock", "dashboard", "debounces", "details", "journal", "management", "migrations",
-                 "partitions", "pausing", "replay", "reruns", "sessions", "waits", "workflows"}
+                 "channel", "clock", "dashboard", "migrations", "partitions", "pausing", "sessions"}
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sb]|%[sb]")
 
 
@@ -183,6 +182,8 @@ def _fits(annotation: Any, type_name: str) -> bool:
     whether a column may be NULL is the statement's to say, not its type's)."""
     if annotation is Any or annotation is object:
         return True
+    if annotation is None:  # (as tuple[None] says it)
+        return type_name == "void"
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
         return _fits(args[0], type_name)

@@ -14,7 +14,7 @@ from itertools import combinations
 from typing import Any, NamedTuple
 
 from .database import Port, Sql
-from .management import QueueRow
+from .overview import QueueRow
 
 # The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``):
 # each field, in order, and the column that gives it.

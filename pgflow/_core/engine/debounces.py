@@ -16,11 +16,12 @@ one. Starts of other keys never wait for each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
-from .channel import Pings, ping_parameters, riding
+from .channel import Pings, Riding, ping_parameters, riding
 from .database import Port, Sql
-from .starts import BORN, EXPIRES, NewWorkflows
+from .starts import BORN, EXPIRES, NewWorkflows, Options
+from .statement import Batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,14 @@ class Debounced(NamedTuple):
 
 # Transaction-level, so it ends with the transaction that takes it; the two-key form lives apart
 # from the one-key advisory locks pgflow takes elsewhere (maintenance, migrations).
-LOCK_KEY = Sql("SELECT pg_advisory_xact_lock(hashtext(%(space)s), hashtext(%(name)s || chr(10) || %(key)s))")
+class KeyLock(TypedDict):
+    space: str  # the schema's
+    name: str
+    key: str
+
+
+LOCK_KEY = Sql("SELECT pg_advisory_xact_lock(hashtext(%(space)s), hashtext(%(name)s || chr(10) || %(key)s))",
+               row=tuple[None], params=KeyLock)
 
 _DUE_LATEST = ("least({s}.clock_now() + make_interval(secs => %(window)s),"
                " p.first_at + make_interval(secs => %(most)s))")
@@ -77,7 +85,18 @@ DEBOUNCE = (
     "  ON CONFLICT (name, key) DO UPDATE SET workflow_id = excluded.workflow_id, first_at = excluded.first_at)"
     " SELECT id, false, born FROM joined UNION ALL SELECT id, true, born FROM new"
 )
-DEBOUNCING = Sql(DEBOUNCE + riding(3))  # (with the start's pings)
+
+
+class Debouncing(Options, Riding):
+    id: str
+    inputs: bytes
+    start_key: str | None
+    key: str  # the debounce's
+    window: float
+    most: float
+
+
+DEBOUNCING = Sql(DEBOUNCE + riding(3), row=Debounced, params=Debouncing)  # (with the start's pings)
 
 # Keys whose run is no longer pending: claimed, ended, cancelled or pruned. The delete matches the
 # pointer it read, so a key that a start moved on to a new run meanwhile (the delete waits for that
@@ -88,8 +107,7 @@ STALE = Sql(
     "   AND w.status = 'queued' AND w.started_at IS NULL) LIMIT %(batch)s),"
     " gone AS (DELETE FROM {s}.debounces d USING stale s"
     "  WHERE d.name = s.name AND d.key = s.key AND d.workflow_id = s.workflow_id RETURNING 1)"
-    " SELECT count(*) FROM gone"
-)
+    " SELECT count(*) FROM gone", row=tuple[int], params=Batch)
 
 
 class Debounces(Port):
@@ -104,22 +122,20 @@ class Debounces(Port):
         Three round trips besides BEGIN and COMMIT would be one with a pipeline, but a
         transaction-mode pooler may not take one, and a debounced start is no hot path: it waits a
         window by design."""
-        params: dict[str, Any] = {
-            "id": id, "inputs": inputs, **new.parameters(), "start_key": new.key,
-            "space": f"pgflow.debounce {self.db.schema}",
-            "key": debounce.key, "window": debounce.window, "most": debounce.most}
         async with self.db.session() as s, s.transaction():
-            await s.run(LOCK_KEY, params)
-            row = await s.row(DEBOUNCING, {**params, **ping_parameters(s.conn, pings)})
+            await s.run(LOCK_KEY, space=f"pgflow.debounce {self.db.schema}", name=new.name, key=debounce.key)
+            row = await s.row(DEBOUNCING, id=id, inputs=inputs, **new.options(), start_key=new.key,
+                              key=debounce.key, window=debounce.window, most=debounce.most,
+                              **ping_parameters(s.conn, pings))
         if row is None:
             # Only an id that exists already inserts nothing, and ids here are new (a uuid): a
             # debounced start takes no chosen id (checks.check_debounce).
             raise LookupError(f"workflow id {id!r} exists already; a debounced start needs a new one")
-        return Debounced(str(row[0]), bool(row[1]), int(row[2]))
+        return row
 
     async def prune_debounces(self, batch: int) -> int:
         """Delete up to ``batch`` keys whose run is no longer pending; how many went. (The key's next
         start would replace its row anyway: this keeps the table to about the keys with a run
         waiting, rather than every key ever debounced.)"""
-        row = await self.db.row(STALE, {"batch": batch})
-        return int(row[0]) if row else 0
+        row = await self.db.row(STALE, batch=batch)
+        return row[0] if row else 0

@@ -10,7 +10,8 @@ import msgspec
 from psycopg.types.json import Jsonb
 
 from .database import SNAPSHOT, Port, Sql
-from .fencing import OWNER, Fence
+from .fencing import OWNER, Fence, Owned
+from .statement import Id
 
 KEEP_ATTEMPT_ERRORS = 10  # per step: the latest ones (a step retried 1000 times keeps 10 rows)
 
@@ -115,18 +116,35 @@ STREAMS = ("SELECT i.key, coalesce(last.position + 1, 0) - CASE WHEN last.closed
            " WHERE i.workflow_id = %s ORDER BY i.key")  # (id)
 DETAILS = {"workflow": WORKFLOW, "steps": STEPS, "step_count": STEP_COUNT, "attempt_errors": ATTEMPT_ERRORS,
            "begun": BEGUN, "streams": STREAMS}
+
+
+class FirstSteps(NamedTuple):
+    id: str
+    limit: int
+
+
+class ErrorsOf(NamedTuple):
+    id: str
+    every: bool  # every step listed
+    last: int  # the last position listed
+
+
 # The statements above, as the executor runs them.
-READ_WORKFLOW, READ_STEPS, COUNT_STEPS = Sql(WORKFLOW), Sql(STEPS), Sql(STEP_COUNT)
-READ_ATTEMPT_ERRORS, READ_BEGUN, READ_STREAMS = Sql(ATTEMPT_ERRORS), Sql(BEGUN), Sql(STREAMS)
+READ_WORKFLOW = Sql(WORKFLOW, row=WorkflowRead, params=Id)
+READ_STEPS = Sql(STEPS, row=StepRead, params=FirstSteps)
+COUNT_STEPS = Sql(STEP_COUNT, row=tuple[int], params=Id)
+READ_ATTEMPT_ERRORS = Sql(ATTEMPT_ERRORS, row=AttemptErrorRead, params=ErrorsOf)
+READ_BEGUN, READ_STREAMS = Sql(BEGUN, row=BegunRead, params=Id), Sql(STREAMS, row=StreamRead, params=Id)
 # Per journal position not recorded, the step attempts earlier runs began there.
-TRIES_BEGUN = Sql("SELECT position, sum(tries)::int FROM {s}.step_attempts WHERE workflow_id = %s GROUP BY position")
+TRIES_BEGUN = Sql("SELECT position, sum(tries)::int FROM {s}.step_attempts WHERE workflow_id = %s GROUP BY position",
+                  row=tuple[int, int], params=Id)
 
 
 # Keeps one retried attempt's error, fenced by the claim, and lets the step's oldest beyond the bound go.
 NOTE_ERROR = (
     "WITH " + OWNER + ","
     " noted AS (INSERT INTO {s}.step_errors (workflow_id, position, run, step_attempt, error, failed_at)"
-    "  SELECT %(id)s, %(position)s, %(run)s, %(try)s, %(error)s, {s}.clock_now() FROM owner"
+    "  SELECT %(id)s, %(position)s, %(run)s, %(step_attempt)s, %(error)s, {s}.clock_now() FROM owner"
     "  ON CONFLICT (workflow_id, position, run, step_attempt)"
     "  DO UPDATE SET error = excluded.error, failed_at = excluded.failed_at),"
     # (The statement's snapshot does not see the row it inserts: the newest keep - 1 stay.)
@@ -136,7 +154,17 @@ NOTE_ERROR = (
     "   ORDER BY run DESC, step_attempt DESC OFFSET %(keep)s))"
     " SELECT (SELECT cancel_requested FROM owner)"
 )
-NOTING_ERROR = Sql(NOTE_ERROR)  # (as the executor runs it)
+
+
+class NotingError(Owned):
+    position: int
+    run: int
+    step_attempt: int
+    error: Jsonb
+    keep: int  # the step's newest errors kept besides this one
+
+
+NOTING_ERROR = Sql(NOTE_ERROR, row=tuple[bool | None], params=NotingError)  # (as the executor runs it)
 
 
 class Details(Port):
@@ -145,19 +173,17 @@ class Details(Port):
         """Keep the error of a step attempt that is retried, for the execution holding
         ``lease_token`` (fenced: one that lost it writes nothing). The step's oldest rows beyond
         KEEP_ATTEMPT_ERRORS go in the same statement."""
-        row = await self.db.row(
-            NOTING_ERROR,
-            {"id": workflow_id, "lease": lease_token, "position": position, "run": run, "try": step_attempt,
-             "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode()),
-             "keep": KEEP_ATTEMPT_ERRORS - 1},
-        )
+        row = await self.db.row(NOTING_ERROR, id=workflow_id, lease=lease_token, position=position, run=run,
+                                step_attempt=step_attempt,
+                                error=Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode()),
+                                keep=KEEP_ATTEMPT_ERRORS - 1)
         assert row is not None
         return Fence(row[0] is not None, bool(row[0]))
 
     async def tries_begun(self, workflow_id: str) -> dict[int, int]:
         """Per journal position not recorded, the step attempts that earlier runs began there (their
         notes): a run that calls the step again counts its tries on from these."""
-        return {int(position): int(tries) for position, tries in await self.db.rows(TRIES_BEGUN, (workflow_id,))}
+        return dict(await self.db.rows(TRIES_BEGUN, workflow_id))
 
     async def details(self, workflow_id: str, steps_limit: int) -> DetailsRead | None:
         """One workflow from one snapshot: its row, its first ``steps_limit`` step records, how many
@@ -166,17 +192,14 @@ class Details(Port):
         the streams' (workflow_id, key) index."""
         async with self.db.session() as s, s.transaction():
             await s.run(SNAPSHOT)
-            found = await s.rows(READ_WORKFLOW, (workflow_id,))
-            if not found:
+            workflow = await s.row(READ_WORKFLOW, workflow_id)
+            if workflow is None:
                 return None
-            steps = [StepRead._make(row) for row in await s.rows(READ_STEPS, (workflow_id, steps_limit))]
+            steps = await s.rows(READ_STEPS, workflow_id, steps_limit)
             total = len(steps)
             if total == steps_limit:
-                counted = await s.row(COUNT_STEPS, (workflow_id,))
-                total = int(counted[0]) if counted else total
+                counted = await s.row(COUNT_STEPS, workflow_id)
+                total = counted[0] if counted else total
             listed_all, last = total == len(steps), steps[-1].position if steps else -1
-            return DetailsRead(WorkflowRead._make(found[0]), steps, total,
-                               [AttemptErrorRead._make(row) for row in await s.rows(
-                                   READ_ATTEMPT_ERRORS, (workflow_id, listed_all, last))],
-                               [BegunRead._make(row) for row in await s.rows(READ_BEGUN, (workflow_id,))],
-                               [StreamRead._make(row) for row in await s.rows(READ_STREAMS, (workflow_id,))])
+            return DetailsRead(workflow, steps, total, await s.rows(READ_ATTEMPT_ERRORS, workflow_id, listed_all, last),
+                               await s.rows(READ_BEGUN, workflow_id), await s.rows(READ_STREAMS, workflow_id))

@@ -5,7 +5,7 @@ for the workflow to be cancelled meanwhile (``execution.Execution.fenced`` acts 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypedDict, TypeVar
 
 from ..status import Status
 from .database import Sql
@@ -25,6 +25,22 @@ _OWNER = (
 )
 OWNER_LOCKED = _OWNER.format(lock=" FOR SHARE")
 OWNER = _OWNER.format(lock="")
+
+
+class Owned(TypedDict):
+    """The parameters of ``OWNER``: the workflow, and the claim's token."""
+
+    id: str
+    lease: int
+
+
+class Journaled(Owned):
+    """The parameters of a journal entry written for the execution holding a claim (number ``attempt``):
+    its ``position`` and ``name``."""
+
+    attempt: int
+    position: int
+    name: str
 
 # The workflow's id when the token (%s after the id) still holds it, its row locked for the statements of the
 # transaction that follow (the same lookup by the primary key alone). FOR NO KEY UPDATE: the key-share

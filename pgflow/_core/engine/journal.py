@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from psycopg.types.json import Jsonb
 
 from .database import Port, Sql
-from .fencing import OWNER_LOCKED, Fence, StepStart, held
+from .fencing import OWNER_LOCKED, Fence, Journaled, StepStart, held
+from .statement import ById
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,34 @@ JOURNAL = (
     "  AND left(id, length(%(id)s) + 1) = %(id)s || '.'"
     "  AND substr(id, length(%(id)s) + 2) ~ '^[0-9]{1,9}([.][0-9]+)?$'"
 )
-READ_JOURNAL = Sql(JOURNAL)  # (as the executor runs it)
+
+
+class JournalRow(NamedTuple):
+    """A row of ``JOURNAL``: a record (StepRecord's fields), or the children's row (``name`` None)."""
+
+    position: int | None
+    name: str | None
+    output: bytes | None
+    error: dict[str, Any] | None
+    stream_ends: dict[str, int] | None
+    wake_at: datetime | None
+    remaining: float | None
+    waiting: bool
+
+
+READ_JOURNAL = Sql(JOURNAL, row=JournalRow, params=ById)  # (as the executor runs it)
+
+
+class StepStarts(NamedTuple):
+    """Per note (``StepStart``): the workflow, its claim's number and token, the step's position and the
+    attempt begun."""
+
+    ids: list[str]
+    attempts: list[int]
+    leases: list[int]
+    positions: list[int]
+    tries: list[int]
+
 
 # The notes of step attempts begun (``Journal.start_steps``), each fenced by its claim, and whether a
 # cancellation was asked for each note's workflow (NULL: its claim no longer holds it).
@@ -60,8 +88,16 @@ START_STEPS = Sql(
     "  ORDER BY id, position, attempt, tries DESC"
     "  ON CONFLICT (workflow_id, position, attempt)"
     "  DO UPDATE SET tries = greatest(step_attempts.tries, excluded.tries))"
-    " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n"
-)
+    " SELECT a.n, o.cancel_requested FROM asked a LEFT JOIN owner o ON o.n = a.n ORDER BY a.n",
+    row=tuple[int, bool | None], params=StepStarts)
+
+
+class RecordStep(Journaled):
+    output: bytes | None
+    error: Jsonb | None
+    attempts: int
+    stream_ends: Jsonb | None
+
 
 # A finished step recorded for the execution that holds its claim (``Journal.record_step``).
 RECORD_STEP = Sql(
@@ -77,14 +113,16 @@ RECORD_STEP = Sql(
     "   coalesce((SELECT started_at FROM started WHERE attempt = %(attempt)s),"
     "    (SELECT max(started_at) FROM started))"
     "  FROM owner ON CONFLICT (workflow_id, position) DO NOTHING RETURNING 1)"
-    " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)"
-)
+    " SELECT (SELECT cancel_requested FROM owner), (SELECT count(*) FROM written)",
+    row=tuple[bool | None, int], params=RecordStep)
 
 
-def journal_of(rows: Sequence[tuple[Any, ...]]) -> tuple[dict[int, StepRecord], int]:
+def journal_of(rows: Sequence[JournalRow]) -> tuple[dict[int, StepRecord], int]:
     """``JOURNAL``'s rows as the records by position, and the horizon."""
-    journal = {row[0]: StepRecord(*row) for row in rows if row[1] is not None}
-    children = max((row[0] for row in rows if row[1] is None and row[0] is not None), default=-1)
+    journal = {r.position: StepRecord(r.position, r.name, r.output, r.error, r.stream_ends, r.wake_at, r.remaining,
+                                      r.waiting)
+               for r in rows if r.name is not None and r.position is not None}
+    children = max((r.position for r in rows if r.name is None and r.position is not None), default=-1)
     return journal, max(children, max(journal, default=-1))
 
 
@@ -95,7 +133,7 @@ class Journal(Port):
         """The journal of a workflow, and its horizon: the highest position an earlier run reached,
         by a record or by a child it started from that position (``<id>.<position>[.<n>]``), -1
         when none; one round trip."""
-        return journal_of(await self.db.rows(READ_JOURNAL, {"id": workflow_id}))
+        return journal_of(await self.db.rows(READ_JOURNAL, id=workflow_id))
 
     async def start_steps(self, notes: Sequence[StepStart]) -> list[Fence]:
         """Note, for each start, that the execution holding its claim token starts that attempt of
@@ -104,7 +142,8 @@ class Journal(Port):
         Idempotent (a row keeps the highest count), and not waiting for the disk: a worker's crash
         loses nothing, and only a server crash before the step's record could forget an attempt
         that the crash itself cut short."""
-        rows = await self.db.rows(START_STEPS, [list(column) for column in zip(*notes, strict=True)])
+        ids, attempts, leases, positions, tries = map(list, zip(*notes, strict=True))
+        rows = await self.db.rows(START_STEPS, ids, attempts, leases, positions, tries)
         return [Fence(cancel is not None, bool(cancel)) for _, cancel in rows]
 
     async def record_step(
@@ -116,12 +155,9 @@ class Journal(Port):
         The workflow row is share-locked for the insert, so a takeover cannot slip in between the
         fencing check and the write.
         """
-        row = await self.db.row(
-            RECORD_STEP,
-            {"id": workflow_id, "attempt": attempt, "lease": lease_token, "position": position, "name": name,
-             "output": output, "error": _jsonb(error), "attempts": attempts,
-             "stream_ends": _jsonb(stream_ends or None)},
-        )
+        row = await self.db.row(RECORD_STEP, id=workflow_id, attempt=attempt, lease=lease_token, position=position,
+                                name=name, output=output, error=_jsonb(error), attempts=attempts,
+                                stream_ends=_jsonb(stream_ends or None))
         assert row is not None
         return Fence(row[0] is not None, bool(row[0]))
 

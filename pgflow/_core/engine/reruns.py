@@ -11,6 +11,13 @@ from ..status import Status
 from .database import Port, Sql
 from .fencing import HOLDS
 from .management import FORGET_ATTEMPTS, FORGET_FROM_ERROR
+from .statement import ById
+
+
+class RetryLater(ById):
+    delay: float
+    error: Jsonb
+
 
 # A failed body given back to the queue, under the lock its claim took (``Reruns.retry_later``): its
 # journal from the first error on forgotten with its attempts' notes, as a resume does, then the row
@@ -22,7 +29,7 @@ RETRY_LATER = Sql(
     " due_at = least({s}.clock_now() + make_interval(secs => %(delay)s), deadline_at),"
     " retries = retries + 1, uncounted = true, error = %(error)s,"
     " lease_owner = NULL, lease_expires_at = NULL"
-    " WHERE id = %(id)s RETURNING queue, status, retries")
+    " WHERE id = %(id)s RETURNING queue, status, retries", row=tuple[str, str, int], params=RetryLater)
 
 
 class Rerun(NamedTuple):
@@ -49,8 +56,11 @@ class Reruns(Port):
         async with self.db.session() as s, s.transaction():
             if await s.row(HOLDS, workflow_id, lease_token) is None:
                 return None
-            await s.run(FORGET_FROM_ERROR, {"id": workflow_id})
-            await s.run(FORGET_ATTEMPTS, (workflow_id,))
-            row = await s.row(RETRY_LATER, {"id": workflow_id, "delay": delay,
-                                            "error": Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode())})
-        return None if row is None else Rerun(str(row[0]), Status(row[1]), int(row[2]))
+            await s.run(FORGET_FROM_ERROR, id=workflow_id)
+            await s.run(FORGET_ATTEMPTS, workflow_id)
+            row = await s.row(RETRY_LATER, id=workflow_id, delay=delay,
+                              error=Jsonb(error, dumps=lambda v: msgspec.json.encode(v).decode()))
+        if row is None:
+            return None
+        queue, status, retries = row
+        return Rerun(queue, Status(status), retries)

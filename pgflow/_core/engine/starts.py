@@ -26,17 +26,6 @@ class Timing:
     expires_at: datetime | None = None
     expires_in: float | None = None
 
-    def parameters(self) -> Timed:
-        return {"eta": self.eta, "expires_at": self.expires_at, "expires_in": self.expires_in}
-
-
-class Timed(TypedDict):
-    """``Timing``'s parameters, as the start statements name them (``DUE``, ``EXPIRES``)."""
-
-    eta: wire.Timestamptz | None
-    expires_at: wire.Timestamptz | None
-    expires_in: wire.Float8 | None
-
 
 NO_TIMING = Timing()
 DUE = "coalesce(%(eta)s::timestamptz, {s}.clock_now() + make_interval(secs => %(delay)s))"
@@ -63,24 +52,36 @@ class NewWorkflows:
     when: Timing = NO_TIMING
     key: str | None = None
 
+    def options(self) -> Options:
+        """The parameters of every start statement (a debounced one's too) but its due time's and key's."""
+        return {"name": self.name, "queue": self.queue, "priority": self.priority, "max_attempts": self.max_attempts,
+                "timeout": self.timeout, "parent": self.parent, "traceparent": self.traceparent,
+                "expires_at": self.when.expires_at, "expires_in": self.when.expires_in}
+
     def parameters(self) -> New:
-        return {"name": self.name, "queue": self.queue, "priority": self.priority, "delay": self.delay,
-                "max_attempts": self.max_attempts, "timeout": self.timeout, "parent": self.parent,
-                "traceparent": self.traceparent, **self.when.parameters()}
+        """The parameters of the start statements but the key's (a start of many takes one per workflow)."""
+        return {**self.options(), "eta": self.when.eta, "delay": self.delay}
 
 
-class New(Timed):
-    """``NewWorkflows``' parameters, as the start statements name them (but its ``key``: a start of many
-    takes one per workflow)."""
+class Options(TypedDict):
+    """``NewWorkflows.options()``, as the start statements name them (``EXPIRES``: its expiry)."""
 
     name: wire.Text
     queue: wire.Text
     priority: wire.Int4
-    delay: wire.Float8
     max_attempts: wire.Int4 | None
     timeout: wire.Float8 | None
     parent: wire.Text | None
     traceparent: wire.Text | None
+    expires_at: wire.Timestamptz | None
+    expires_in: wire.Float8 | None
+
+
+class New(Options):
+    """``NewWorkflows.parameters()``: its options and its due time (``DUE``)."""
+
+    eta: wire.Timestamptz | None
+    delay: wire.Float8
 
 
 class Started(NamedTuple):

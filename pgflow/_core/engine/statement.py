@@ -82,6 +82,12 @@ class Id(NamedTuple):
     id: str
 
 
+class ById(TypedDict):
+    """The same, named (``WHERE id = %(id)s``)."""
+
+    id: str
+
+
 class Batch(TypedDict):
     """The parameters of a clean-up's statement: how many rows it deletes at most (``%(batch)s``)."""
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .database import Port, Sql
 from .fencing import held
 from .starts import BORN
+from .statement import ById, Id
 
 
-@dataclass(frozen=True, slots=True)
-class WorkflowRow:
+class WorkflowRow(NamedTuple):
+    """A workflow as callers and handles see it (the row of ``WORKFLOW``)."""
+
     id: str
     name: str
     status: str
@@ -33,9 +34,13 @@ class Cancelled(NamedTuple):
     descendants: list[str]
 
 
+class Ids(NamedTuple):
+    ids: list[str]
+
+
 # Which ids name workflows; one workflow as callers and handles see it.
-EXISTING = Sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)")
-WORKFLOW = Sql(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s")
+EXISTING = Sql("SELECT id FROM {s}.workflows WHERE id = ANY(%s)", row=tuple[str], params=Ids)
+WORKFLOW = Sql(f"SELECT {WORKFLOW_ROW} FROM {{s}}.workflows WHERE id = %s", row=WorkflowRow, params=Id)
 # A workflow and every workflow its body started (children, theirs, ...) cancelled when queued, flagged
 # when running; the asked one's row first (none: no such workflow).
 REQUEST_CANCEL = Sql(
@@ -47,13 +52,11 @@ REQUEST_CANCEL = Sql(
     "  cancel_requested = status IN ('queued', 'running')"
     "  WHERE id IN (SELECT id FROM tree) AND (id = %(id)s OR status IN ('queued', 'running'))"
     "  RETURNING id, status)"
-    " SELECT id, status FROM asked ORDER BY id = %(id)s DESC"
-)
+    " SELECT id, status FROM asked ORDER BY id = %(id)s DESC", row=tuple[str, str], params=ById)
 # Those of the running workflows asked about whose cancellation was asked for.
 CANCELS_REQUESTED = Sql(
     "WITH " + held("cancelling", "(SELECT unnest(%s::text[]) AS id)", "w.id", by="w.cancel_requested")
-    + " SELECT id FROM cancelling"
-)
+    + " SELECT id FROM cancelling", row=tuple[str], params=Ids)
 
 
 class Workflows(Port):
@@ -61,20 +64,19 @@ class Workflows(Port):
 
     async def existing(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` name workflows."""
-        return {str(row[0]) for row in await self.db.rows(EXISTING, (ids,))}
+        return {id for id, in await self.db.rows(EXISTING, ids)}
 
     async def workflow(self, id: str) -> WorkflowRow | None:
-        row = await self.db.row(WORKFLOW, (id,))
-        return None if row is None else WorkflowRow(*row)
+        return await self.db.row(WORKFLOW, id)
 
     async def request_cancel(self, id: str) -> Cancelled | None:
         """Cancel a queued workflow at once, or flag a running one, and the same for every workflow
         its body started (children, theirs, ...) that has not ended. None: no such workflow."""
-        rows = await self.db.rows(REQUEST_CANCEL, {"id": id})
+        rows = await self.db.rows(REQUEST_CANCEL, id=id)
         if not rows or rows[0][0] != id:
             return None
-        return Cancelled(str(rows[0][1]), [str(r[0]) for r in rows[1:]])
+        return Cancelled(rows[0][1], [descendant for descendant, _ in rows[1:]])
 
     async def cancels_requested(self, ids: Sequence[str]) -> list[str]:
         """Those of ``ids`` still running whose cancellation was asked for."""
-        return [str(row[0]) for row in await self.db.rows(CANCELS_REQUESTED, (list(ids),))]
+        return [id for id, in await self.db.rows(CANCELS_REQUESTED, list(ids))]
