@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import anyio
 
 from .._core.codec import decode
-from .._core.engine.dashboard import LISTED_FIELDS, Dashboard
+from .._core.engine.dashboard import Dashboard
 from .._core.status import Status
 from ..app import App
 from ..records import Health, QueueInfo, WorkflowRecord
@@ -354,7 +354,7 @@ class Reader:
                         limit: int, scan: int) -> Page:
         rows, edge = await self._db(lambda d: d.list_page(filters, since, cursor[0], cursor[1], limit, scan),
                                     cost=2 if filters else 1)  # a filtered page may read its edge too
-        listed = [Listed(**dict(zip(LISTED_FIELDS, r, strict=True))) for r in rows]
+        listed = [Listed(**r._asdict()) for r in rows]
         if len(listed) >= limit:
             return Page(listed, (listed[-1].created_at, listed[-1].id), False)
         return Page(listed, edge, edge is not None)

@@ -55,55 +55,34 @@ def ping_parameters(conn: AsyncConnection[Any], pings: Pings) -> Riding:
 
 # The statements of the signals layer's own connections (the notifier's checkout, the listener's
 # session): they name no table, and run through a Session made over the connection.
-NOTIFY = Sql("SELECT pg_notify(x.c, x.p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)")
-QUEUE_USAGE = Sql("SELECT pg_notification_queue_usage()")
+class Notifying(NamedTuple):
+    channels: arrays.TextArray
+    payloads: arrays.TextArray
+
+
+NOTIFY = Sql("SELECT pg_notify(x.c, x.p) FROM unnest(%s::text[], %s::text[]) AS x(c, p)", row=tuple[None],
+             params=Notifying)
+QUEUE_USAGE = Sql("SELECT pg_notification_queue_usage()", row=tuple[float])
 
 
 async def notify(conn: AsyncConnection[Any], pings: Pings) -> None:
     """Send ``pings`` in one transaction (the notifier's flush)."""
     arrays.ready(conn)
-    await Session(conn).run(NOTIFY, (arrays.texts(pings.channels), arrays.texts(pings.payloads)))
+    await Session(conn).run(NOTIFY, arrays.texts(pings.channels), arrays.texts(pings.payloads))
 
 
 async def listen(conn: AsyncConnection[Any], channel: str) -> None:
     # (built for the channel: an identifier is no parameter; a process listens on two)
-    await Session(conn).run(Sql(f"LISTEN {quote_identifier(channel)}"))
+    await Session(conn).run(Sql(f"LISTEN {quote_identifier(channel)}", row=None))
 
 
 async def unlisten(conn: AsyncConnection[Any], channel: str) -> None:
-    await Session(conn).run(Sql(f"UNLISTEN {quote_identifier(channel)}"))
+    await Session(conn).run(Sql(f"UNLISTEN {quote_identifier(channel)}", row=None))
 
 
 async def queue_usage(conn: AsyncConnection[Any]) -> float:
     row = await Session(conn).row(QUEUE_USAGE)
-    return float(row[0]) if row else 0.0
-
-
-# The keys pings may be sealed with or opened by.
-SIGNAL_KEYS = Sql(
-    "SELECT id, secret, extract(epoch FROM seal_from - now())::float8,"
-    " extract(epoch FROM accept_until - now())::float8 FROM {s}.signal_keys"
-    " WHERE accept_until IS NULL OR accept_until > now() ORDER BY id")
-# 32 random bytes from the server's strong random source (gen_random_uuid, PostgreSQL 13 and later,
-# needs no extension): two version-4 UUIDs, 244 random bits. The signals layer derives its keys
-# from these with a keyed hash, so the fixed bits do not matter.
-NEW_SECRET = ("decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex')")
-# A rotation of the keyring, in one transaction under its lock: whether the newest key is due for it,
-# a new key sealed with after the overlap, the keys before it accepted for a while after that, and the
-# keys retired a day ago gone.
-LOCK_KEYS = Sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE")
-ROTATION_DUE = Sql(
-    "SELECT coalesce(max(seal_from) < now() - make_interval(secs => %(period)s), true)"
-    " FROM {s}.signal_keys")
-NEW_KEY = Sql(
-    "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
-    " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
-    "  now() + make_interval(secs => %(overlap)s) FROM {s}.signal_keys RETURNING id")
-RETIRE_KEYS = Sql(
-    "UPDATE {s}.signal_keys SET accept_until = now() + make_interval(secs => 2 * %(overlap)s)"
-    " WHERE id < %(id)s AND (accept_until IS NULL OR accept_until > now() + make_interval("
-    "  secs => 2 * %(overlap)s))")
-FORGET_KEYS = Sql("DELETE FROM {s}.signal_keys WHERE accept_until < now() - interval '1 day'")
+    return row[0] if row else 0.0
 
 
 class SignalKey(NamedTuple):
@@ -116,14 +95,52 @@ class SignalKey(NamedTuple):
     accept_for: float | None
 
 
+# The keys pings may be sealed with or opened by.
+SIGNAL_KEYS = Sql(
+    "SELECT id, secret, extract(epoch FROM seal_from - now())::float8,"
+    " extract(epoch FROM accept_until - now())::float8 FROM {s}.signal_keys"
+    " WHERE accept_until IS NULL OR accept_until > now() ORDER BY id", row=SignalKey)
+# 32 random bytes from the server's strong random source (gen_random_uuid, PostgreSQL 13 and later,
+# needs no extension): two version-4 UUIDs, 244 random bits. The signals layer derives its keys
+# from these with a keyed hash, so the fixed bits do not matter.
+NEW_SECRET = ("decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex')")
+# A rotation of the keyring, in one transaction under its lock: whether the newest key is due for it,
+# a new key sealed with after the overlap, the keys before it accepted for a while after that, and the
+# keys retired a day ago gone.
+class Period(TypedDict):
+    period: float
+
+
+class Overlap(TypedDict):
+    overlap: float
+
+
+class Retiring(Overlap):
+    id: int  # the new key: those before it are retired
+
+
+LOCK_KEYS = Sql("LOCK TABLE {s}.signal_keys IN EXCLUSIVE MODE", row=None)
+ROTATION_DUE = Sql(
+    "SELECT coalesce(max(seal_from) < now() - make_interval(secs => %(period)s), true)"
+    " FROM {s}.signal_keys", row=tuple[bool], params=Period)
+NEW_KEY = Sql(
+    "INSERT INTO {s}.signal_keys (id, secret, seal_from)"
+    " SELECT coalesce(max(id), 0) + 1, " + NEW_SECRET + ","
+    "  now() + make_interval(secs => %(overlap)s) FROM {s}.signal_keys RETURNING id", row=tuple[int], params=Overlap)
+RETIRE_KEYS = Sql(
+    "UPDATE {s}.signal_keys SET accept_until = now() + make_interval(secs => 2 * %(overlap)s::float8)"
+    " WHERE id < %(id)s AND (accept_until IS NULL OR accept_until > now() + make_interval("
+    "  secs => 2 * %(overlap)s::float8))", row=None, params=Retiring)
+FORGET_KEYS = Sql("DELETE FROM {s}.signal_keys WHERE accept_until < now() - interval '1 day'", row=None)
+
+
 class Channel(Port):
     """The keyring statements of ``Engine`` (which provides the pool and the schema)."""
 
     async def signal_keys(self) -> list[SignalKey]:
         """The keys pings may be sealed with or opened by; only roles that may read
         ``signal_keys`` get them (PostgreSQL lets any role LISTEN and NOTIFY)."""
-        return [SignalKey(int(i), bytes(secret), float(f), None if u is None else float(u))
-                for i, secret, f, u in await self.db.rows(SIGNAL_KEYS)]
+        return await self.db.rows(SIGNAL_KEYS)
 
     async def rotate_signal_key(self, overlap: float) -> int:
         """Add a new key, sealed with from ``overlap`` seconds on, and have the keys before it
@@ -143,11 +160,11 @@ class Channel(Port):
         async with self.db.session() as s, s.transaction():
             await s.run(LOCK_KEYS)
             if period is not None:
-                due = await s.row(ROTATION_DUE, {"period": period})
+                due = await s.row(ROTATION_DUE, period=period)
                 if not (due and due[0]):
                     return None
-            row = await s.row(NEW_KEY, {"overlap": overlap})
+            row = await s.row(NEW_KEY, overlap=overlap)
             assert row is not None
-            await s.run(RETIRE_KEYS, {"overlap": overlap, "id": row[0]})
+            await s.run(RETIRE_KEYS, overlap=overlap, id=row[0])
             await s.run(FORGET_KEYS)
-            return int(row[0])
+            return row[0]

@@ -11,20 +11,34 @@ from __future__ import annotations
 
 from datetime import datetime
 from itertools import combinations
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, cast
 
 from .database import Port, Sql
 from .overview import QueueRow
+from .statement import ById
 
-# The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``):
-# each field, in order, and the column that gives it.
-LISTED_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "w.id"), ("name", "w.name"), ("queue", "w.queue"), ("status", "w.status"),
-    ("attempt", "w.attempt - w.attempt_base"), ("created_at", "w.created_at"), ("started_at", "w.started_at"),
-    ("finished_at", "w.finished_at"), ("error_type", "w.error->>'type'"),
-    ("error_message", "left(w.error->>'message', 300)"), ("parent_id", "w.parent_id"),
-)
-LISTED_FIELDS = tuple(field for field, _ in LISTED_COLUMNS)
+
+class ListedRow(NamedTuple):
+    """The light columns of a workflow in a list, what a row of the table shows (``dashboard.data.Listed``)."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_type: str | None
+    error_message: str | None
+    parent_id: str | None
+
+
+# Each field of a listed row and the column that gives it.
+_LISTED = {"attempt": "w.attempt - w.attempt_base", "error_type": "w.error->>'type'",
+           "error_message": "left(w.error->>'message', 300)"}
+LISTED_COLUMNS = tuple((field, _LISTED.get(field, f"w.{field}")) for field in ListedRow._fields)
+LISTED_FIELDS = ListedRow._fields
 LISTED = ", ".join(column for _, column in LISTED_COLUMNS)
 # The list's filters. A page is read along the index of creation time alone, and its rows are then
 # kept where the filters match (migration 0025 says why no filter has an index of its own).
@@ -62,10 +76,25 @@ def edge_statement(schema: str, since: bool) -> str:
             " ORDER BY created_at DESC, id DESC OFFSET %(scan)s - 1 LIMIT 1")
 
 
-# A page of the list for each set of filters given (in FILTERS' order) and whether it reads after a time.
-LISTING = {(given, since): Sql(list_statement("{s}", given, since))
+class Paging(TypedDict):
+    """What a page of the list is read with: every filter (None: not given; a page's statement names
+    only those given, and ``since`` only when it reads after a time), its cursor and its bounds."""
+
+    name: str | None
+    queue: str | None
+    status: str | None
+    since: datetime | None
+    at: datetime
+    after: str
+    limit: int
+    scan: int
+
+
+# A page of the list for each set of filters given (in FILTERS' order) and whether it reads after a time;
+# where a page's read stopped (created_at, id).
+LISTING = {(given, since): Sql(list_statement("{s}", given, since), row=ListedRow, params=Paging)
            for n in range(len(FILTERS) + 1) for given in combinations(FILTERS, n) for since in (False, True)}
-EDGE = {since: Sql(edge_statement("{s}", since)) for since in (False, True)}
+EDGE = {since: Sql(edge_statement("{s}", since), row=tuple[datetime, str], params=Paging) for since in (False, True)}
 
 
 QUEUES = (
@@ -155,6 +184,48 @@ def json_value(column: str, limit: str) -> str:
             f" CASE WHEN octet_length({column}) <= {limit} THEN encode({column}, 'base64') END AS value")
 
 
+class WorkflowPage(NamedTuple):
+    """A workflow's page as ``WORKFLOW`` reads it (``dashboard.data.detail_of`` reads it): its record, its
+    arguments and result (their sizes, and themselves when at most ``%(big)s`` bytes), its error, the
+    server's time, then each part as a list of JSON objects."""
+
+    id: str
+    name: str
+    queue: str
+    status: str
+    attempt: int  # as pgflow.attempt() counts it
+    claims: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    due_at: datetime | None
+    priority: int
+    max_attempts: int | None
+    timeout: float | None
+    deadline_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    waiting_for: str | None
+    parent_id: str | None
+    traceparent: str | None
+    inputs_size: int
+    inputs: bytes | None
+    output_size: int | None
+    output: bytes | None
+    error: dict[str, Any] | None
+    now: datetime
+    steps: list[dict[str, Any]]
+    tries: list[dict[str, Any]]
+    retried: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    received: list[dict[str, Any]]
+    sent: list[dict[str, Any]]
+    streams: list[dict[str, Any]]
+    ancestors: list[dict[str, Any]]
+    descendants: list[dict[str, Any]]
+
+
 # A workflow's page, in one statement (one snapshot, one round trip): its record, then each part as a
 # jsonb array, every one read through an index and cut at a bound.
 WORKFLOW = (
@@ -219,10 +290,56 @@ FINGERPRINT = (
 CHUNKS = (f"SELECT position, {value_column('value', '%(small)s')} FROM {{s}}.chunks WHERE stream_id = %(stream)s"
           " AND position >= %(offset)s ORDER BY position LIMIT %(rows)s")
 ESTIMATE = "SELECT reltuples::float8 FROM pg_catalog.pg_class WHERE oid = %(table)s::regclass"
+
+
+class Queues(TypedDict):
+    queues: int
+    cap: int
+
+
+class Workers(TypedDict):
+    workers: int
+    running: int
+
+
+class Sampling(TypedDict):
+    window: float
+    sample: int
+
+
+class WorkflowRead(TypedDict):
+    id: str
+    big: int
+    small: int
+    steps: int
+    rows: int
+    depth: int
+
+
+class ChunksRead(TypedDict):
+    stream: int
+    offset: int
+    rows: int
+    small: int
+
+
+class Table(TypedDict):
+    table: str  # quoted, with its schema
+
+
+# A workflow's state as FINGERPRINT reads it; the ends of a queue and status (queue, status, ends, the
+# oldest of them, now); a chunk (position, size, value when small).
+Fingerprint = tuple[str, int, datetime | None, bool, int | None, int | None, datetime | None, int | None, int]
+Ends = tuple[str, str, int, datetime, datetime]
+Chunk = tuple[int, int | None, bytes | None]
 # The statements above, as the executor runs them.
-READ_QUEUES, READ_WORKERS, READ_THROUGHPUT = Sql(QUEUES), Sql(WORKERS), Sql(THROUGHPUT)
-READ_WORKFLOW, READ_FINGERPRINT = Sql(WORKFLOW), Sql(FINGERPRINT)
-READ_CHUNKS, READ_ESTIMATE = Sql(CHUNKS), Sql(ESTIMATE)
+READ_QUEUES = Sql(QUEUES, row=QueueRow, params=Queues)
+READ_WORKERS = Sql(WORKERS, row=WorkerLoad, params=Workers)
+READ_THROUGHPUT = Sql(THROUGHPUT, row=cast("type[Ends]", Ends), params=Sampling)
+READ_WORKFLOW = Sql(WORKFLOW, row=WorkflowPage, params=WorkflowRead)
+READ_FINGERPRINT = Sql(FINGERPRINT, row=cast("type[Fingerprint]", Fingerprint), params=ById)
+READ_CHUNKS = Sql(CHUNKS, row=cast("type[Chunk]", Chunk), params=ChunksRead)
+READ_ESTIMATE = Sql(ESTIMATE, row=tuple[float], params=Table)
 
 
 class Dashboard(Port):
@@ -230,57 +347,53 @@ class Dashboard(Port):
 
     async def queues(self, queues: int, cap: int) -> list[QueueRow]:
         """The queues with work or limits, each count at most ``cap``; at most ``queues`` queues."""
-        return [QueueRow._make(row) for row in await self.db.rows(READ_QUEUES, {"queues": queues, "cap": cap})]
+        return await self.db.rows(READ_QUEUES, queues=queues, cap=cap)
 
     async def workers(self, workers: int, running: int) -> list[WorkerLoad]:
         """The registered workers (at most ``workers``) and what they run."""
-        rows = await self.db.rows(READ_WORKERS, {"workers": workers, "running": running})
-        return [WorkerLoad._make(row) for row in rows]
+        return await self.db.rows(READ_WORKERS, workers=workers, running=running)
 
-    async def throughput(self, window: float, sample: int) -> list[tuple[Any, ...]]:
+    async def throughput(self, window: float, sample: int) -> list[Ends]:
         """(queue, status, ends, the oldest of them, now) over the last ``window`` seconds' ends, at
         most ``sample`` of them."""
-        return await self.db.rows(READ_THROUGHPUT, {"window": window, "sample": sample})
+        return await self.db.rows(READ_THROUGHPUT, window=window, sample=sample)
 
     async def estimated_workflows(self) -> float:
         """The planner's estimate of the workflows table's rows (-1: never analyzed)."""
-        rows = await self.db.rows(READ_ESTIMATE, {"table": f"{self.db.quoted}.workflows"})
-        return float(rows[0][0]) if rows else -1.0
+        row = await self.db.row(READ_ESTIMATE, table=f"{self.db.quoted}.workflows")
+        return row[0] if row else -1.0
 
     async def list_page(self, filters: dict[str, str], since: datetime | None, at: datetime, after: str,
-                        limit: int, scan: int) -> tuple[list[tuple[Any, ...]], tuple[datetime, str] | None]:
+                        limit: int, scan: int) -> tuple[list[ListedRow], tuple[datetime, str] | None]:
         """One page of the list, newest first: the rows older than (``at``, ``after``) that match
         ``filters`` (name, queue, status) and were created after ``since``; at most ``limit`` of
         them, from at most ``scan`` index entries. Also where a read that found fewer than
         ``limit`` stopped short (None: it reached the end)."""
         given = tuple(name for name in FILTERS if name in filters)
-        params: dict[str, Any] = {**filters, "since": since, "at": at, "after": after, "limit": limit,
-                                  "scan": scan}
+        page: Paging = {"name": filters.get("name"), "queue": filters.get("queue"), "status": filters.get("status"),
+                        "since": since, "at": at, "after": after, "limit": limit, "scan": scan}
         async with self.db.session() as s:
-            rows = await s.rows(LISTING[given, since is not None], params)
+            rows = await s.rows(LISTING[given, since is not None], **page)
             if len(rows) >= limit or not given:
                 return rows, None
-            edge = await s.row(EDGE[since is not None], params)
-            return rows, None if edge is None else (edge[0], str(edge[1]))
+            return rows, await s.row(EDGE[since is not None], **page)
 
     async def workflow(self, workflow_id: str, big: int, small: int, steps: int, rows: int,
-                       depth: int) -> tuple[Any, ...] | None:
+                       depth: int) -> WorkflowPage | None:
         """Everything a workflow's page shows, in one statement: its record (the arguments and the
         result only when at most ``big`` bytes), then as jsonb arrays its first ``steps`` steps, the
         tries of steps under way, the errors of attempts retried, events, messages received and sent,
         streams, ancestors and descendants (``rows`` of each at most, values only when at most
         ``small`` bytes, in base64); None when there is no such workflow."""
-        rows_found = await self.db.rows(READ_WORKFLOW, {"id": workflow_id, "big": big, "small": small, "steps": steps,
-                                                "rows": rows, "depth": depth})
-        return rows_found[0] if rows_found else None
+        return await self.db.row(READ_WORKFLOW, id=workflow_id, big=big, small=small, steps=steps, rows=rows,
+                                 depth=depth)
 
-    async def fingerprint(self, workflow_id: str) -> tuple[Any, ...] | None:
+    async def fingerprint(self, workflow_id: str) -> Fingerprint | None:
         """A workflow's state, changes of which the page shows: status, attempt, due time, cancel
         requested, last journal position, step tries under way, last event time, last message,
         streams; None when there is no such workflow."""
-        rows = await self.db.rows(READ_FINGERPRINT, {"id": workflow_id})
-        return rows[0] if rows else None
+        return await self.db.row(READ_FINGERPRINT, id=workflow_id)
 
-    async def chunks(self, stream_id: int, offset: int, rows: int, small: int) -> list[tuple[Any, ...]]:
+    async def chunks(self, stream_id: int, offset: int, rows: int, small: int) -> list[Chunk]:
         """(position, size, value when at most ``small`` bytes) of a stream's chunks from ``offset``."""
-        return await self.db.rows(READ_CHUNKS, {"stream": stream_id, "offset": offset, "rows": rows, "small": small})
+        return await self.db.rows(READ_CHUNKS, stream=stream_id, offset=offset, rows=rows, small=small)

@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import NamedTuple, TypedDict
 
 import psycopg
 from psycopg import AsyncConnection
@@ -39,6 +40,21 @@ OWNERS_VARIABLE = "PGFLOW_SCHEMA_OWNERS"  # roles besides the migrating one that
 # one of %(owners)s, with the current role and how many such objects there are; no row when all is well
 # or the schema does not exist. %(schema)s is the quoted name, as the statements write it. A relation's row
 # type and an array type always have the owner of what they belong to, checked already: left out of the count.
+class Owners(TypedDict):
+    schema: str  # quoted
+    owners: list[str]
+
+
+class Foreign(NamedTuple):
+    """The first object of the schema that is not ours (``FOREIGN_OWNED``)."""
+
+    kind: str
+    name: str
+    owner: str
+    current: str  # the current role
+    not_ours: int  # how many objects are not ours
+
+
 FOREIGN_OWNED = Sql(
     "SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner), current_user, count(*) OVER ()"
     " FROM pg_catalog.pg_namespace n CROSS JOIN LATERAL ("
@@ -53,22 +69,32 @@ FOREIGN_OWNED = Sql(
     "   WHERE t.typnamespace = n.oid AND t.typrelid = 0 AND NOT (t.typtype = 'b' AND t.typcategory = 'A')) o"
     " WHERE n.oid = pg_catalog.to_regnamespace(%(schema)s) AND o.owner NOT IN ("
     "  SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user OR r.rolname = ANY(%(owners)s::text[]))"
-    " ORDER BY o.rank, o.name LIMIT 1"
-)
-# Whether the schema has its table of migrations (%s: its name, the schema's quoted); what it holds.
-HAS_MIGRATIONS = Sql("SELECT to_regclass(%s)")
-LATEST = Sql("SELECT coalesce(max(version), 0) FROM {s}.migrations")
-APPLIED = Sql("SELECT version FROM {s}.migrations")
+    " ORDER BY o.rank, o.name LIMIT 1", row=Foreign, params=Owners)
+
+
+class Named(NamedTuple):
+    name: str
+
+
+class Recorded(NamedTuple):
+    version: int
+    name: str
+
+
+# Whether the schema has its table of migrations (%s: its name, the schema's quoted; a regclass, which
+# psycopg reads as its name); what it holds.
+HAS_MIGRATIONS = Sql("SELECT to_regclass(%s)", row=tuple[str | None], params=Named)
+LATEST = Sql("SELECT coalesce(max(version), 0) FROM {s}.migrations", row=tuple[int])
+APPLIED = Sql("SELECT version FROM {s}.migrations", row=tuple[int])
 # A migrating transaction: its lock (per schema), the schema and its table of migrations made unless
 # they exist, then each migration applied and recorded.
-LOCK = Sql("SELECT pg_advisory_xact_lock(hashtext(%s))")
-CREATE_SCHEMA = Sql("CREATE SCHEMA IF NOT EXISTS {s}")
+LOCK = Sql("SELECT pg_advisory_xact_lock(hashtext(%s))", row=tuple[None], params=Named)
+CREATE_SCHEMA = Sql("CREATE SCHEMA IF NOT EXISTS {s}", row=None)
 CREATE_MIGRATIONS = Sql(
     "CREATE TABLE IF NOT EXISTS {s}.migrations ("
     " version integer PRIMARY KEY, name text NOT NULL,"
-    " applied_at timestamptz NOT NULL DEFAULT now())"
-)
-RECORD = Sql("INSERT INTO {s}.migrations (version, name) VALUES (%s, %s)")
+    " applied_at timestamptz NOT NULL DEFAULT now())", row=None)
+RECORD = Sql("INSERT INTO {s}.migrations (version, name) VALUES (%s, %s)", row=None, params=Recorded)
 
 
 @dataclass(frozen=True)
@@ -91,20 +117,20 @@ def available() -> list[Migration]:
 async def applied_version(conn: AsyncConnection[tuple[object, ...]], schema: str) -> int:
     """The highest migration applied to ``schema``; 0 when it has none."""
     s = Session(conn, schema)
-    row = await s.row(HAS_MIGRATIONS, (f"{schema}.migrations",))
-    if row is None or row[0] is None:
+    found = await s.row(HAS_MIGRATIONS, f"{schema}.migrations")
+    if found is None or found[0] is None:
         return 0
-    row = await s.row(LATEST)
-    return int(row[0]) if row else 0
+    latest = await s.row(LATEST)
+    return latest[0] if latest else 0
 
 
 async def applied_versions(conn: AsyncConnection[tuple[object, ...]], schema: str) -> set[int]:
     """Every migration applied to ``schema``."""
     s = Session(conn, schema)
-    row = await s.row(HAS_MIGRATIONS, (f"{schema}.migrations",))
-    if row is None or row[0] is None:
+    found = await s.row(HAS_MIGRATIONS, f"{schema}.migrations")
+    if found is None or found[0] is None:
         return set()
-    return {int(r[0]) for r in await s.rows(APPLIED)}
+    return {version for version, in await s.rows(APPLIED)}
 
 
 async def migrate(conn: AsyncConnection[tuple[object, ...]], schema: str) -> list[Migration]:
@@ -151,7 +177,7 @@ async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
     applied_now = []
     s = Session(conn, schema)
     async with s.transaction():
-        await s.run(LOCK, (f"pgflow.migrate.{schema}",))
+        await s.run(LOCK, f"pgflow.migrate.{schema}")
         await s.run(CREATE_SCHEMA)
         await check_owners(conn, schema)  # made by another role since the first look: not ours
         await s.run(CREATE_MIGRATIONS)
@@ -160,7 +186,7 @@ async def _apply_once(conn: AsyncConnection[tuple[object, ...]], schema: str,
             if migration.version in done:
                 continue
             await s.script(migration.sql.replace("{schema}", schema).encode())
-            await s.run(RECORD, (migration.version, migration.name))
+            await s.run(RECORD, migration.version, migration.name)
             applied_now.append(migration)
         await check_owners(conn, schema)  # an object another role put there meanwhile: nothing commits
     return applied_now
@@ -174,10 +200,9 @@ def expected_owners() -> list[str]:
 async def check_owners(conn: AsyncConnection[tuple[object, ...]], schema: str) -> None:
     """Raise ConfigurationError when ``schema`` (quoted) or anything in it is owned by a role that is
     neither the current one nor named in ``PGFLOW_SCHEMA_OWNERS``. One catalog query, no lock."""
-    row = await Session(conn, schema).row(FOREIGN_OWNED, {"schema": schema, "owners": expected_owners()})
+    row = await Session(conn, schema).row(FOREIGN_OWNED, schema=schema, owners=expected_owners())
     if row is not None:
-        kind, name, owner, current, count = (str(value) for value in row)
-        raise ConfigurationError(refusal(schema, kind, name, owner, current, int(count)))
+        raise ConfigurationError(refusal(schema, *row))
 
 
 def refusal(schema: str, kind: str, name: str, owner: str, current: str, count: int) -> str:

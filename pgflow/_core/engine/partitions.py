@@ -20,16 +20,16 @@ log = logging.getLogger("pgflow.retention")
 DROP_LOCK_TIMEOUT = "200ms"
 # Partitions made ahead of time, and dropped once their streams are gone (the functions of 0024; the
 # drop waits only briefly for its lock).
-ADD = Sql("SELECT {s}.add_chunk_partitions()")
-DROP_LOCK_WAIT = Sql(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
-DROP = Sql("SELECT {s}.drop_chunk_partitions()")
+ADD = Sql("SELECT {s}.add_chunk_partitions()", row=tuple[int])
+DROP_LOCK_WAIT = Sql(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'", row=None)
+DROP = Sql("SELECT {s}.drop_chunk_partitions()", row=tuple[str])
 
 
 class Partitions(Port):
     async def add_chunk_partitions(self) -> int:
         """Make the partitions of the current period and those ahead that are missing; how many."""
-        row = await self.db.row(ADD, ())
-        return int(row[0]) if row else 0
+        row = await self.db.row(ADD)
+        return row[0] if row else 0
 
     async def drop_chunk_partitions(self) -> list[str]:
         """Drop the partitions whose streams have all been pruned and whose period is over; their
@@ -39,7 +39,7 @@ class Partitions(Port):
             try:
                 async with s.transaction():
                     await s.run(DROP_LOCK_WAIT)
-                    dropped = [str(name) for (name,) in await s.rows(DROP)]
+                    dropped = [name for name, in await s.rows(DROP)]
             except psycopg.errors.LockNotAvailable:
                 log.info("chunk partitions not dropped: the chunks table was busy; trying again later")
                 return []
