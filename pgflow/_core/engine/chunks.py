@@ -256,7 +256,8 @@ class ReadingByName(Reading):
 
 # A row of a read: the index asked (from 1), the stream's id, the workflow's status and whether the stream
 # is closed (for a stream with no chunks found), and a chunk found (position, value), or the first one left
-# out (cut); plain tuples, as psycopg reads them (readers read thousands a second).
+# out (cut); plain tuples, as psycopg reads them (a NamedTuple would triple what a row costs the reader:
+# benchmarks/row_types.py).
 ReadRow = tuple[int, int | None, str | None, bool, int | None, bytes | None, bool | None]
 READING_BY_ID = wire.Statement(_READ_BY_ID, row=cast("type[ReadRow]", ReadRow), params=Reading)
 READING_BY_NAME = wire.Statement(_READ_BY_NAME, row=cast("type[ReadRow]", ReadRow), params=ReadingByName)

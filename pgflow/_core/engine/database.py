@@ -11,6 +11,10 @@ A statement is one of two kinds, both named in their port's module (the catalogu
 
 Either is prepared where the connection allows it and sent plain through a transaction-mode pooler
 (the pool turns psycopg's preparing off there, and ``Pool.prepares`` tells ``wire`` to do the same).
+
+Either declares the type of its rows and of its parameters (``row=``, ``params=``: ``statement.py``), so
+that what runs it is typed: ``await db.rows(WORKERS_OVERVIEW)`` is a ``list[WorkerRow]``, and
+``await db.run(REGISTER, id=..., host=...)`` is checked against REGISTER's parameters.
 """
 
 from __future__ import annotations
