@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from pgflow._core.engine import arrays, quote_identifier, wire
-from pgflow._core.engine.database import Sql
+from pgflow._core.engine import arrays, fencing, quote_identifier, wire, workers
+from pgflow._core.engine.database import SNAPSHOT, Sql
 from pgflow._core.engine.migrations import migrate
 from pgflow._core.engine.statement import Statement
 
@@ -170,6 +170,16 @@ def test_each_statements_parameters_are_the_ones_it_names() -> None:
         if declared != (names, positional) and not variant:
             wrong[name] = (declared, (names, positional))
     assert wrong == {}
+
+
+def test_a_statement_is_given_its_arguments_as_it_declares_them() -> None:
+    """By keyword for a TypedDict's parameters; in order for a NamedTuple's (by keyword too: put in its
+    order); in one mapping or sequence for a statement not typed yet; nothing for one that takes none."""
+    assert workers.UNREGISTER.given((), {"id": "w"}) == {"id": "w"}
+    assert fencing.HOLDS.given(("w", 7), {}) == ("w", 7)
+    assert fencing.HOLDS.given(("w",), {"lease": 7}) == ("w", 7)
+    assert Sql("SELECT %(a)s").given(({"a": 1},), {}) == {"a": 1}
+    assert SNAPSHOT.given((), {}) is None
 
 
 # What a column or parameter of each type is in Python (psycopg's loaders and dumpers), by the type's name;
