@@ -18,6 +18,13 @@ of type ``R`` and is run with the parameters ``P`` (``Database.rows(statement, *
 - a ``NamedTuple``: its parameters are positional (``%s``), and so are the arguments, in order;
 - none: the statement takes no parameters.
 
+Keywords rather than a dict typed as the TypedDict: mypy cannot check a dict literal against a TypedDict
+it has to infer from the statement beside it ("Cannot infer value of type parameter"), where a ParamSpec
+taken from the TypedDict's (or the NamedTuple's) constructor checks each argument's name and type at every
+call, a ``**`` of a TypedDict too (``**new.parameters()``). It costs what the dict did: Python builds the
+same dict of the keywords. (A ``tuple[...]`` row is written out in ``row=``: mypy takes the expression
+for the type it names, but not an alias of it, unless cast: ``row=cast("type[ClaimRow]", ClaimRow)``.)
+
 A statement that declares neither (``Sql(text)``) is one the catalogue has not typed yet: its rows are
 plain tuples of anything, and it is run as before typing, with its parameters in one argument (a mapping
 or a sequence). tests/test_engine_catalogue.py names the few left.
