@@ -31,7 +31,7 @@ EXECUTOR = {ENGINE / "database.py", ENGINE / "wire.py"}
 # Calls that run a statement or take a connection to run one on: psycopg's (a connection's or a
 # cursor's execute, a cursor, a pool's checkout) and the libpq path's.
 RUNS = {"execute", "executemany", "cursor", "connection"}
-WIRE = {"fetch", "fetch_then_durable"}
+WIRE = {"fetch", "fetch_then_durable", "pipeline"}
 # What outside the engine still takes a connection of the engine's pool itself, and why.
 OUTSIDE = {
     # Checks a connection of the pool out with a timeout of its own for the wait (a flush that cannot

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from pgflow._core.engine import unreachable, wire
+from pgflow._core.engine.database import BEGIN, COMMIT, Database, Session
 from pgflow._core.pool import Pool
 from pgflow._core.registry import Config
 
@@ -190,3 +191,76 @@ async def test_a_statement_psycopg_deallocated_is_prepared_again(pool: Pool, dur
         assert await cur.fetchone() == (0,)  # ours are gone: the test shows what it says
         assert await run(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
         assert await run(conn, SLEEP, "x", {"seconds": 0}) == [(1,)]
+
+
+class Kept(TypedDict):
+    n: wire.Int4
+
+
+TABLE = wire.Statement("CREATE TABLE IF NOT EXISTS {s}.kept (n int)", row=None, params=wire.Nothing)
+KEEP = wire.Statement("INSERT INTO {s}.kept VALUES (%(n)s)", row=None, params=Kept)
+KEPT = wire.Statement("SELECT array_agg(n ORDER BY n) FROM {s}.kept", row=tuple[list[int] | None],
+                      params=wire.Nothing)
+
+
+@pytest.mark.parametrize("prepare", [True, False], ids=["prepared", "unnamed"])
+async def test_a_pipeline_answers_each_statement_and_stops_at_the_first_error(pool: Pool, prepare: bool) -> None:
+    async with pool.connection() as conn:
+        rows = await wire.pipeline(conn, [SLEEP.step(seconds=0), DIVIDE.step(zero=1), ECHO.step(**dict.fromkeys(
+            ["text", "bytea", "bool", "int4", "int8", "float8", "at", "texts", "int4s", "int8s", "byteas", "ats"]))],
+            "x", prepare=prepare)
+        assert rows == [[(1,)], [(1,)], [(None,) * 13]]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await wire.pipeline(conn, [SLEEP.step(seconds=0), DIVIDE.step(zero=0), SLEEP.step(seconds=30)],
+                                "x", prepare=prepare)  # (the sleep after it would take 30 s: it does not run)
+        assert await wire.pipeline(conn, [DIVIDE.step(zero=1)], "x", prepare=prepare) == [[(1,)]]  # idle again
+
+
+async def test_a_pipelined_transaction_commits_rolls_back_and_runs_again_when_forgotten(
+        pool: Pool, schema: str) -> None:
+    """``Database.pipelined``: BEGIN in the body's first pipeline, COMMIT in its last (or after it, when
+    the body left the transaction open); a body that raises leaves nothing; a body whose prepared
+    statement psycopg deallocated mid-transaction is run again from the start, its first try's writes
+    rolled back."""
+    db = Database(pool, schema)
+    quoted = db.quoted
+    async with pool.connection() as conn:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+        await wire.fetch(conn, TABLE, quoted, {})
+
+    async def kept() -> list[int] | None:
+        [(found,)] = await db.rows(KEPT)
+        return found
+
+    async def two(s: Session) -> str:
+        await s.pipeline(BEGIN.step(), KEEP.step(n=1))
+        await s.pipeline(KEEP.step(n=2), COMMIT.step())
+        return "done"
+
+    assert await db.pipelined(two) == "done"
+
+    async def left_open(s: Session) -> None:
+        await s.pipeline(BEGIN.step(), KEEP.step(n=3))
+
+    await db.pipelined(left_open)
+    assert await kept() == [1, 2, 3]
+
+    async def fails(s: Session) -> None:
+        await s.pipeline(BEGIN.step(), KEEP.step(n=4))
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        await db.pipelined(fails)
+    assert await kept() == [1, 2, 3]
+    tries: list[int] = []
+
+    async def forgets_once(s: Session) -> None:
+        tries.append(len(tries))
+        await s.pipeline(BEGIN.step(), KEEP.step(n=10 + len(tries)))
+        if len(tries) == 1:
+            await s.script(b"DEALLOCATE ALL")  # (what psycopg sends after a rollback it saw)
+        await s.pipeline(KEEP.step(n=20 + len(tries)), COMMIT.step())
+
+    await db.pipelined(forgets_once)
+    assert tries == [0, 1]
+    assert await kept() == [1, 2, 3, 12, 22]  # the first try's writes rolled back, the second's committed

@@ -21,7 +21,7 @@ from psycopg.pq import Format
 _HEAD = struct.Struct(">iiIii")  # dimensions, has nulls, element type, length, lower bound
 _LEN = struct.Struct(">i").pack
 _NULL = _LEN(-1)
-_INT4, _INT8, _BYTEA, _TEXT, _TIMESTAMPTZ = 23, 20, 17, 25, 1184
+_BOOL, _INT4, _INT8, _BYTEA, _TEXT, _TIMESTAMPTZ = 16, 23, 20, 17, 25, 1184
 _I8 = struct.Struct(">q").pack
 
 
@@ -95,6 +95,10 @@ def byteas(values: Sequence[bytes | None]) -> ByteaArray:
 
 def texts(values: Sequence[str | None]) -> TextArray:
     return TextArray(_pieces(_TEXT, [None if value is None else value.encode() for value in values]))
+
+
+def bools(values: Sequence[bool]) -> bytes:
+    return _pieces(_BOOL, [b"\x01" if value else b"\x00" for value in values])
 
 
 def timestamptzs(microseconds: Sequence[int | None]) -> bytes:

@@ -19,7 +19,8 @@ that what runs it is typed: ``await db.rows(WORKERS_OVERVIEW)`` is a ``list[Work
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Never, ParamSpec, TypeVar, overload
 
@@ -32,8 +33,11 @@ from . import wire
 from .statement import UNDECLARED, Params, Statement, Untyped
 
 R = TypeVar("R")
+R2 = TypeVar("R2")
+R3 = TypeVar("R3")
 P = ParamSpec("P")
 Row = tuple[Any, ...]
+T = TypeVar("T")
 
 
 def quote_identifier(name: str) -> str:
@@ -84,6 +88,11 @@ class Sql(Statement[R, P]):
 
 # The first statement of a transaction whose reads all come from one snapshot and that writes nothing.
 SNAPSHOT = Sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY", row=None)
+# A transaction's ends, when they ride in its pipelines (``Database.pipelined``).
+BEGIN = wire.Statement("BEGIN", row=None, params=wire.Nothing)
+COMMIT = wire.Statement("COMMIT", row=None, params=wire.Nothing)
+ROLLBACK = wire.Statement("ROLLBACK", row=None, params=wire.Nothing)
+_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
 
 def _rows(conn: AsyncConnection[Any], statement: Statement[R, Any], params: Params, schema: str,
@@ -91,8 +100,8 @@ def _rows(conn: AsyncConnection[Any], statement: Statement[R, Any], params: Para
     """What every statement of the engine runs through: ``statement`` on ``conn`` (checked out, idle).
     (It hands back the statement's coroutine rather than awaiting it: no frame of its own on the hot path.)"""
     if isinstance(statement, wire.Statement):
-        assert isinstance(params, dict), "a wire statement takes its parameters by name"
-        return wire.fetch(conn, statement, schema, params, prepare=prepare)
+        assert params is None or isinstance(params, dict), "a wire statement takes its parameters by name"
+        return wire.fetch(conn, statement, schema, params or _NONE, prepare=prepare)
     assert isinstance(statement, Sql)
     return _adapted(conn, statement, statement.for_schema(schema), params)
 
@@ -106,6 +115,7 @@ async def _adapted(conn: AsyncConnection[Any], statement: Sql[R, Any], text: str
 
 
 _TUPLES = pq.ExecStatus.TUPLES_OK
+_NONE: dict[str, Any] = {}  # (the values of a wire statement that takes none)
 
 
 def _run(conn: AsyncConnection[Any], statement: Statement[Any, Any], params: Params, schema: str,
@@ -147,6 +157,28 @@ class Session:
     async def run(self, statement: Statement[Any, P], /, *args: P.args, **kwargs: P.kwargs) -> None:
         """Run ``statement`` for what it does, not for rows."""
         await _run(self.conn, statement, statement.given(args, kwargs), self._schema, self._prepares)
+
+    @overload
+    async def pipeline(self, a: wire.Step[R], /) -> tuple[list[R]]: ...
+    @overload
+    async def pipeline(self, a: wire.Step[R], b: wire.Step[R2], /) -> tuple[list[R], list[R2]]: ...
+    @overload
+    async def pipeline(self, a: wire.Step[R], b: wire.Step[R2], c: wire.Step[R3], /) -> tuple[
+        list[R], list[R2], list[R3]]: ...
+    @overload
+    async def pipeline(self, *steps: wire.Step[Any]) -> tuple[list[Any], ...]: ...
+
+    async def pipeline(self, *steps: wire.Step[Any]) -> tuple[list[Any], ...]:
+        """The rows of each statement of ``steps`` (``STATEMENT.step(**values)``), run in order in one
+        round trip (``wire.pipeline``): one that fails raises its error, and those after it did not run."""
+        return tuple(await wire.pipeline(self.conn, steps, self._schema, prepare=self._prepares))
+
+    async def end(self, statement: wire.Statement[Never, []]) -> None:
+        """``COMMIT`` or ``ROLLBACK`` the transaction the session is in, if it is in one and idle (a
+        connection left with a statement in flight is the pool's to close)."""
+        pgconn = self.conn.pgconn
+        if pgconn.transaction_status in _OPEN and pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            await self.pipeline(statement.step())
 
     def rows_then_durable(self, statement: wire.Statement[R, P], /, *args: P.args,
                           **kwargs: P.kwargs) -> Coroutine[Any, Any, list[R]]:
@@ -195,6 +227,30 @@ class Database:
         """A connection of the pool's, whose use must be over ``within`` seconds (``Pool.connection``)."""
         return _Checkout(self.pool.connection(within=within), self.quoted, self.pool.prepares)
 
+    async def pipelined(self, body: Callable[[Session], Awaitable[T]]) -> T:
+        """``body``'s answer, run in a transaction on a connection of its own whose ``BEGIN`` and
+        ``COMMIT`` ride in the body's pipelines (``Session.pipeline``: ``BEGIN`` first in its first,
+        ``COMMIT`` last in its last), so that neither costs a round trip of its own: committed when the
+        body returns with it still open, rolled back when it raises. The body is run once more from the
+        start when the server had forgotten a statement prepared on the connection (``wire.Forgotten``:
+        nothing of that try committed), so it must be one that can run again."""
+        for attempt in _ONCE_MORE:
+            async with self.session() as s:
+                try:
+                    answer = await body(s)
+                except wire.Forgotten:
+                    await s.end(ROLLBACK)
+                    if attempt:
+                        raise
+                    continue
+                except BaseException:
+                    with contextlib.suppress(psycopg.Error):  # (the body's error says more than the rollback's)
+                        await s.end(ROLLBACK)
+                    raise
+                await s.end(COMMIT)
+                return answer
+        raise AssertionError("unreachable")  # (the last try returns or raises)
+
     async def rows(self, statement: Statement[R, P], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """``statement``'s rows, on a connection of its own."""
         params = kwargs if kwargs and statement.named else statement.given(args, kwargs)
@@ -224,6 +280,9 @@ class Database:
             cur = await conn.execute("SELECT host(inet_server_addr())")
             row = await cur.fetchone()
             return connecting.on_this_machine(conn.info.host, hostaddr, row[0] if row else None)
+
+
+_ONCE_MORE = range(2)
 
 
 class Port:

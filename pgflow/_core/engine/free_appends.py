@@ -1,8 +1,8 @@
 """The statements that write to free-standing streams: appends, their idempotent producers, closure.
 
-Appends are group-committed: a batch of them, to any streams, is one transaction of three statements
-(``append_many``: lock, then every write at once), however many chunks and streams it holds, so one WAL
-flush serves them all. Each append of a batch is judged in the order given, on the state the ones before
+Appends are group-committed: a batch of them, to any streams, is one transaction of two round trips
+(``append_many``: lock and read, then every write at once), however many chunks and streams it holds, so
+one WAL flush serves them all. Each append of a batch is judged in the order given, on the state the ones before
 it left, by the protocol's checks (``_judge``, ``_check_producer``); one refused writes nothing and leaves
 the others be. The streams are locked (``FOR UPDATE``) in id order, so two batches cannot deadlock, and
 appends to one stream are serialised: the producer checks, the chunks and the new tail commit together
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict, cast
 
-from .database import Session, Sql
-from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, base_type, row_of
+from . import wire
+from .database import BEGIN, COMMIT, Session, Sql
+from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, StreamRow, base_type, row_of
 
 # One request's chunks, and the stream's new tail (and closure) on its row.
 CHUNKS = Sql(
@@ -31,14 +32,50 @@ SET_TAIL = Sql(
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
     " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
 )
-# Group commit: the streams of a batch of appends locked in id order (so two batches cannot deadlock),
-# with the state of every producer the batch names; then every write of the batch in one statement.
-LOCK_MANY = Sql(
-    f"SELECT {COLUMNS}, {EXPIRED}, p.producer, p.epoch, p.seq FROM {{s}}.free_streams s"
-    " LEFT JOIN {s}.free_producers p ON p.stream_id = s.id AND p.producer = ANY(%(producers)s::text[])"
-    " WHERE s.path = ANY(%(paths)s::text[]) ORDER BY s.id FOR UPDATE OF s"
-)
-APPEND_MANY = Sql(
+# Group commit, in two round trips (``append_many``): the streams of a batch of appends locked in id order
+# (so two batches cannot deadlock), BEGIN before; then, in a snapshot taken once they are locked, the state
+# of every producer the batch names (a producer's row changes only under its stream's lock, so it is the
+# state the batch's writes follow: read in the locking statement itself, it would be that statement's
+# snapshot's, from before a writer it waited for committed); then every write of the batch in one
+# statement, COMMIT after.
+class Locking(TypedDict):
+    paths: wire.Texts
+
+
+class ProducersOf(TypedDict):
+    paths: wire.Texts
+    producers: wire.Texts
+
+
+class Appending(TypedDict):
+    """Every write of a batch, as arrays: its chunks (c_*), its producers' new state (p_*), its streams'
+    new tail, closure and Stream-Seq (s_*)."""
+
+    c_ids: wire.Int8s
+    c_ends: wire.Int8s
+    c_sizes: wire.Int8s
+    c_batch_ends: wire.Int8s
+    c_datas: wire.Byteas
+    p_ids: wire.Int8s
+    p_names: wire.Texts
+    p_epochs: wire.Int8s
+    p_seqs: wire.Int8s
+    s_ids: wire.Int8s
+    s_tails: wire.Int8s
+    s_closed: wire.Bools
+    s_closed_by: wire.Texts
+    s_seqs: wire.Texts
+
+
+LOCK_STREAMS = wire.Statement(
+    f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = ANY(%(paths)s) ORDER BY id FOR UPDATE",
+    row=cast("type[StreamRow]", StreamRow), params=Locking)
+PRODUCER_STATES = wire.Statement(
+    "SELECT p.stream_id, p.producer, p.epoch, p.seq FROM {s}.free_streams s"
+    " JOIN {s}.free_producers p ON p.stream_id = s.id"
+    " WHERE s.path = ANY(%(paths)s) AND p.producer = ANY(%(producers)s)",
+    row=tuple[int, str, int, int], params=ProducersOf)
+APPEND_MANY = wire.Statement(
     "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
     "  SELECT * FROM unnest(%(c_ids)s::bigint[], %(c_ends)s::bigint[], %(c_sizes)s::bigint[],"
     "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[])),"
@@ -49,8 +86,8 @@ APPEND_MANY = Sql(
     " stream_seq = u.stream_seq, touched_at = now() FROM unnest(%(s_ids)s::bigint[], %(s_tails)s::bigint[],"
     " %(s_closed)s::boolean[], %(s_closed_by)s::text[], %(s_seqs)s::text[])"
     " AS u(id, tail, closed, closed_by, stream_seq)"
-    " WHERE s.id = u.id"
-)
+    " WHERE s.id = u.id",
+    row=None, params=Appending)
 
 
 @dataclass(frozen=True)
@@ -141,7 +178,7 @@ class _Batch:
                                                                                           producer.seq)
         return Appended("ok", after, producer.epoch, producer.seq)
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> Appending:
         """The parameters of ``APPEND_MANY``: every write of the batch."""
         ids = list(self.written)
         return {
@@ -174,22 +211,28 @@ class FreeAppends(FreeStreamRows):
         return tail
 
     async def append_many(self, appends: list[Append]) -> list[Appended | Exception]:
-        """Group commit: a batch of appends (to any streams) in one transaction of three statements, each
-        judged as ``append`` judges it, in the order given, on the state the ones before it left. An
-        append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
-        the others are unaffected."""
-        async with self.db.session() as s, s.transaction():
-            batch = await self._lock_batch(s, appends)
-            results = [batch.take(append) for append in appends]
-            if batch.written:
-                await s.run(APPEND_MANY, batch.params())
-            return results
+        """Group commit: a batch of appends (to any streams) in one transaction of two round trips (the
+        locks and the state they guard, then the writes and the commit), each append judged as
+        ``append`` judges it, in the order given, on the state the ones before it left. An append
+        refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing; the
+        others are unaffected."""
+        return await self.db.pipelined(lambda s: self._append_many(s, appends))
+
+    async def _append_many(self, s: Session, appends: list[Append]) -> list[Appended | Exception]:
+        batch = await self._lock_batch(s, appends)
+        results = [batch.take(append) for append in appends]
+        if batch.written:
+            await s.pipeline(APPEND_MANY.step(**batch.params()), COMMIT.step())
+        return results
 
     async def _lock_batch(self, s: Session, appends: list[Append]) -> _Batch:
-        """Lock the streams the appends name (deleting the expired ones), and read their producers' state."""
-        rows = await s.rows(LOCK_MANY, {
-            "paths": sorted({a.path for a in appends}),
-            "producers": sorted({a.producer.id for a in appends if a.producer is not None})})
+        """Begin, lock the streams the appends name (deleting the expired ones), and read their
+        producers' state."""
+        paths = sorted({a.path for a in appends})
+        _, rows, producers = await s.pipeline(
+            BEGIN.step(), LOCK_STREAMS.step(paths=paths),
+            PRODUCER_STATES.step(paths=paths,
+                                 producers=sorted({a.producer.id for a in appends if a.producer is not None})))
         batch = _Batch({}, {})
         for row in rows:
             stream, expired = row_of(row)
@@ -197,8 +240,10 @@ class FreeAppends(FreeStreamRows):
                 await self._remove(s, stream.id)
                 continue
             batch.streams[stream.path] = stream
-            if row[15] is not None:
-                batch.states[(stream.id, str(row[15]))] = (int(row[16]), int(row[17]))
+        live = {stream.id for stream in batch.streams.values()}
+        for stream_id, producer, epoch, seq in producers:
+            if stream_id in live:
+                batch.states[(stream_id, producer)] = (epoch, seq)
         return batch
 
 

@@ -19,6 +19,9 @@ COLUMNS = ("id, path, content_type, tail, closed, closed_by, ttl_seconds, expire
            " forked_from, fork_offset, fork_anchor, fork_sub, deleted")
 EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds IS NOT NULL"
            " AND touched_at + ttl_seconds * interval '1 second' <= now()))")
+# A row of ``COLUMNS`` then ``EXPIRED``, as psycopg reads it (``row_of`` makes it a ``FreeStream``).
+StreamRow = tuple[int, str, str, int, bool, str | None, int | None, datetime | None, str | None, int | None,
+                  int | None, int | None, int | None, bool, bool]
 # A stream's row by its path, and whether it has expired (locked, for a change that follows).
 _FIND = f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
 FIND, LOCK = Sql(_FIND), Sql(_FIND + " FOR UPDATE")
@@ -51,7 +54,7 @@ class FreeStream:
     deleted: bool
 
 
-def row_of(values: tuple[Any, ...]) -> tuple[FreeStream, bool]:
+def row_of(values: StreamRow | tuple[Any, ...]) -> tuple[FreeStream, bool]:
     """A row of ``COLUMNS`` then ``EXPIRED``: the stream, and whether it has expired."""
     return FreeStream(*values[:14]), bool(values[14])
 

@@ -30,7 +30,7 @@ import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, NamedTuple, ParamSpec, TypeVar
+from typing import Annotated, Any, Generic, NamedTuple, Never, ParamSpec, TypedDict, TypeVar, overload
 
 import psycopg
 from psycopg import AsyncConnection, pq
@@ -70,6 +70,7 @@ TEXTS = Param(1009, lambda values: bytes(values) if isinstance(values, arrays.Te
 INT4S = Param(1007, lambda values: bytes(values) if isinstance(values, arrays.Int4Array) else arrays.int4s(values))
 INT8S = Param(1016, lambda values: bytes(values) if isinstance(values, arrays.Int8Array) else arrays.int8s(values))
 BYTEAS = Param(1001, lambda values: bytes(values) if isinstance(values, arrays.ByteaArray) else arrays.byteas(values))
+BOOLS = Param(1000, arrays.bools)
 TIMESTAMPTZS = Param(1185, lambda values: arrays.timestamptzs(
     [None if at is None else _microseconds(at) for at in values]))
 
@@ -86,6 +87,7 @@ Texts = Annotated[Sequence[str | None] | arrays.TextArray, TEXTS]
 Int4s = Annotated[Sequence[int] | arrays.Int4Array, INT4S]
 Int8s = Annotated[Sequence[int] | arrays.Int8Array, INT8S]
 Byteas = Annotated[Sequence[bytes | None] | arrays.ByteaArray, BYTEAS]
+Bools = Annotated[Sequence[bool], BOOLS]
 Timestamptzs = Annotated[Sequence[datetime | None], TIMESTAMPTZS]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
@@ -111,7 +113,12 @@ class Statement(Declared[R, P]):
 
     __slots__ = ("_template", "_names", "_types", "_packs", "_formats", "_by_schema")
 
-    def __init__(self, template: str, *, row: type[R], params: Callable[P, object]) -> None:
+    @overload
+    def __init__(self: Statement[Never, P], template: str, *, row: None, params: Callable[P, object]) -> None: ...
+    @overload
+    def __init__(self: Statement[R, P], template: str, *, row: type[R], params: Callable[P, object]) -> None: ...
+
+    def __init__(self, template: str, *, row: Any, params: Callable[P, object]) -> None:
         super().__init__(row, params)
         types = declared(params)
         order: list[str] = []
@@ -146,6 +153,25 @@ class Statement(Declared[R, P]):
     def values(self, given: Mapping[str, Any]) -> list[bytes | None]:
         return [None if (value := given[name]) is None else pack(value)
                 for name, pack in zip(self._names, self._packs, strict=True)]
+
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step[R]:
+        """The statement with the values it is to run with, as one step of a ``pipeline``
+        (``LOCK.step(paths=...)``, checked against its parameters as a call of ``Session.rows`` is)."""
+        return Step(self, kwargs)
+
+
+class Nothing(TypedDict):
+    """The parameters of a statement that takes none (``BEGIN``)."""
+
+
+class Step(Generic[R]):
+    """A statement and its values, one of a ``pipeline``'s (``Statement.step``)."""
+
+    __slots__ = ("statement", "given")
+
+    def __init__(self, statement: Statement[R, Any], given: Mapping[str, Any]) -> None:
+        self.statement = statement
+        self.given = given
 
 
 # The statements prepared on each connection, by prepared name.
@@ -236,6 +262,42 @@ async def fetch_then_durable(conn: AsyncConnection[Any], statement: Statement[R,
     rows = _rows(conn, results[:-1], statement.make_row)  # (the statement's error first, if it failed)
     _rows(conn, results[-1:])
     return rows
+
+
+class Forgotten(Exception):
+    """The server no longer had a prepared statement of a ``pipeline``: it ran nothing from there on
+    (and a transaction the pipeline was in is aborted). The connection's record of what is prepared
+    was dropped, so a new try prepares them again."""
+
+
+async def pipeline(conn: AsyncConnection[Any], steps: Sequence[Step[Any]], schema: str,
+                   *, prepare: bool = True) -> list[list[Any]]:
+    """Run ``steps``, each a statement and its values (``Statement.step``), on ``conn`` (checked out,
+    idle) in one round trip, pipelined, one after the other as if sent one at a time: the rows of each
+    (as its ``row=`` declares them). When one fails, those after it do not run (the server skips them up
+    to the pipeline's end), and its error is raised once the round trip is over, ``Forgotten`` for a
+    prepared statement the server had forgotten. Used for a transaction whose ``BEGIN`` goes out with
+    its first statements and whose ``COMMIT`` with its last, so that neither costs a round trip of its
+    own. A connection left halfway (a cancelled task, a lost link) is in pipeline mode with results
+    pending, which the pool sees as a statement in flight: it closes it rather than hand it out."""
+    pgconn = conn.pgconn
+    sent = [(step.statement, step.statement.for_schema(schema), step.statement.values(step.given)) for step in steps]
+    if prepare:
+        for statement, (sql, name), _ in sent:
+            await _prepare(conn, statement, sql, name)
+    pgconn.enter_pipeline_mode()
+    for statement, (sql, name), values in sent:
+        if prepare:
+            pgconn.send_query_prepared(name, values, statement._formats, 1)
+        else:
+            pgconn.send_query_params(sql, values, statement._types, statement._formats, 1)
+    pgconn.pipeline_sync()
+    results = await _results(pgconn, syncs=1)
+    pgconn.exit_pipeline_mode()
+    if _forgotten(conn, results):
+        raise Forgotten("the server had forgotten a statement prepared on this connection")
+    # (the first error raised: the others came after it)
+    return [_rows(conn, [result], statement.make_row) for (statement, _, _), result in zip(sent, results, strict=True)]
 
 
 async def _results(pgconn: pq.abc.PGconn, syncs: int = 0) -> list[pq.abc.PGresult]:
