@@ -2,7 +2,8 @@
 
 What the read path (``free_reads``) and the write path (``free_writes``) share: ``db`` runs statements
 of ``FreeStreams`` on the app's runtime; appends go through a ``Batcher`` (group commit), reads of a
-stream's chunks through another (shared reads); after an append commits, its stream's key is pinged
+stream's chunks through another (shared reads); after an append commits, it is handed to the live
+readers of its stream in this process (``publish``, ``following``) and its stream's key is pinged
 (``ping_key``), so that readers waiting on it anywhere in the fleet look again.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,8 +20,10 @@ from .._core.engine.free_streams import Chunk, FreeStream, FreeStreams
 from .._core.signals import News
 from ..app import App
 from .batching import Batcher
+from .following import Follower
 
 T = TypeVar("T")
+log = logging.getLogger("pgflow.durable_streams")
 READ_ROWS = 1000  # rows of one answer, at most
 READ_BYTES = 1024 * 1024  # bytes of one answer, at most (its first chunk whatever its size)
 BATCH = 256  # appends in one transaction, at most
@@ -42,9 +46,35 @@ class FreeStreamsAccess:
         self.max_body = max_body
         self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
         self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
+        self.followers: dict[str, set[Follower]] = {}  # the live readers of this process, by path
 
     async def _append_many(self, appends: list[Append]) -> list[Appended | Exception]:
-        return await self.db(lambda s: s.append_many(appends))
+        runtime = self.app._internals().runtime()
+        await runtime.store()  # (the signals service is configured once the store is open)
+        signals = runtime.signals
+        news = News(sorted({ping_key(append.path) for append in appends}))
+        results, rode = await runtime.db(lambda store: signals.ride(
+            news, lambda pings: store.free_streams.append_many(appends, pings)))
+        try:  # (committed: told even if its client left; a failure here must not make the batch run again)
+            self.publish([(append.path, done) for append, done in zip(appends, results, strict=True)
+                          if isinstance(done, Appended) and done.outcome == "ok"], rode)
+        except Exception:  # noqa: BLE001 - readers still find it on the slow poll
+            log.exception("durable streams: telling the readers of a committed batch failed")
+        return results
+
+    def publish(self, written: list[tuple[str, Appended]], rode: bool) -> None:
+        """Appends committed (with their pings, when ``rode``): handed to this process's live readers of
+        their streams (``following``), who are then woken with the rest of this process's waiters by
+        the pings of those streams, which go to every other process too if they did not ride."""
+        by_path: dict[str, list[Appended]] = {}
+        for path, done in written:
+            by_path.setdefault(path, []).append(done)
+        followers = [f for path, dones in by_path.items() for f in self.followers.get(path, ()) if f.handed(dones)]
+        try:
+            self.app._internals().runtime().signals.told(News(sorted(ping_key(path) for path in by_path)), rode)
+        finally:
+            for follower in followers:
+                follower.told()
 
     async def _read_many(self, asks: list[tuple[str, int]]) -> list[tuple[FreeStream | None, list[Chunk]] | Exception]:
         return list(await self.db(lambda s: s.read_many(asks, READ_ROWS, READ_BYTES)))

@@ -2,7 +2,9 @@
 
 A read takes its chunks in a read shared with every reader asking meanwhile (``FreeStreamsAccess.reads``).
 A live reader at the tail waits on pings of its stream's key and on the slow poll (``_wait``), and reads
-again when either comes: it never depends on a ping, the table is the only truth.
+again when either comes: it never depends on a ping, the table is the only truth. An SSE answer follows
+its stream (``following``): it takes the appends this process commits to it from their writer when they
+alone woke it and follow on from where it is, and reads the table otherwise.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import functools
 from dataclasses import dataclass
 
 import anyio
+import psycopg
 
 from .._core.engine.free_streams import Chunk, FreeStream, FreeStreams
+from .._core.signals import Outage
 from . import protocol as p
-from .free_access import FreeStreamsAccess, ping_key
+from .following import Follower, following
+from .free_access import READ_BYTES, READ_ROWS, FreeStreamsAccess, ping_key
 from .http import Receive, Request, Send, answer, sse_control, sse_data, until_disconnect
 from .protocol import Refused
 
@@ -145,9 +150,11 @@ class FreeReads(FreeStreamsAccess):
         async def event(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
+        runtime = self.app._internals().runtime()
         async with anyio.create_task_group() as group:
             group.start_soon(until_disconnect, receive, group.cancel_scope)
-            with anyio.move_on_after(SSE_SECONDS):
+            with following(self.followers, runtime.signals.waiters, path, ping_key(path)) as follower, \
+                    anyio.move_on_after(SSE_SECONDS):
                 while True:
                     data = b""  # sent with its control event, in one write: a reader sees both or neither
                     if chunks:
@@ -164,12 +171,9 @@ class FreeReads(FreeStreamsAccess):
                         control["upToDate"] = True
                     if chunks or at_tail:
                         await event(data + sse_control(control))
-                    if at_tail:  # wait for more (the wait's own read brings it)
-                        try:
-                            found = await self._wait(path, position, SSE_SECONDS)
-                        except Refused:  # deleted meanwhile: the answer ends
-                            break
-                        if found is None:
+                    if at_tail:  # wait for more (handed by this process's writes, or read)
+                        found = await self._follow(path, position, follower)
+                        if found is None:  # deleted meanwhile: the answer ends
                             break
                         stream, chunks = found
                     else:  # a page cut short: the next one at once
@@ -181,6 +185,31 @@ class FreeReads(FreeStreamsAccess):
                         break
             group.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _follow(self, path: str, position: int, follower: Follower) -> tuple[FreeStream, list[Chunk]] | None:
+        """The chunks from ``position`` on (or the stream's closure or deletion), once there are some:
+        handed by this process's appends or read from the table (``following``). None when the stream
+        is no more. Waits as long as the answer lasts; a database out of reach counts as "nothing yet"
+        for as long as waiters bear it (``Outage``)."""
+        outage = Outage()
+        while True:
+            if not await follower.wait(SSE_SECONDS):
+                continue  # (the answer's own time runs out first)
+            found = follower.take(position, READ_ROWS, READ_BYTES)
+            if found is None:
+                try:
+                    got = await self.reads.submit((path, position))
+                    outage.over()
+                except psycopg.Error as exc:
+                    outage.bear(exc)
+                    continue
+                maybe, chunks = got
+                if maybe is None:
+                    return None
+                found = maybe, chunks
+            stream, chunks = found
+            if chunks or stream.closed or stream.deleted:
+                return found
 
 
 async def _touch(stream: FreeStream, statements: FreeStreams) -> None:

@@ -1,9 +1,10 @@
 """The write path of free-standing streams: PUT (create, or fork), POST (append, close), DELETE.
 
 An append is group-committed with the others that arrive meanwhile (``FreeStreamsAccess.appends``:
-one transaction for the batch); once it commits, its stream's key is pinged so that waiting readers
-look again. The headers of a fork (``Stream-Forked-From``...) and of an idempotent producer
-(``Producer-Id``...) are read here.
+one transaction for the batch); once it commits, it is handed to this process's live readers of its
+stream and its stream's key is pinged so that waiting readers look again (``FreeStreamsAccess.publish``).
+The headers of a fork (``Stream-Forked-From``...) and of an idempotent producer (``Producer-Id``...)
+are read here.
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ class FreeWrites(FreeStreamsAccess):
             return [body]
 
         done = await self.appends.submit(Append(request.path, media, bool(body), units_of, close, seq, producer))
-        await self._appended(request.path, done, producer, send, not body)
+        await self._appended(done, producer, send, not body)
 
-    async def _appended(self, path: str, done: Appended, producer: Producer | None, send: Send,
+    async def _appended(self, done: Appended, producer: Producer | None, send: Send,
                         appended_nothing: bool) -> None:
         stream = done.stream
         outcome = done.outcome
@@ -122,8 +123,7 @@ class FreeWrites(FreeStreamsAccess):
         if producer is not None:
             tail[p.PRODUCER_EPOCH] = str(done.epoch)
             tail[p.PRODUCER_SEQ] = str(done.seq)
-        if outcome == "ok":
-            self.ping(path)
+        if outcome == "ok":  # (published, and its stream pinged, as it committed: FreeStreamsAccess.publish)
             await answer(send, 200 if producer is not None and not appended_nothing else 204, tail)
             return
         await answer(send, 204, tail)  # a duplicate: already there

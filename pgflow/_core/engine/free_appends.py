@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict, cast
 
 from . import wire
+from .channel import NO_PINGS, Pings, Riding
 from .database import BEGIN, COMMIT, Session, Sql
 from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, StreamRow, base_type, row_of
 
@@ -88,6 +89,9 @@ APPEND_MANY = wire.Statement(
     " AS u(id, tail, closed, closed_by, stream_seq)"
     " WHERE s.id = u.id",
     row=None, params=Appending)
+# The batch's pings, sent with its commit (``Signals.ride``): no NOTIFY transaction of the notifier's.
+PINGS = wire.Statement("SELECT count(pg_notify(x.c, x.p)) FROM unnest(%(pings_channels)s, %(pings)s) AS x(c, p)",
+                       row=tuple[int], params=Riding)
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,15 @@ class Producer:
 class Appended:
     """``outcome``: "ok", "duplicate", "missing", "gone", "closed", "type", "seq", "stale_epoch",
     "epoch_seq" (a new epoch that does not start at 0), "gap". ``epoch``/``seq``: the producer's
-    state the answer reports; ``expected``: the seq a gap wanted."""
+    state the answer reports; ``expected``: the seq a gap wanted; ``units``: what an "ok" wrote, ending
+    at ``stream.tail``."""
 
     outcome: str
     stream: FreeStream | None = None
     epoch: int = 0
     seq: int = 0
     expected: int = 0
+    units: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,10 +179,10 @@ class _Batch:
                         stream_seq=append.stream_seq if append.stream_seq is not None else stream.stream_seq)
         self.streams[stream.path] = self.written[stream.id] = after
         if producer is None:
-            return Appended("ok", after, 0, 0)
+            return Appended("ok", after, 0, 0, units=tuple(units))
         self.states[(stream.id, producer.id)] = self.touched[(stream.id, producer.id)] = (producer.epoch,
                                                                                           producer.seq)
-        return Appended("ok", after, producer.epoch, producer.seq)
+        return Appended("ok", after, producer.epoch, producer.seq, units=tuple(units))
 
     def params(self) -> Appending:
         """The parameters of ``APPEND_MANY``: every write of the batch."""
@@ -210,19 +216,21 @@ class FreeAppends(FreeStreamRows):
                                "stream_seq": stream_seq})
         return tail
 
-    async def append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+    async def append_many(self, appends: list[Append], pings: Pings = NO_PINGS) -> list[Appended | Exception]:
         """Group commit: a batch of appends (to any streams) in one transaction of two round trips (the
-        locks and the state they guard, then the writes and the commit), each append judged as
-        ``append`` judges it, in the order given, on the state the ones before it left. An append
-        refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing; the
-        others are unaffected."""
-        return await self.db.pipelined(lambda s: self._append_many(s, appends))
+        locks and the state they guard, then the writes, the ``pings`` and the commit), each append
+        judged as ``append`` judges it, in the order given, on the state the ones before it left. An
+        append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
+        the others are unaffected. The pings go out only with writes (a batch that writes nothing has
+        nothing to tell)."""
+        return await self.db.pipelined(lambda s: self._append_many(s, appends, pings))
 
-    async def _append_many(self, s: Session, appends: list[Append]) -> list[Appended | Exception]:
+    async def _append_many(self, s: Session, appends: list[Append], pings: Pings) -> list[Appended | Exception]:
         batch = await self._lock_batch(s, appends)
         results = [batch.take(append) for append in appends]
         if batch.written:
-            await s.pipeline(APPEND_MANY.step(**batch.params()), COMMIT.step())
+            told = [PINGS.step(pings_channels=pings.channels, pings=pings.payloads)] if pings.payloads else []
+            await s.pipeline(APPEND_MANY.step(**batch.params()), *told, COMMIT.step())
         return results
 
     async def _lock_batch(self, s: Session, appends: list[Append]) -> _Batch:
