@@ -1,26 +1,33 @@
 """The statements that write to free-standing streams: appends, their idempotent producers, closure.
 
-Appends are group-committed: a batch of them, to any streams, is one transaction of two round trips
-(``append_many``: lock and read, then every write at once), however many chunks and streams it holds, so
-one WAL flush serves them all. Each append of a batch is judged in the order given, on the state the ones before
-it left, by the protocol's checks (``_judge``, ``_check_producer``); one refused writes nothing and leaves
-the others be. The streams are locked (``FOR UPDATE``) in id order, so two batches cannot deadlock, and
-appends to one stream are serialised: the producer checks, the chunks and the new tail commit together
-or not at all (a retried request finds either everything or nothing).
+Appends are group-committed: a batch of them, to any streams, is one transaction, however many chunks
+and streams it holds, so one WAL flush serves them all; its pings ride on its commit. The batch is
+judged (``free_judging.Batch``: each append in the order given, on the state the ones before it left,
+by the protocol's checks; one refused writes nothing and leaves the others be) on one of two states:
 
-Positions count bytes, or messages in JSON mode.
+- what this process knows of its streams (``free_known``: what it last committed to them), in one round
+  trip: BEGIN, the locks, the writes (made only if the server finds every stream and producer judged
+  on exactly as it was judged on, under the locks), the pings and COMMIT, pipelined;
+- else (a stream not known, or the check failed), what its locks read, in two: BEGIN, the locks and
+  the producers' state; then the writes, the pings and COMMIT.
+
+The streams are locked (``FOR UPDATE``) in id order, so two batches cannot deadlock, and appends to one
+stream are serialised: the producer checks, the chunks and the new tail commit together or not at all
+(a retried request finds either everything or nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from . import wire
 from .channel import NO_PINGS, Pings, Riding
-from .database import BEGIN, COMMIT, Session, Sql
-from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, StreamRow, base_type, row_of
+from .database import BEGIN, COMMIT, Database, Session, Sql
+from .free_judging import Append, Appended, Appending, Batch, Producer
+from .free_known import Known
+from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, StreamRow, row_of
+
+__all__ = ["Append", "Appended", "Batch", "FreeAppends", "Producer"]
 
 # One request's chunks, and the stream's new tail (and closure) on its row.
 CHUNKS = Sql(
@@ -33,12 +40,6 @@ SET_TAIL = Sql(
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
     " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
 )
-# Group commit, in two round trips (``append_many``): the streams of a batch of appends locked in id order
-# (so two batches cannot deadlock), BEGIN before; then, in a snapshot taken once they are locked, the state
-# of every producer the batch names (a producer's row changes only under its stream's lock, so it is the
-# state the batch's writes follow: read in the locking statement itself, it would be that statement's
-# snapshot's, from before a writer it waited for committed); then every write of the batch in one
-# statement, COMMIT after.
 class Locking(TypedDict):
     paths: wire.Texts
 
@@ -48,26 +49,12 @@ class ProducersOf(TypedDict):
     producers: wire.Texts
 
 
-class Appending(TypedDict):
-    """Every write of a batch, as arrays: its chunks (c_*), its producers' new state (p_*), its streams'
-    new tail, closure and Stream-Seq (s_*)."""
-
-    c_ids: wire.Int8s
-    c_ends: wire.Int8s
-    c_sizes: wire.Int8s
-    c_batch_ends: wire.Int8s
-    c_datas: wire.Byteas
-    p_ids: wire.Int8s
-    p_names: wire.Texts
-    p_epochs: wire.Int8s
-    p_seqs: wire.Int8s
-    s_ids: wire.Int8s
-    s_tails: wire.Int8s
-    s_closed: wire.Bools
-    s_closed_by: wire.Texts
-    s_seqs: wire.Texts
-
-
+# Group commit, in two round trips (``append_many``): the streams of a batch of appends locked in id order
+# (so two batches cannot deadlock), BEGIN before; then, in a snapshot taken once they are locked, the state
+# of every producer the batch names (a producer's row changes only under its stream's lock, so it is the
+# state the batch's writes follow: read in the locking statement itself, it would be that statement's
+# snapshot's, from before a writer it waited for committed); then every write of the batch in one
+# statement, COMMIT after.
 LOCK_STREAMS = wire.Statement(
     f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = ANY(%(paths)s) ORDER BY id FOR UPDATE",
     row=cast("type[StreamRow]", StreamRow), params=Locking)
@@ -76,130 +63,45 @@ PRODUCER_STATES = wire.Statement(
     " JOIN {s}.free_producers p ON p.stream_id = s.id"
     " WHERE s.path = ANY(%(paths)s) AND p.producer = ANY(%(producers)s)",
     row=tuple[int, str, int, int], params=ProducersOf)
+# Every write of a batch in one statement, made only when every live stream it names (e_*) and every
+# producer it judged (k_*: epoch and seq -1 for one that had not written) is, under the batch's locks,
+# as the batch was judged on; its one row says whether they were (false: nothing written).
 APPEND_MANY = wire.Statement(
-    "WITH chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
+    "WITH held AS MATERIALIZED (SELECT (SELECT count(*) FROM unnest(%(e_ids)s::bigint[], %(e_tails)s::bigint[],"
+    "   %(e_closed)s::boolean[], %(e_closed_by)s::text[], %(e_seqs)s::text[]) AS e(id, tail, closed, closed_by, sq)"
+    "   JOIN {s}.free_streams s ON s.id = e.id AND s.tail = e.tail AND s.closed = e.closed"
+    "    AND s.closed_by IS NOT DISTINCT FROM e.closed_by AND s.stream_seq IS NOT DISTINCT FROM e.sq"
+    f"   AND NOT s.deleted AND NOT {EXPIRED}) = cardinality(%(e_ids)s::bigint[])"
+    "  AND NOT EXISTS (SELECT FROM unnest(%(k_ids)s::bigint[], %(k_names)s::text[], %(k_epochs)s::bigint[],"
+    "   %(k_seqs)s::bigint[]) AS k(stream_id, producer, epoch, seq) LEFT JOIN {s}.free_producers p"
+    "   ON p.stream_id = k.stream_id AND p.producer = k.producer"
+    "   WHERE coalesce(p.epoch, -1) <> k.epoch OR coalesce(p.seq, -1) <> k.seq) AS ok),"
+    " chunks AS (INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
     "  SELECT * FROM unnest(%(c_ids)s::bigint[], %(c_ends)s::bigint[], %(c_sizes)s::bigint[],"
-    "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[])),"
+    "  %(c_batch_ends)s::bigint[], %(c_datas)s::bytea[]) WHERE (SELECT ok FROM held)),"
     " producers AS (INSERT INTO {s}.free_producers (stream_id, producer, epoch, seq)"
     "  SELECT * FROM unnest(%(p_ids)s::bigint[], %(p_names)s::text[], %(p_epochs)s::bigint[], %(p_seqs)s::bigint[])"
-    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq)"
-    " UPDATE {s}.free_streams s SET tail = u.tail, closed = u.closed, closed_by = u.closed_by,"
-    " stream_seq = u.stream_seq, touched_at = now() FROM unnest(%(s_ids)s::bigint[], %(s_tails)s::bigint[],"
-    " %(s_closed)s::boolean[], %(s_closed_by)s::text[], %(s_seqs)s::text[])"
-    " AS u(id, tail, closed, closed_by, stream_seq)"
-    " WHERE s.id = u.id",
-    row=None, params=Appending)
+    "  WHERE (SELECT ok FROM held)"
+    "  ON CONFLICT (stream_id, producer) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq),"
+    " streams AS (UPDATE {s}.free_streams s SET tail = u.tail, closed = u.closed, closed_by = u.closed_by,"
+    "  stream_seq = u.stream_seq, touched_at = now() FROM unnest(%(s_ids)s::bigint[], %(s_tails)s::bigint[],"
+    "  %(s_closed)s::boolean[], %(s_closed_by)s::text[], %(s_seqs)s::text[])"
+    "  AS u(id, tail, closed, closed_by, stream_seq) WHERE s.id = u.id AND (SELECT ok FROM held))"
+    " SELECT ok FROM held",
+    row=tuple[bool], params=Appending)
 # The batch's pings, sent with its commit (``Signals.ride``): no NOTIFY transaction of the notifier's.
 PINGS = wire.Statement("SELECT count(pg_notify(x.c, x.p)) FROM unnest(%(pings_channels)s, %(pings)s) AS x(c, p)",
                        row=tuple[int], params=Riding)
 
 
-@dataclass(frozen=True)
-class Producer:
-    """An idempotent producer's headers."""
-
-    id: str
-    epoch: int
-    seq: int
-
-    def mark(self) -> str:
-        return f"{self.epoch}:{self.seq}:{self.id}"
-
-
-@dataclass(frozen=True)
-class Appended:
-    """``outcome``: "ok", "duplicate", "missing", "gone", "closed", "type", "seq", "stale_epoch",
-    "epoch_seq" (a new epoch that does not start at 0), "gap". ``epoch``/``seq``: the producer's
-    state the answer reports; ``expected``: the seq a gap wanted; ``units``: what an "ok" wrote, ending
-    at ``stream.tail``."""
-
-    outcome: str
-    stream: FreeStream | None = None
-    epoch: int = 0
-    seq: int = 0
-    expected: int = 0
-    units: tuple[bytes, ...] = ()
-
-
-@dataclass(frozen=True)
-class Append:
-    """One POST: its body's units as ``units_of(stream)`` splits them (by the stream's mode; it may raise,
-    for a body the stream's mode refuses), and what its headers ask."""
-
-    path: str
-    content_type: str | None
-    has_body: bool
-    units_of: Callable[[FreeStream], list[bytes]]
-    close: bool
-    stream_seq: str | None
-    producer: Producer | None
-
-
-@dataclass
-class _Batch:
-    """A group commit being judged: the state of its streams and producers as the appends judged so far
-    left it, and the writes they make, gathered as the arrays of ``APPEND_MANY``."""
-
-    streams: dict[str, FreeStream]
-    states: dict[tuple[int, str], tuple[int, int]]
-    chunk_ids: list[int] = field(default_factory=list)
-    chunk_ends: list[int] = field(default_factory=list)
-    chunk_sizes: list[int] = field(default_factory=list)
-    chunk_batch_ends: list[int] = field(default_factory=list)
-    chunk_datas: list[bytes] = field(default_factory=list)
-    written: dict[int, FreeStream] = field(default_factory=dict)
-    touched: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
-
-    def take(self, append: Append) -> Appended | Exception:
-        """Judge ``append`` on the batch's state; if it goes on, add its writes and move the state on."""
-        try:
-            result = _judge(append, self.streams.get(append.path), self.states)
-        except Exception as exc:  # noqa: BLE001 - the body's own refusal: this append's answer alone
-            return exc
-        if isinstance(result, Appended):
-            return result
-        stream, units = result
-        return self._add(append, stream, units)
-
-    def _add(self, append: Append, stream: FreeStream, units: list[bytes]) -> Appended:
-        json_mode = base_type(stream.content_type) == "application/json"
-        tail = stream.tail
-        for unit in units:
-            size = 1 if json_mode else len(unit)
-            tail += size
-            self.chunk_ids.append(stream.id)
-            self.chunk_ends.append(tail)
-            self.chunk_sizes.append(size)
-            self.chunk_datas.append(unit)
-        self.chunk_batch_ends.extend([tail] * len(units))
-        producer = append.producer
-        closing = append.close and not stream.closed
-        after = replace(stream, tail=tail, closed=stream.closed or append.close,
-                        closed_by=(producer.mark() if producer else "") if closing else stream.closed_by,
-                        stream_seq=append.stream_seq if append.stream_seq is not None else stream.stream_seq)
-        self.streams[stream.path] = self.written[stream.id] = after
-        if producer is None:
-            return Appended("ok", after, 0, 0, units=tuple(units))
-        self.states[(stream.id, producer.id)] = self.touched[(stream.id, producer.id)] = (producer.epoch,
-                                                                                          producer.seq)
-        return Appended("ok", after, producer.epoch, producer.seq, units=tuple(units))
-
-    def params(self) -> Appending:
-        """The parameters of ``APPEND_MANY``: every write of the batch."""
-        ids = list(self.written)
-        return {
-            "c_ids": self.chunk_ids, "c_ends": self.chunk_ends, "c_sizes": self.chunk_sizes,
-            "c_batch_ends": self.chunk_batch_ends, "c_datas": self.chunk_datas,
-            "p_ids": [k[0] for k in self.touched], "p_names": [k[1] for k in self.touched],
-            "p_epochs": [v[0] for v in self.touched.values()], "p_seqs": [v[1] for v in self.touched.values()],
-            "s_ids": ids, "s_tails": [self.written[i].tail for i in ids],
-            "s_closed": [self.written[i].closed for i in ids],
-            "s_closed_by": [self.written[i].closed_by for i in ids],
-            "s_seqs": [self.written[i].stream_seq for i in ids]}
-
-
 class FreeAppends(FreeStreamRows):
     """Append to free-standing streams (and close them), one request or a group commit."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.known = Known()
+        # Batches committed in one round trip on what was known, found changed (then locked), locked.
+        self.batches = {"known": 0, "changed": 0, "locked": 0}
 
     async def _write(self, s: Session, stream_id: int, tail: int, json_mode: bool,
                      units: list[bytes], close: bool, closed_by: str | None, stream_seq: str | None) -> int:
@@ -217,23 +119,62 @@ class FreeAppends(FreeStreamRows):
         return tail
 
     async def append_many(self, appends: list[Append], pings: Pings = NO_PINGS) -> list[Appended | Exception]:
-        """Group commit: a batch of appends (to any streams) in one transaction of two round trips (the
-        locks and the state they guard, then the writes, the ``pings`` and the commit), each append
-        judged as ``append`` judges it, in the order given, on the state the ones before it left. An
+        """Group commit: a batch of appends (to any streams) in one transaction, each append judged as
+        ``append`` judges it, in the order given, on the state the ones before it left: in one round
+        trip when this process knows the state of every stream and producer the batch names and the
+        server finds them unchanged, else in two (the locks and what they guard, then the writes). An
         append refused (or whose body ``units_of`` refuses: its exception is its answer) writes nothing;
-        the others are unaffected. The pings go out only with writes (a batch that writes nothing has
-        nothing to tell)."""
-        return await self.db.pipelined(lambda s: self._append_many(s, appends, pings))
+        the others are unaffected. The ``pings`` go out with the commit, only with writes."""
+        paths = {append.path for append in appends}
+        try:
+            known = self.known.batch(appends)
+            if known is not None:
+                done = await self.db.pipelined(lambda s: self._as_known(s, appends, known, pings))
+                if done is not None:
+                    return done
+            return await self.db.pipelined(lambda s: self._locked(s, appends, pings))
+        except BaseException:
+            self.known.forget(paths)  # (it may have committed: what it left is the server's to say)
+            raise
 
-    async def _append_many(self, s: Session, appends: list[Append], pings: Pings) -> list[Appended | Exception]:
+    async def _as_known(self, s: Session, appends: list[Append], known: Batch,
+                        pings: Pings) -> list[Appended | Exception] | None:
+        """The batch judged on what is known, in one round trip; None when the server found a stream or
+        producer changed (nothing written; those streams are contended)."""
+        batch = Batch(dict(known.before), dict(known.before_states))  # (afresh: the body may run twice)
+        results = [batch.take(append) for append in appends]
+        _, rows, [(held,)], *_ = await s.pipeline(
+            BEGIN.step(), LOCK_STREAMS.step(paths=sorted(batch.streams)), APPEND_MANY.step(**batch.params()),
+            *self._pings(batch, pings), COMMIT.step())
+        if not held:
+            changed = {stream.path for stream, expired in map(row_of, rows) if self.known.differs(stream, expired)}
+            self.known.contend(changed or set(batch.streams))
+            self.batches["changed"] += 1
+            return None
+        self.known.learn(appends, batch)
+        self.batches["known"] += 1
+        return results
+
+    async def _locked(self, s: Session, appends: list[Append], pings: Pings) -> list[Appended | Exception]:
+        """The batch judged on what its locks read, in two round trips."""
         batch = await self._lock_batch(s, appends)
         results = [batch.take(append) for append in appends]
         if batch.written:
-            told = [PINGS.step(pings_channels=pings.channels, pings=pings.payloads)] if pings.payloads else []
-            await s.pipeline(APPEND_MANY.step(**batch.params()), *told, COMMIT.step())
+            [(held,)], *_ = await s.pipeline(APPEND_MANY.step(**batch.params()), *self._pings(batch, pings),
+                                             COMMIT.step())
+            if not held:  # (the rows are locked, the producers read since: nobody else could change them)
+                raise RuntimeError("a batch of appends found the streams it had locked changed")
+        self.known.learn(appends, batch)
+        self.batches["locked"] += 1
         return results
 
-    async def _lock_batch(self, s: Session, appends: list[Append]) -> _Batch:
+    @staticmethod
+    def _pings(batch: Batch, pings: Pings) -> list[wire.Step[Any]]:
+        if not batch.written or not pings.payloads:
+            return []
+        return [PINGS.step(pings_channels=pings.channels, pings=pings.payloads)]
+
+    async def _lock_batch(self, s: Session, appends: list[Append]) -> Batch:
         """Begin, lock the streams the appends name (deleting the expired ones), and read their
         producers' state."""
         paths = sorted({a.path for a in appends})
@@ -241,58 +182,13 @@ class FreeAppends(FreeStreamRows):
             BEGIN.step(), LOCK_STREAMS.step(paths=paths),
             PRODUCER_STATES.step(paths=paths,
                                  producers=sorted({a.producer.id for a in appends if a.producer is not None})))
-        batch = _Batch({}, {})
+        streams: dict[str, FreeStream] = {}
         for row in rows:
             stream, expired = row_of(row)
             if expired and not stream.deleted:
                 await self._remove(s, stream.id)
                 continue
-            batch.streams[stream.path] = stream
-        live = {stream.id for stream in batch.streams.values()}
-        for stream_id, producer, epoch, seq in producers:
-            if stream_id in live:
-                batch.states[(stream_id, producer)] = (epoch, seq)
-        return batch
-
-
-def _judge(append: Append, stream: FreeStream | None,
-           states: dict[tuple[int, str], tuple[int, int]]) -> Appended | tuple[FreeStream, list[bytes]]:
-    """The protocol's checks of one append, in its order (closed first): the refusal, or the stream and
-    the units to write."""
-    producer = append.producer
-    if stream is None:
-        return Appended("missing")
-    if stream.deleted:
-        return Appended("gone", stream)
-    if stream.closed:
-        if producer is not None and stream.closed_by == producer.mark():
-            return Appended("duplicate", stream, producer.epoch, producer.seq)
-        return Appended("closed" if append.has_body else "duplicate", stream)
-    units = append.units_of(stream)
-    if units and append.content_type is not None and base_type(append.content_type) != base_type(stream.content_type):
-        return Appended("type", stream)
-    if producer is not None:
-        refused = _check_producer(stream, states.get((stream.id, producer.id)), producer)
-        if refused is not None:
-            return refused
-    if append.stream_seq is not None and stream.stream_seq is not None and append.stream_seq <= stream.stream_seq:
-        return Appended("seq", stream)
-    return stream, units
-
-
-def _check_producer(stream: FreeStream, state: tuple[int, int] | None, producer: Producer) -> Appended | None:
-    """The idempotent producer's rules (PROTOCOL.md 5.2.1); None when the append goes on."""
-    if state is None:
-        if producer.seq != 0:
-            return Appended("gap", stream, producer.epoch, producer.seq, expected=0)
-        return None
-    epoch, last = state
-    if producer.epoch < epoch:
-        return Appended("stale_epoch", stream, epoch, last)
-    if producer.epoch > epoch:
-        return None if producer.seq == 0 else Appended("epoch_seq", stream, producer.epoch, producer.seq)
-    if producer.seq <= last:
-        return Appended("duplicate", stream, epoch, last)
-    if producer.seq > last + 1:
-        return Appended("gap", stream, epoch, last, expected=last + 1)
-    return None
+            streams[stream.path] = stream
+        live = {stream.id for stream in streams.values()}
+        return Batch(streams, {(stream_id, producer): (epoch, seq)
+                               for stream_id, producer, epoch, seq in producers if stream_id in live})

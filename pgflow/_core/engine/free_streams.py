@@ -237,6 +237,7 @@ class FreeStreams(FreeAppends):
 
     async def delete(self, path: str) -> str:
         """DELETE: "deleted", "missing" or "gone" (already deleted while forks read it)."""
+        self.known.forget({path})
         async with self.db.session() as s, s.transaction():
             stream = await self._find(s, path, lock=True)
             if stream is None:
