@@ -24,6 +24,7 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_QUERY = 4096  # bytes of a query string
 MAX_PATH = 1024  # bytes of a stream's path
 _LINES = re.compile(r"\r\n|\r|\n")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 @dataclass
@@ -44,8 +45,14 @@ class Request:
         return values[0]
 
 
-def request_of(scope: Scope) -> Request:
-    """The request's method, path, query and headers, checked for size and form (400 otherwise)."""
+def headers_of(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (the last of a repeated one)."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def request_of(scope: Scope, headers: dict[str, str] | None = None) -> Request:
+    """The request's method, path, query and ``headers`` (read from the scope when not given), checked
+    for size and form (400 otherwise)."""
     raw_query: bytes = scope.get("query_string", b"")
     if len(raw_query) > MAX_QUERY:
         raise Refused(414, f"the query string is over {MAX_QUERY} bytes")
@@ -56,7 +63,7 @@ def request_of(scope: Scope) -> Request:
         raise Refused(400, "the path is not UTF-8") from None
     if len(encoded) > MAX_PATH:
         raise Refused(414, f"a stream's path is at most {MAX_PATH} bytes")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if _CONTROL.search(path):
         raise Refused(400, "the path holds control characters")
     query: dict[str, list[str]] = {}
     try:
@@ -65,7 +72,8 @@ def request_of(scope: Scope) -> Request:
             query.setdefault(name, []).append(value)
     except (UnicodeDecodeError, ValueError):
         raise Refused(400, "the query string is malformed") from None
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    if headers is None:
+        headers = headers_of(scope)
     scheme = "https" if scope.get("scheme") == "https" else "http"
     return Request(scope.get("method", "GET").upper(), path, query, headers, scheme)
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from ..app import App
 from ..dashboard.access import Access, Hosts, client_of
 from .free import FreeStreamsHttp
-from .http import Message, Receive, Scope, Send, answer, refusal, request_of
+from .http import Message, Receive, Scope, Send, answer, headers_of, refusal, request_of
 from .protocol import Refused
 from .workflows import PREFIX, WorkflowStreamsHttp
 
@@ -35,9 +35,12 @@ BASE_HEADERS = {"x-content-type-options": "nosniff", "cross-origin-resource-poli
 REQUEST_HEADERS = ("content-type, authorization, if-none-match, stream-seq, stream-ttl, stream-expires-at,"
                    " stream-closed, producer-id, producer-epoch, producer-seq, stream-forked-from,"
                    " stream-fork-offset, stream-fork-sub-offset")
+HOSTS_REMEMBERED = 64  # Host headers whose verdict is remembered
 EXPOSED_HEADERS = ("stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl,"
                    " stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq,"
                    " producer-expected-seq, producer-received-seq, etag, content-type, location")
+_BASE = [(k.encode(), v.encode()) for k, v in BASE_HEADERS.items()]
+_EXPOSED = EXPOSED_HEADERS.encode()
 
 
 class StreamsApp:
@@ -55,6 +58,7 @@ class StreamsApp:
         self.workflows = WorkflowStreamsHttp(app, long_poll)
         self.max_live = max_live
         self.live = 0
+        self._hosts_seen: dict[str, tuple[int, str] | None] = {}
 
     def _origin_ok(self, origin: str | None, host: str | None) -> bool:
         """No Origin (not a browser's cross-origin request), this server's own, or one named in ``cors``."""
@@ -77,10 +81,10 @@ class StreamsApp:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                extra = [(k.encode(), v.encode()) for k, v in BASE_HEADERS.items()]
+                extra = _BASE
                 if cors_origin is not None:
-                    extra += [(b"access-control-allow-origin", cors_origin.encode()),
-                              (b"access-control-expose-headers", EXPOSED_HEADERS.encode()), (b"vary", b"origin")]
+                    extra = extra + [(b"access-control-allow-origin", cors_origin.encode()),
+                                     (b"access-control-expose-headers", _EXPOSED), (b"vary", b"origin")]
                 given = list(message.get("headers", []))
                 names = {k.lower() for k, _ in given}
                 message["headers"] = given + [(k, v) for k, v in extra if k not in names]
@@ -88,8 +92,8 @@ class StreamsApp:
 
         cors_origin: str | None = None
         try:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            refused = self.hosts.refusal(headers.get("host"))
+            headers = headers_of(scope)
+            refused = self._host_refusal(headers.get("host"))
             if refused is not None:
                 raise Refused(*refused)
             origin = headers.get("origin")
@@ -104,7 +108,7 @@ class StreamsApp:
                     "access-control-allow-headers": REQUEST_HEADERS, "access-control-max-age": "600"})
                 return
             self._check_token(scope, headers)
-            request = request_of(scope)
+            request = request_of(scope, headers)
             live = request.method == "GET" and any(v in ("long-poll", "sse") for v in request.query.get("live", []))
             if live and self.live >= self.max_live:
                 raise Refused(503, f"this server holds {self.max_live} live reads at most: try again later",
@@ -122,6 +126,15 @@ class StreamsApp:
             log.exception("durable streams: %s %s failed", scope.get("method"), scope.get("path"))
             if not started:
                 await refusal(send_headers, Refused(500, "the server failed to answer: see its log"))
+
+    def _host_refusal(self, host: str | None) -> tuple[int, str] | None:
+        """``Hosts.refusal``, remembered for the few Host headers a server sees (it parses addresses)."""
+        if host in self._hosts_seen:
+            return self._hosts_seen[host]
+        found = self.hosts.refusal(host)
+        if host is not None and len(host) <= 255 and len(self._hosts_seen) < HOSTS_REMEMBERED:
+            self._hosts_seen[host] = found
+        return found
 
     def _check_token(self, scope: Scope, headers: dict[str, str]) -> None:
         if self.access.token is None:
