@@ -12,7 +12,7 @@ Positions count bytes, or messages in JSON mode.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 from . import wire
@@ -141,9 +141,11 @@ class Batch:
         self.chunk_batch_ends.extend([tail] * len(units))
         producer = append.producer
         closing = append.close and not stream.closed
-        after = replace(stream, tail=tail, closed=stream.closed or append.close,
-                        closed_by=(producer.mark() if producer else "") if closing else stream.closed_by,
-                        stream_seq=append.stream_seq if append.stream_seq is not None else stream.stream_seq)
+        after = FreeStream(  # (dataclasses.replace, field by field, took a fifth of the judging's CPU)
+            stream.id, stream.path, stream.content_type, tail, stream.closed or append.close,
+            (producer.mark() if producer else "") if closing else stream.closed_by, stream.ttl, stream.expires_at,
+            append.stream_seq if append.stream_seq is not None else stream.stream_seq, stream.forked_from,
+            stream.fork_offset, stream.fork_anchor, stream.fork_sub, stream.deleted)
         self.streams[stream.path] = self.written[stream.id] = after
         if producer is None:
             return Appended("ok", after, 0, 0, units=tuple(units))

@@ -9,6 +9,7 @@ deleted while forks still read its rows, and then the sources kept for it alone.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -59,7 +60,10 @@ def row_of(values: StreamRow | tuple[Any, ...]) -> tuple[FreeStream, bool]:
     return FreeStream(*values[:14]), bool(values[14])
 
 
+@functools.lru_cache(maxsize=256)
 def base_type(content_type: str) -> str:
+    """The media type without its parameters (``application/json; charset=utf-8``: ``application/json``);
+    remembered, since a server sees few and asks for every append."""
     return content_type.split(";", 1)[0].strip().lower()
 
 
