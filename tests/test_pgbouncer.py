@@ -226,3 +226,32 @@ def test_a_worker_process_whose_pgbouncer_is_killed_and_restarted_finishes_every
     assert worker.alive(), procs.logs()
     worker.signal(signal.SIGTERM)
     assert worker.wait_exit() == 0, procs.logs()
+
+
+@pytest.mark.anyio
+async def test_free_stream_appends_run_through_a_transaction_mode_pgbouncer(
+        dsn: str, schema: str, bouncer: Pgbouncer, caplog: pytest.LogCaptureFixture) -> None:
+    """The group commit of free-stream appends sends its transaction in pipelines (BEGIN with the locks,
+    COMMIT with the writes; or all of it in one round trip on what the server process knows), unnamed
+    through the pooler: a producer's appends, its duplicate and its gap, then a live reader's read."""
+    from pgflow.durable_streams import asgi_app
+
+    from .test_durable_streams import JSON, call
+
+    caplog.set_level(logging.WARNING, logger="pgflow")
+    async with pooled_app(dsn, schema, bouncer) as app:
+        asgi = asgi_app(app)
+        assert (await call(asgi, "PUT", "/pooled", JSON))[0] == 201
+
+        def producer(seq: int) -> list[tuple[str, str]]:
+            return [*JSON, ("producer-id", "p"), ("producer-epoch", "0"), ("producer-seq", str(seq))]
+
+        for seq in range(5):
+            assert (await call(asgi, "POST", "/pooled", producer(seq), f"[{seq}]".encode()))[0] == 200
+        assert (await call(asgi, "POST", "/pooled", producer(4), b"[4]"))[0] == 204  # a duplicate
+        assert (await call(asgi, "POST", "/pooled", producer(9), b"[9]"))[0] == 409  # a gap
+        status, _, body = await call(asgi, "GET", "/pooled")
+        assert status == 200 and body == b"[0,1,2,3,4]"
+        store = await app._internals().runtime().store()
+        assert store.free_streams.batches["known"] >= 4  # (the first batch read under its locks)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
