@@ -113,8 +113,9 @@ def test_statements_are_named_at_import_not_built_per_call() -> None:
 # -- each statement's types (issue 41): its rows and its parameters, as it declares them (engine/statement.py)
 
 # Modules whose statements are not typed yet (their rows plain tuples of anything, their parameters one
-# mapping or sequence): the free-standing streams', under change elsewhere when the rest was typed.
-NOT_TYPED_YET = {"free_appends", "free_rows", "free_streams"}
+# mapping or sequence): none now (the free-standing streams' were the last, typed once their group
+# commit's rework had landed).
+NOT_TYPED_YET: set[str] = set()
 _PLACEHOLDER = re.compile(r"%%|%\((\w+)\)[sb]|%[sb]")
 
 

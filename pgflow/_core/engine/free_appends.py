@@ -29,17 +29,33 @@ from .free_rows import COLUMNS, EXPIRED, FreeStream, FreeStreamRows, StreamRow, 
 
 __all__ = ["Append", "Appended", "Batch", "FreeAppends", "Producer"]
 
+class Chunking(TypedDict):
+    id: int
+    batch_end: int
+    ends: list[int]
+    sizes: list[int]
+    datas: list[bytes]
+
+
+class Tail(TypedDict):
+    id: int
+    tail: int
+    close: bool
+    closed_by: str | None
+    stream_seq: str | None
+
+
 # One request's chunks, and the stream's new tail (and closure) on its row.
 CHUNKS = Sql(
     "INSERT INTO {s}.free_chunks (stream_id, end_pos, size, batch_end, data)"
     " SELECT %(id)s, e, n, %(batch_end)s, d FROM unnest(%(ends)s::bigint[], %(sizes)s::bigint[],"
-    " %(datas)s::bytea[]) AS u(e, n, d)"
-)
+    " %(datas)s::bytea[]) AS u(e, n, d)",
+    row=None, params=Chunking)
 SET_TAIL = Sql(
     "UPDATE {s}.free_streams SET tail = %(tail)s, closed = closed OR %(close)s,"
     " closed_by = CASE WHEN %(close)s AND NOT closed THEN %(closed_by)s ELSE closed_by END,"
-    " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s"
-)
+    " stream_seq = coalesce(%(stream_seq)s, stream_seq), touched_at = now() WHERE id = %(id)s",
+    row=None, params=Tail)
 class Locking(TypedDict):
     paths: wire.Texts
 
@@ -112,10 +128,9 @@ class FreeAppends(FreeStreamRows):
             for size in sizes:
                 at += size
                 ends.append(at)
-            await s.run(CHUNKS, {"id": stream_id, "ends": ends, "sizes": sizes, "datas": units, "batch_end": at})
+            await s.run(CHUNKS, id=stream_id, ends=ends, sizes=sizes, datas=units, batch_end=at)
             tail = at
-        await s.run(SET_TAIL, {"id": stream_id, "tail": tail, "close": close, "closed_by": closed_by,
-                               "stream_seq": stream_seq})
+        await s.run(SET_TAIL, id=stream_id, tail=tail, close=close, closed_by=closed_by, stream_seq=stream_seq)
         return tail
 
     async def append_many(self, appends: list[Append], pings: Pings = NO_PINGS) -> list[Appended | Exception]:

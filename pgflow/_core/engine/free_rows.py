@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from .database import Port, Session, Sql
 
@@ -23,16 +23,32 @@ EXPIRED = ("((expires_at IS NOT NULL AND expires_at <= now()) OR (ttl_seconds IS
 # A row of ``COLUMNS`` then ``EXPIRED``, as psycopg reads it (``row_of`` makes it a ``FreeStream``).
 StreamRow = tuple[int, str, str, int, bool, str | None, int | None, datetime | None, str | None, int | None,
                   int | None, int | None, int | None, bool, bool]
+_ROW = cast("type[StreamRow]", StreamRow)
+
+
+class ByPath(TypedDict):
+    path: str
+
+
+class OfStream(TypedDict):
+    """The parameters of a statement about one stream, by its id."""
+
+    id: int
+
+
 # A stream's row by its path, and whether it has expired (locked, for a change that follows).
 _FIND = f"SELECT {COLUMNS}, {EXPIRED} FROM {{s}}.free_streams WHERE path = %(path)s"
-FIND, LOCK = Sql(_FIND), Sql(_FIND + " FOR UPDATE")
+FIND, LOCK = Sql(_FIND, row=_ROW, params=ByPath), Sql(_FIND + " FOR UPDATE", row=_ROW, params=ByPath)
 # A stream's row by its id, as if unexpired (a fork's source: locked, while a removal looks at it).
 _SOURCE = f"SELECT {COLUMNS}, false FROM {{s}}.free_streams WHERE id = %(id)s"
-SOURCE, SOURCE_LOCKED = Sql(_SOURCE), Sql(_SOURCE + " FOR UPDATE")
+SOURCE, SOURCE_LOCKED = (Sql(_SOURCE, row=_ROW, params=OfStream),
+                         Sql(_SOURCE + " FOR UPDATE", row=_ROW, params=OfStream))
 # A removal: whether forks still read the stream, its row deleted (its source back) or marked deleted.
-HAS_FORKS = Sql("SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)")
-DELETE = Sql("DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from")
-SOFT_DELETE = Sql("UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s")
+HAS_FORKS = Sql("SELECT EXISTS (SELECT 1 FROM {s}.free_streams WHERE forked_from = %(id)s)", row=tuple[bool],
+                params=OfStream)
+DELETE = Sql("DELETE FROM {s}.free_streams WHERE id = %(id)s RETURNING forked_from", row=tuple[int | None],
+             params=OfStream)
+SOFT_DELETE = Sql("UPDATE {s}.free_streams SET deleted = true WHERE id = %(id)s", row=None, params=OfStream)
 
 
 @dataclass(frozen=True)
@@ -55,7 +71,7 @@ class FreeStream:
     deleted: bool
 
 
-def row_of(values: StreamRow | tuple[Any, ...]) -> tuple[FreeStream, bool]:
+def row_of(values: StreamRow) -> tuple[FreeStream, bool]:
     """A row of ``COLUMNS`` then ``EXPIRED``: the stream, and whether it has expired."""
     return FreeStream(*values[:14]), bool(values[14])
 
@@ -72,7 +88,7 @@ class FreeStreamRows(Port):
 
     async def _find(self, s: Session, path: str, lock: bool) -> FreeStream | None:
         """The stream at ``path``, deleting it first if it has expired (None then)."""
-        found = await s.row(LOCK if lock else FIND, {"path": path})
+        found = await s.row(LOCK if lock else FIND, path=path)
         if found is None:
             return None
         stream, expired = row_of(found)
@@ -84,19 +100,19 @@ class FreeStreamRows(Port):
     async def _remove(self, s: Session, stream_id: int) -> bool:
         """Delete a stream, or only mark it deleted while forks read it; then its sources that were
         kept for it alone. True when it went for good."""
-        row = await s.row(HAS_FORKS, {"id": stream_id})
+        row = await s.row(HAS_FORKS, id=stream_id)
         if row is not None and row[0]:
-            await s.run(SOFT_DELETE, {"id": stream_id})
+            await s.run(SOFT_DELETE, id=stream_id)
             return False
         current: int | None = stream_id
         while current is not None:
-            gone = await s.row(DELETE, {"id": current})
+            gone = await s.row(DELETE, id=current)
             source = gone[0] if gone else None
             current = None
             if source is not None:
-                found = await s.row(SOURCE_LOCKED, {"id": source})
-                if found is not None and found[13]:
-                    still = await s.row(HAS_FORKS, {"id": source})
+                found = await s.row(SOURCE_LOCKED, id=source)
+                if found is not None and row_of(found)[0].deleted:
+                    still = await s.row(HAS_FORKS, id=source)
                     if still is not None and not still[0]:
                         current = source
         return True

@@ -16,30 +16,70 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypedDict
 
 from .database import Session, Sql
 from .free_appends import Append, Appended, FreeAppends, Producer
-from .free_rows import COLUMNS, EXPIRED, FIND, SOURCE, FreeStream, base_type, row_of
+from .free_rows import COLUMNS, EXPIRED, FIND, SOURCE, FreeStream, OfStream, base_type, row_of
+from .statement import Batch
 
 __all__ = ["Append", "Appended", "Chunk", "Created", "Fork", "FreeStream", "FreeStreams", "Producer", "base_type"]
+
+
+class Inserting(TypedDict):
+    path: str
+    content_type: str
+    ttl: int | None
+    expires_at: datetime | None
+    forked_from: int | None
+    fork_offset: int | None
+    fork_anchor: int | None
+    fork_sub: int | None
+    tail: int
+
+
+class Reading(TypedDict):
+    """A page of a stream's chunks: positions [start, stop), at most ``rows`` rows and ``budget`` bytes."""
+
+    id: int
+    start: int
+    stop: int
+    rows: int
+    budget: int
+
+
+class ReadingMany(TypedDict):
+    """Shared reads: each stream's path and where its reader is; a page's bounds for each."""
+
+    paths: list[str]
+    starts: list[int]
+    rows: int
+    budget: int
+
+
+class OfStreams(TypedDict):
+    ids: list[int]
+
 
 # A new stream's row, unless its path is taken.
 INSERT = Sql(
     "INSERT INTO {s}.free_streams (path, content_type, closed, ttl_seconds, expires_at, forked_from,"
     " fork_offset, fork_anchor, fork_sub, tail) VALUES (%(path)s, %(content_type)s, false, %(ttl)s,"
     " %(expires_at)s, %(forked_from)s, %(fork_offset)s, %(fork_anchor)s, %(fork_sub)s, %(tail)s)"
-    " ON CONFLICT (path) DO NOTHING RETURNING id"
-)
+    " ON CONFLICT (path) DO NOTHING RETURNING id",
+    row=tuple[int], params=Inserting)
 # A read moves a sliding TTL on.
-TOUCH = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL")
+TOUCH = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = %(id)s AND ttl_seconds IS NOT NULL",
+            row=None, params=OfStream)
 # The rows that hold positions from %(start)s on, below %(stop)s, at most %(rows)s of them and
-# %(budget)s bytes (the first whatever its size), from the one that holds %(start)s.
+# %(budget)s bytes (the first whatever its size), from the one that holds %(start)s. Its rows (end, size,
+# the append's end, data) are tuples, as psycopg reads them: a page holds many.
 READ = Sql(
     "SELECT end_pos, size, batch_end, data FROM (SELECT end_pos, size, batch_end, data,"
     "  sum(octet_length(data)) OVER (ORDER BY end_pos) - octet_length(data) AS before"
     "  FROM {s}.free_chunks WHERE stream_id = %(id)s AND end_pos > %(start)s AND end_pos - size < %(stop)s"
-    "  ORDER BY end_pos LIMIT %(rows)s) r WHERE before < %(budget)s OR before = 0 ORDER BY end_pos"
-)
+    "  ORDER BY end_pos LIMIT %(rows)s) r WHERE before < %(budget)s OR before = 0 ORDER BY end_pos",
+    row=tuple[int, int, int, bytes], params=Reading)
 # Shared reads: for each (path, start) asked, the stream's row and its own chunks from start on (a page
 # each), in one statement for every reader of a batch. A fork read below its fork point is read apart.
 _S_COLUMNS = ", ".join("s." + c.strip() for c in COLUMNS.split(","))
@@ -54,13 +94,17 @@ READ_MANY = Sql(
     "   sum(octet_length(data)) OVER (ORDER BY end_pos) - octet_length(data) AS before"
     "   FROM {s}.free_chunks WHERE stream_id = s.id AND end_pos > r.start AND end_pos - size < s.tail"
     "   ORDER BY end_pos LIMIT %(rows)s) w WHERE before < %(budget)s OR before = 0) c ON true"
-    " ORDER BY r.n, c.end_pos"
-)
+    " ORDER BY r.n, c.end_pos",
+    # (the ask's number; the stream's row, a StreamRow; a chunk's end, size, append's end and data, or NULLs)
+    row=tuple[int, int, str, str, int, bool, str | None, int | None, datetime | None, str | None, int | None,
+              int | None, int | None, int | None, bool, bool, int | None, int | None, int | None, bytes | None],
+    params=ReadingMany)
 # A shared read moves the sliding TTLs of the streams it read on.
-TOUCH_MANY = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = ANY(%(ids)s::bigint[])")
+TOUCH_MANY = Sql("UPDATE {s}.free_streams SET touched_at = now() WHERE id = ANY(%(ids)s::bigint[])", row=None,
+                 params=OfStreams)
 # Up to a batch of streams that have expired (the prune deletes them).
 EXPIRED_PATHS = Sql(f"SELECT path FROM {{s}}.free_streams WHERE (ttl_seconds IS NOT NULL OR expires_at IS NOT NULL)"
-                    f" AND NOT deleted AND {EXPIRED} LIMIT %(batch)s")
+                    f" AND NOT deleted AND {EXPIRED} LIMIT %(batch)s", row=tuple[str], params=Batch)
 
 
 @dataclass(frozen=True)
@@ -98,7 +142,7 @@ class FreeStreams(FreeAppends):
     async def get(self, path: str) -> FreeStream | None:
         """The stream at ``path`` (soft-deleted ones too: ``deleted``), or None."""
         async with self.db.session() as s:  # one statement, no transaction: the usual case
-            found = await s.row(FIND, {"path": path})
+            found = await s.row(FIND, path=path)
             if found is None:
                 return None
             stream, expired = row_of(found)
@@ -145,16 +189,16 @@ class FreeStreams(FreeAppends):
                 tail, forked_from = fork_offset, source.id
                 if ttl is None and expires_at is None:
                     ttl, expires_at = source.ttl, source.expires_at
-            row = await s.row(INSERT, {
-                "path": path, "content_type": content_type, "ttl": ttl, "expires_at": expires_at,
-                "forked_from": forked_from, "fork_offset": fork_offset,
-                "fork_anchor": None if fork is None else fork_offset if fork.anchor is None else fork.anchor,
-                "fork_sub": None if fork is None else fork.sub, "tail": tail})
+            row = await s.row(
+                INSERT, path=path, content_type=content_type, ttl=ttl, expires_at=expires_at,
+                forked_from=forked_from, fork_offset=fork_offset,
+                fork_anchor=None if fork is None else fork_offset if fork.anchor is None else fork.anchor,
+                fork_sub=None if fork is None else fork.sub, tail=tail)
             if row is None:  # another PUT made it meanwhile
                 return Created("conflict", reason="created concurrently")
-            stream_id = int(row[0])
+            (stream_id,) = row
             tail = await self._write(s, stream_id, tail, json_mode, units, closed, None, None)
-            found = await s.row(SOURCE, {"id": stream_id})  # (even if it expires at once)
+            found = await s.row(SOURCE, id=stream_id)  # (even if it expires at once)
             assert found is not None
             return Created("created", row_of(found)[0])
 
@@ -171,17 +215,17 @@ class FreeStreams(FreeAppends):
         found: list[tuple[FreeStream | None, list[Chunk]]] = [(None, []) for _ in asks]
         async with self.db.session() as s:
             expired: list[int] = []
-            for row in await s.rows(READ_MANY, {
-                    "paths": [a[0] for a in asks], "starts": [a[1] for a in asks], "rows": rows, "budget": budget}):
-                n = int(row[0]) - 1
+            for row in await s.rows(READ_MANY, paths=[a[0] for a in asks], starts=[a[1] for a in asks],
+                                    rows=rows, budget=budget):
+                n = row[0] - 1
                 stream, gone = row_of(row[1:16])
                 if gone and not stream.deleted:
                     expired.append(n)
                     continue
                 chunks = found[n][1]
                 found[n] = (stream, chunks)
-                if row[16] is not None:
-                    end, size, batch_end, data = int(row[16]), int(row[17]), int(row[18]), bytes(row[19])
+                end, size, batch_end, data = row[16:20]
+                if end is not None and size is not None and batch_end is not None and data is not None:
                     first, start = end - size, asks[n][1]
                     if first < start:  # (bytes: an offset inside an append)
                         data, first = data[start - first:], start
@@ -192,7 +236,7 @@ class FreeStreams(FreeAppends):
                     found[n] = (fork, await self._read_range(s, fork, asks[n][1], fork.tail, rows, budget))
             touched = [stream.id for stream, _ in found if stream is not None and stream.ttl is not None]
             if touched:
-                await s.run(TOUCH_MANY, {"ids": touched})
+                await s.run(TOUCH_MANY, ids=touched)
         for n in expired:  # deleted by the request that found them
             found[n] = (await self.get(asks[n][0]), [])
         return found
@@ -202,18 +246,18 @@ class FreeStreams(FreeAppends):
         moves a sliding TTL on."""
         async with self.db.session() as s:
             if stream.ttl is not None:
-                await s.run(TOUCH, {"id": stream.id})
+                await s.run(TOUCH, id=stream.id)
             return await self._read_range(s, stream, start, stream.tail, rows, budget)
 
     async def touch(self, stream: FreeStream) -> None:
         if stream.ttl is not None:
-            await self.db.run(TOUCH, {"id": stream.id})
+            await self.db.run(TOUCH, id=stream.id)
 
     async def _read_range(self, s: Session, stream: FreeStream, start: int, stop: int,
                           rows: int, budget: int) -> list[Chunk]:
         """Positions [start, stop) of ``stream``: from its source chain below its fork point."""
         if stream.forked_from is not None and stream.fork_offset is not None and start < stream.fork_offset:
-            found = await s.row(SOURCE, {"id": stream.forked_from})
+            found = await s.row(SOURCE, id=stream.forked_from)
             if found is not None:
                 source, _ = row_of(found)
                 inherited = await self._read_range(s, source, start, min(stop, stream.fork_offset), rows, budget)
@@ -225,10 +269,9 @@ class FreeStreams(FreeAppends):
                                                                rows - len(inherited), budget - used)
             start = stream.fork_offset
         chunks = []
-        for end, size, batch_end, data in await s.rows(READ, {"id": stream.id, "start": start, "stop": stop,
-                                                              "rows": rows, "budget": budget}):
+        for end, size, batch_end, data in await s.rows(READ, id=stream.id, start=start, stop=stop, rows=rows,
+                                                       budget=budget):
             first = end - size
-            data = bytes(data)
             if size > 1 or first < start or end > stop:  # (bytes: clip to the range asked)
                 lo, hi = max(start, first), min(stop, end)
                 data, first, end = data[lo - first:hi - first], lo, hi
@@ -250,7 +293,7 @@ class FreeStreams(FreeAppends):
     async def delete_expired(self, batch: int) -> int:
         """The prune's share: up to ``batch`` expired streams deleted (kept as deleted while forks
         read them). Returns how many."""
-        paths = [str(r[0]) for r in await self.db.rows(EXPIRED_PATHS, {"batch": batch})]
+        paths = [path for (path,) in await self.db.rows(EXPIRED_PATHS, batch=batch)]
         for path in paths:
             async with self.db.session() as s, s.transaction():
                 await self._find(s, path, lock=True)  # deletes it if it is (still) expired

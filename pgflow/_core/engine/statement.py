@@ -27,7 +27,8 @@ for the type it names, but not an alias of it, unless cast: ``row=cast("type[Cla
 
 A statement that declares neither (``Sql(text)``) is one the catalogue has not typed yet: its rows are
 plain tuples of anything, and it is run as before typing, with its parameters in one argument (a mapping
-or a sequence). tests/test_engine_catalogue.py names the few left.
+or a sequence). None of the catalogue's is left (tests/test_engine_catalogue.py's NOT_TYPED_YET would
+name its module).
 """
 
 from __future__ import annotations
