@@ -1,7 +1,8 @@
 """Fixtures: every test runs against real PostgreSQL servers, each test in a schema of its own.
 
 The suite runs once against an embedded PostgreSQL 18 started for the session in a temporary
-directory, and once against the PostgreSQL 15 at 127.0.0.1:5432 when one answers there.
+directory, and once against the PostgreSQL 15 at 127.0.0.1:5432 when one answers there, in a database
+made for the session (servers.session_database).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 import pgflow
 
 from .processes import procs  # noqa: F401 - the fixture, for every multi-process test
-from .servers import EmbeddedServer, external_pg15_dsn, started_embedded
+from .servers import EmbeddedServer, external_pg15_dsn, session_database, started_embedded
 
 _embedded: EmbeddedServer | None = None
 
@@ -71,6 +72,18 @@ def embedded_server() -> Iterator[EmbeddedServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def pg15_database() -> Iterator[str | None]:
+    """The DSN of a database of this session's own on the machine's PostgreSQL 15 (servers.session_database
+    says why), or None when no PostgreSQL 15 answers."""
+    dsn = external_pg15_dsn()
+    if dsn is None:
+        yield None
+        return
+    with session_database(dsn) as own:
+        yield own
+
+
 @pytest.fixture(scope="session", params=["pg18", "pg15"])
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, EmbeddedServer | None]]:
     """(dsn, the EmbeddedServer when it is the embedded one, so fault tests can restart it)."""
@@ -78,7 +91,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, EmbeddedServer
         embedded: EmbeddedServer = request.getfixturevalue("embedded_server")
         yield embedded.dsn, embedded
     else:
-        dsn = external_pg15_dsn()
+        dsn = request.getfixturevalue("pg15_database")
         if dsn is None:
             pytest.skip("no PostgreSQL 15 answers at 127.0.0.1:5432")
         yield dsn, None

@@ -8,6 +8,7 @@
 * :func:`started_embedded`: an :class:`EmbeddedServer` in a directory of its own for a block, then gone.
 * :func:`external_pg15_dsn`: the machine's PostgreSQL 15, when there is one, to check the oldest supported
   server version.
+* :func:`session_database`: a database of the session's own on that server, dropped at the end.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
-__all__ = ["EmbeddedServer", "external_pg15_dsn", "started_embedded"]
+__all__ = ["EmbeddedServer", "external_pg15_dsn", "session_database", "started_embedded"]
 
 PG15_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -334,3 +338,74 @@ def _prepare_system_user(bin_path: Path, dirs: list[Path]) -> int | None:
         ensure_prefix_permissions(d)
         os.chown(d, entry.pw_uid, entry.pw_gid)
     return int(entry.pw_uid)
+
+
+# The databases session_database makes: the prefix, then the pid of the test process, then a random part.
+SESSION_DATABASE_PREFIX = "pgflow_tests_"
+
+
+@contextlib.contextmanager
+def session_database(dsn: str) -> Iterator[str]:
+    """The DSN of a database made for this test session on ``dsn``'s server (from template0), dropped after
+    the block.
+
+    Why: the machine's PostgreSQL 15 runs without autovacuum, and every test makes and drops a schema of a
+    few dozen tables, so a database the suite keeps using piles up millions of dead catalogue rows and every
+    catalogue lookup (pgflow's owner check, a migration) slows down run after run. A database of the
+    session's own starts with a clean catalogue and takes its dead rows with it when it is dropped.
+
+    Databases of this prefix left by earlier sessions that died before dropping theirs are dropped first,
+    unless the process named in it is alive or somebody is connected to it: each session keeps a connection
+    to its own for its whole life, and ``DROP DATABASE`` without ``FORCE`` refuses a database with sessions,
+    so a live session's database is never taken from under it. A role that may not create databases uses
+    ``dsn``'s database, as before."""
+    name = f"{SESSION_DATABASE_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        _drop_leftover_databases(admin)
+        try:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        except psycopg.errors.InsufficientPrivilege:
+            created = False
+        else:
+            created = True
+    if not created:
+        yield dsn
+        return
+    own = _with_database(dsn, name)
+    try:
+        with psycopg.connect(own, autocommit=True):  # the keeper: leftovers' cleanup leaves a live one alone
+            yield own
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # a test's stray session too
+
+
+def _with_database(dsn: str, name: str) -> str:
+    """``dsn`` naming database ``name``, in the form it came in (tests edit a URL's parts as text)."""
+    url = urllib.parse.urlsplit(dsn)
+    if url.scheme in ("postgres", "postgresql"):
+        return urllib.parse.urlunsplit(url._replace(path=f"/{name}"))
+    return make_conninfo(dsn, dbname=name)
+
+
+def _drop_leftover_databases(admin: psycopg.Connection[tuple[object, ...]]) -> None:
+    rows = admin.execute("SELECT datname FROM pg_catalog.pg_database WHERE starts_with(datname, %s)",
+                         (SESSION_DATABASE_PREFIX,)).fetchall()
+    for (leftover,) in rows:
+        pid = leftover.removeprefix(SESSION_DATABASE_PREFIX).split("_")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        try:
+            admin.execute(f'DROP DATABASE "{leftover}"')
+        except (psycopg.errors.ObjectInUse, psycopg.errors.InsufficientPrivilege):
+            pass  # a session that is still running (or another role's)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
