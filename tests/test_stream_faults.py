@@ -209,7 +209,7 @@ async def test_a_worker_killed_mid_stream_leaves_every_stream_dense_and_exactly_
 ) -> None:
     # Body writes are replayed (the committed ones skipped); the step resumes from stream_offset.
     wf = streamy.build(app)
-    gate, n = tmp_path / "gate", 400
+    gate, n = tmp_path / "gate", 200
     a = streamy_worker(procs, worker_env, "worker-A", concurrency=16)
     kinds = [kind for kind in wf.seq for _ in range(2)]
     handles = [await wf.seq[kind].start_async(n, str(gate), 0.004) for kind in kinds]

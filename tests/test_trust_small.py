@@ -4,6 +4,7 @@ it made, recorded exception names that must stay data, and check-replay's exit c
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
@@ -46,9 +47,12 @@ def _named(dsn: str, form: str, name: str, monkeypatch: pytest.MonkeyPatch) -> s
     return dsn
 
 
-async def _names_of_this_process(dsn: str, name: str) -> list[str]:
-    """The application names of this process's sessions: pgflow's own (by the pid in them) and the user's."""
-    rows = await query(dsn, "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
+async def _names_of_this_process(dsn: str, name: str, since: datetime.datetime) -> list[str]:
+    """The application names of this process's sessions opened since ``since`` (the server's time when the
+    test's App was made: a session another test of this process left open is not this App's): pgflow's own
+    (by the pid in them) and the user's."""
+    rows = await query(dsn, "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                            " AND backend_start >= %s", since)
     pid = str(os.getpid())
     ours = [str(row[0]) for row in rows if row[0]]
     return sorted(n for n in ours if n == name or n.split(" ")[0].rsplit("-", 1)[-1] == pid and n.startswith("pgflow-"))
@@ -60,6 +64,7 @@ async def test_the_users_application_name_is_kept_on_every_connection(
         dsn: str, schema: str, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGAPPNAME", raising=False)
     name = f"myapp-{uuid.uuid4().hex[:8]}"
+    [(since,)] = await query(dsn, "SELECT statement_timestamp()")
     app = pgflow.App(_named(dsn, form, name, monkeypatch), schema=schema, poll_interval=0.5)
     app.workflow(name="trust.noop")(_noop)
     pid = os.getpid()
@@ -68,7 +73,7 @@ async def test_the_users_application_name_is_kept_on_every_connection(
         async with app.worker():
             with anyio.fail_after(WAIT):  # the pool, the listener and the maintenance lock connection
                 while True:
-                    names = await _names_of_this_process(dsn, name)
+                    names = await _names_of_this_process(dsn, name, since)
                     wanted = {maintenance, f"pgflow-{pid}", f"pgflow-listener-{pid}"} if form == "none" else \
                         {maintenance, name}
                     if wanted <= set(names) and (form == "none" or names.count(name) >= 2):
