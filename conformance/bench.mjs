@@ -58,7 +58,14 @@ for (const res of readers) {
     }
   })
 }
-const producers = handles.map((h, i) => new IdempotentProducer(h, `bench-${i}`, { epoch: 0, lingerMs: 1, maxInFlight: 4 }))
+const answers = {}  // the producers' POSTs by status (a 409 is a batch that overtook an earlier one: sent again)
+const counting = async (...a) => {
+  const response = await fetch(...a)
+  if (measuring) answers[response.status] = (answers[response.status] ?? 0) + 1
+  return response
+}
+const producers = handles.map((h, i) => new IdempotentProducer(h, `bench-${i}`,
+  { epoch: 0, lingerMs: 1, maxInFlight: 4, fetch: counting }))
 await new Promise((r) => setTimeout(r, 500))  // the readers are connected and waiting
 
 const cpuBefore = { client: process.cpuUsage(), others: pids.map(groupCpu) }
@@ -101,7 +108,7 @@ const pct = (q) => +(latencies[Math.min(latencies.length - 1, Math.floor(q * lat
 console.log(JSON.stringify({
   url, streams: STREAMS, producers: PRODUCERS, rate: RATE || null, seconds: +elapsed.toFixed(1), sent, received,
   messages_per_s: Math.round(received / elapsed),
-  latency_ms: { p50: pct(0.5), p90: pct(0.9), p99: pct(0.99), max: pct(1) },
+  posts: answers, latency_ms: { p50: pct(0.5), p90: pct(0.9), p99: pct(0.99), max: pct(1) },
   cpu_s: { client: +((used.user + used.system) / 1e6).toFixed(2), ...Object.fromEntries(pids.map((pid, i) => [pid, others[i]])) },
 }))
 for (const res of readers) res.cancel()

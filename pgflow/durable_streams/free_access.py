@@ -21,6 +21,7 @@ from .._core.signals import News
 from ..app import App
 from .batching import Batcher
 from .following import Follower
+from .overtaking import Overtakers, in_sequence_order
 
 T = TypeVar("T")
 log = logging.getLogger("pgflow.durable_streams")
@@ -47,16 +48,25 @@ class FreeStreamsAccess:
         self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
         self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
         self.followers: dict[str, set[Follower]] = {}  # the live readers of this process, by path
+        self.overtakers = Overtakers()
 
-    async def _append_many(self, appends: list[Append]) -> list[Appended | Exception]:
+    async def _append_many(self, given: list[Append]) -> list[Appended | Exception]:
         runtime = self.app._internals().runtime()
         await runtime.store()  # (the signals service is configured once the store is open)
         signals = runtime.signals
+        order = in_sequence_order(given)  # (a producer's appends that overtook each other: see overtaking)
+        appends = [given[i] for i in order]
         news = News(sorted({ping_key(append.path) for append in appends}))
-        results, rode = await runtime.db(lambda store: signals.ride(
+        judged, rode = await runtime.db(lambda store: signals.ride(
             news, lambda pings: store.free_streams.append_many(appends, pings)))
+        results: list[Appended | Exception] = list(judged)
+        for i, done in zip(order, judged, strict=True):
+            results[i] = done
+        for append, done in zip(appends, judged, strict=True):
+            if append.producer is not None and isinstance(done, Appended) and done.outcome in ("ok", "duplicate"):
+                self.overtakers.committed(append.path, done, append.producer)
         try:  # (committed: told even if its client left; a failure here must not make the batch run again)
-            self.publish([(append.path, done) for append, done in zip(appends, results, strict=True)
+            self.publish([(append.path, done) for append, done in zip(appends, judged, strict=True)
                           if isinstance(done, Appended) and done.outcome == "ok"], rode)
         except Exception:  # noqa: BLE001 - readers still find it on the slow poll
             log.exception("durable streams: telling the readers of a committed batch failed")

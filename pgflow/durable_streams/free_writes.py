@@ -90,7 +90,11 @@ class FreeWrites(FreeStreamsAccess):
                 return p.json_messages(body, allow_empty=False)
             return [body]
 
-        done = await self.appends.submit(Append(request.path, media, bool(body), units_of, close, seq, producer))
+        append = Append(request.path, media, bool(body), units_of, close, seq, producer)
+        done = await self.appends.submit(append)
+        if done.outcome == "gap" and producer is not None:  # (it may have overtaken its predecessor: overtaking)
+            await self.overtakers.wait(request.path, producer)
+            done = await self.appends.submit(append)
         await self._appended(done, producer, send, not body)
 
     async def _appended(self, done: Appended, producer: Producer | None, send: Send,
