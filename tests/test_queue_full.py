@@ -125,3 +125,46 @@ async def test_a_full_queue_fails_no_write_and_status_names_the_holder(
             await holding.aclose()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+async def test_free_stream_appends_into_a_full_queue_are_written_once(tiny_queue: EmbeddedServer) -> None:
+    """The Durable Streams server's group commits ride their pings too: refused at commit by a full
+    queue, each batch is judged and written again without them, once; a producer's appends are all
+    200s, the stream holds each message once, and a long-poll waiting in another App (another
+    process's server) is woken by its poll."""
+    from pgflow.durable_streams import asgi_app
+    from pgflow.durable_streams import protocol as p
+
+    from .test_durable_streams import JSON, call
+
+    dsn, schema = tiny_queue.dsn, f"t_{uuid.uuid4().hex[:12]}"
+    async with pgflow.App(dsn, schema=schema, poll_interval=0.5) as app, \
+            pgflow.App(dsn, schema=schema, poll_interval=0.5) as elsewhere:
+        await app.migrate_async()
+        writer, reader = asgi_app(app), asgi_app(elsewhere)
+        assert (await call(writer, "PUT", "/full", JSON))[0] == 201
+        holding = hold_the_queue(dsn)
+        await anext(holding)
+        try:
+            waited: list[tuple[int, bytes]] = []
+
+            async def long_poll() -> None:
+                status, _, body = await call(reader, "GET", "/full", query="offset=-1&live=long-poll")
+                waited.append((status, body))
+
+            with anyio.fail_after(WAIT):  # (the group ends when the long-poll has had its answer)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(long_poll)
+                    for seq in range(5):
+                        producing = [*JSON, ("producer-id", "w"), ("producer-epoch", "0"),
+                                     ("producer-seq", str(seq))]
+                        status, head, _ = await call(writer, "POST", "/full", producing, str(seq).encode())
+                        assert status == 200 and head[p.NEXT_OFFSET] == p.offset_text(seq + 1), (status, head)
+            assert app.stats().pings_refused >= 1  # (the batches did carry pings, and were refused)
+            status, _, body = await call(writer, "GET", "/full", query="offset=-1")
+            assert status == 200 and body == b"[0,1,2,3,4]"
+            assert waited[0][0] == 200 and waited[0][1].startswith(b"[0")
+        finally:
+            await holding.aclose()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
