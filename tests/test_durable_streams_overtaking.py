@@ -5,6 +5,7 @@ still a 409 with the sequence number the server expects."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anyio
 import pytest
@@ -45,22 +46,27 @@ def producing(seq: int) -> list[tuple[str, str]]:
     return [*JSON, ("producer-id", "w"), ("producer-epoch", "0"), ("producer-seq", str(seq))]
 
 
-async def test_an_append_that_overtook_its_predecessor_waits_for_it(app: pgflow.App) -> None:
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["here", "elsewhere"])
+async def test_an_append_that_overtook_its_predecessor_waits_for_it(app: pgflow.App, second_app: pgflow.App,
+                                                                   elsewhere: bool) -> None:
     """Seq 1 comes first and is judged while seq 0 is still on its way: it waits (no 409), and once seq 0
-    has committed it is judged again and written after it."""
-    asgi = asgi_app(app)
+    has committed, through this server or another one (another process: its ping wakes the wait), it is
+    judged again and written after it."""
+    asgi, other = asgi_app(app), asgi_app(second_app)
+    asgi.free.hold = 60.0  # (only the ping may end the wait before the test's own bound)
     assert (await call(asgi, "PUT", "/overtaken", JSON))[0] == 201
     answers: dict[int, Answer] = {}
 
-    async def post(seq: int) -> None:
-        answers[seq] = await call(asgi, "POST", "/overtaken", producing(seq), json.dumps({"n": seq}).encode())
+    async def post(seq: int, server: Any) -> None:
+        answers[seq] = await call(server, "POST", "/overtaken", producing(seq), json.dumps({"n": seq}).encode())
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(post, 1)
-        with anyio.fail_after(10):  # seq 1 was judged a gap and waits for seq 0
-            while not asgi.free.overtakers.waiting():
+    waiters = app._internals().runtime().signals.waiters
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(post, 1, asgi)
+            while not len(waiters):  # seq 1 was judged a gap and waits on its stream's pings
                 await anyio.sleep(0.005)
-        await post(0)
+            await post(0, other if elsewhere else asgi)
     assert answers[0][0] == 200 and answers[1][0] == 200
     assert answers[1][1][p.PRODUCER_SEQ] == "1" and answers[1][1][p.NEXT_OFFSET] == p.offset_text(2)
     status, _, body = await call(asgi, "GET", "/overtaken", query="offset=-1")
@@ -71,6 +77,7 @@ async def test_appends_sent_together_out_of_order_are_all_written_in_order(app: 
     """Five batches of one producer in flight at once, sent in reverse order: every one is a 200, and the
     stream holds them in their sequence order."""
     asgi = asgi_app(app)
+    asgi.free.hold = 60.0
     assert (await call(asgi, "PUT", "/reversed", JSON))[0] == 201
     answers: dict[int, Answer] = {}
 

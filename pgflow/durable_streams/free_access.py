@@ -21,7 +21,7 @@ from .._core.signals import News
 from ..app import App
 from .batching import Batcher
 from .following import Follower
-from .overtaking import Overtakers, in_sequence_order
+from .overtaking import HOLD, in_sequence_order
 
 T = TypeVar("T")
 log = logging.getLogger("pgflow.durable_streams")
@@ -48,7 +48,7 @@ class FreeStreamsAccess:
         self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
         self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
         self.followers: dict[str, set[Follower]] = {}  # the live readers of this process, by path
-        self.overtakers = Overtakers()
+        self.hold = HOLD  # seconds an append that overtook its producer's previous one waits for it
 
     async def _append_many(self, given: list[Append]) -> list[Appended | Exception]:
         runtime = self.app._internals().runtime()
@@ -62,9 +62,6 @@ class FreeStreamsAccess:
         results: list[Appended | Exception] = list(judged)
         for i, done in zip(order, judged, strict=True):
             results[i] = done
-        for append, done in zip(appends, judged, strict=True):
-            if append.producer is not None and isinstance(done, Appended) and done.outcome in ("ok", "duplicate"):
-                self.overtakers.committed(append.path, done, append.producer)
         try:  # (committed: told even if its client left; a failure here must not make the batch run again)
             self.publish([(append.path, done) for append, done in zip(appends, judged, strict=True)
                           if isinstance(done, Appended) and done.outcome == "ok"], rode)

@@ -14,8 +14,9 @@ from urllib.parse import quote
 from .._core.engine.free_appends import Append, Appended, Producer
 from .._core.engine.free_streams import Created, Fork, FreeStream
 from . import protocol as p
-from .free_access import FreeStreamsAccess
+from .free_access import FreeStreamsAccess, ping_key
 from .http import Receive, Request, Send, answer, read_body
+from .overtaking import judged_in_order
 from .protocol import Refused
 
 
@@ -91,10 +92,11 @@ class FreeWrites(FreeStreamsAccess):
             return [body]
 
         append = Append(request.path, media, bool(body), units_of, close, seq, producer)
-        done = await self.appends.submit(append)
-        if done.outcome == "gap" and producer is not None:  # (it may have overtaken its predecessor: overtaking)
-            await self.overtakers.wait(request.path, producer)
+        if producer is None:
             done = await self.appends.submit(append)
+        else:  # (it may have overtaken an earlier append of its producer on the way here)
+            waiters = self.app._internals().runtime().signals.waiters
+            done = await judged_in_order(append, self.appends.submit, waiters, ping_key(request.path), self.hold)
         await self._appended(done, producer, send, not body)
 
     async def _appended(self, done: Appended, producer: Producer | None, send: Send,
