@@ -14,7 +14,7 @@ import pgflow
 from pgflow._core.engine.free_appends import Append, Producer
 from pgflow.durable_streams import asgi_app
 from pgflow.durable_streams import protocol as p
-from pgflow.durable_streams.overtaking import in_sequence_order
+from pgflow.durable_streams.overtaking import AHEAD, in_sequence_order
 
 from .test_durable_streams import JSON, Answer, call
 
@@ -53,7 +53,7 @@ async def test_an_append_that_overtook_its_predecessor_waits_for_it(app: pgflow.
     has committed, through this server or another one (another process: its ping wakes the wait), it is
     judged again and written after it."""
     asgi, other = asgi_app(app), asgi_app(second_app)
-    asgi.free.hold = 60.0  # (only the ping may end the wait before the test's own bound)
+    asgi.free.overtaking.hold = 60.0  # (only the ping may end the wait before the test's own bound)
     assert (await call(asgi, "PUT", "/overtaken", JSON))[0] == 201
     answers: dict[int, Answer] = {}
 
@@ -77,7 +77,7 @@ async def test_appends_sent_together_out_of_order_are_all_written_in_order(app: 
     """Five batches of one producer in flight at once, sent in reverse order: every one is a 200, and the
     stream holds them in their sequence order."""
     asgi = asgi_app(app)
-    asgi.free.hold = 60.0
+    asgi.free.overtaking.hold = 60.0
     assert (await call(asgi, "PUT", "/reversed", JSON))[0] == 201
     answers: dict[int, Answer] = {}
 
@@ -95,11 +95,19 @@ async def test_appends_sent_together_out_of_order_are_all_written_in_order(app: 
 
 async def test_a_gap_nothing_fills_is_still_a_409(app: pgflow.App) -> None:
     """Seq 2 after seq 0, with no seq 1 on its way: after its wait, the 409 says which one the server
-    expects, and nothing of seq 2 was written."""
+    expects, and nothing of seq 2 was written. A gap far ahead, or one beyond the most held at once, is
+    not held at all (each wake of a held append is a judging: a client must not make them cost)."""
     asgi = asgi_app(app)
     assert (await call(asgi, "PUT", "/gap", JSON))[0] == 201
     assert (await call(asgi, "POST", "/gap", producing(0), b"0"))[0] == 200
     status, head, _ = await call(asgi, "POST", "/gap", producing(2), b"2")
     assert status == 409 and head[p.EXPECTED_SEQ] == "1" and head[p.RECEIVED_SEQ] == "2"
+    asgi.free.overtaking.hold = 3600.0
+    with anyio.fail_after(20):
+        status, head, _ = await call(asgi, "POST", "/gap", producing(1 + AHEAD + 1), b"0")
+        assert status == 409 and head[p.EXPECTED_SEQ] == "1"
+        asgi.free.overtaking.most = 0
+        status, head, _ = await call(asgi, "POST", "/gap", producing(2), b"2")
+        assert status == 409 and head[p.EXPECTED_SEQ] == "1"
     status, _, body = await call(asgi, "GET", "/gap", query="offset=-1")
     assert status == 200 and json.loads(body) == [0]

@@ -21,7 +21,7 @@ from .._core.signals import News
 from ..app import App
 from .batching import Batcher
 from .following import Follower
-from .overtaking import HOLD, in_sequence_order
+from .overtaking import Overtaking, in_sequence_order
 
 T = TypeVar("T")
 log = logging.getLogger("pgflow.durable_streams")
@@ -48,7 +48,7 @@ class FreeStreamsAccess:
         self.appends: Batcher[Append, Appended] = Batcher(self._append_many, BATCH)
         self.reads: Batcher[tuple[str, int], tuple[FreeStream | None, list[Chunk]]] = Batcher(self._read_many, BATCH)
         self.followers: dict[str, set[Follower]] = {}  # the live readers of this process, by path
-        self.hold = HOLD  # seconds an append that overtook its producer's previous one waits for it
+        self.overtaking = Overtaking(self.appends.submit)  # producers' appends, in their order
 
     async def _append_many(self, given: list[Append]) -> list[Appended | Exception]:
         runtime = self.app._internals().runtime()

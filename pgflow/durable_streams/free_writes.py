@@ -16,7 +16,6 @@ from .._core.engine.free_streams import Created, Fork, FreeStream
 from . import protocol as p
 from .free_access import FreeStreamsAccess, ping_key
 from .http import Receive, Request, Send, answer, read_body
-from .overtaking import judged_in_order
 from .protocol import Refused
 
 
@@ -96,7 +95,7 @@ class FreeWrites(FreeStreamsAccess):
             done = await self.appends.submit(append)
         else:  # (it may have overtaken an earlier append of its producer on the way here)
             waiters = self.app._internals().runtime().signals.waiters
-            done = await judged_in_order(append, self.appends.submit, waiters, ping_key(request.path), self.hold)
+            done = await self.overtaking.judged(append, waiters, ping_key(request.path))
         await self._appended(done, producer, send, not body)
 
     async def _appended(self, done: Appended, producer: Producer | None, send: Send,

@@ -11,9 +11,9 @@ So the server puts right what the network mixed up, as a reader of the protocol 
 sequence numbers: the appends of one producer to one stream that a group commit takes together are
 judged in their sequence order (``in_sequence_order``), and an append whose predecessor has not come
 yet waits for it, judged again whenever its stream is appended to (the pings of the stream, from this
-process or another server of the fleet), for up to ``HOLD`` seconds (``judged_in_order``). Only a gap
-still there after that is answered with the 409. Nothing is written before the predecessor: the wait
-changes when an append is judged, never how.
+process or another server of the fleet), for up to ``HOLD`` seconds (``Overtaking``; a gap far ahead
+is not held). Only a gap still there after that is answered with the 409. Nothing is written before
+the predecessor: the wait changes when an append is judged, never how.
 """
 
 from __future__ import annotations
@@ -25,24 +25,42 @@ from .._core.engine.free_appends import Append, Appended
 from .._core.signals import Waiters
 
 HOLD = 1.0  # seconds an overtaker waits for the append it overtook
+AHEAD = 16  # an append further ahead of the one expected overtook nothing: it is a 409 at once
+MOST_HELD = 1000  # overtakers waiting at once in one process, at most (the others: a 409 at once)
 
 
-async def judged_in_order(append: Append, submit: Callable[[Append], Awaitable[Appended]], waiters: Waiters,
-                          key: str, hold: float = HOLD) -> Appended:
-    """``append`` judged (``submit``: in a group commit); judged again on every append to its stream
-    (``key``: its pings, from this process or another) while it is a gap, for up to ``hold`` seconds."""
-    done = await submit(append)
-    if done.outcome != "gap":
+class Overtaking:
+    """The appends of idempotent producers as ``submit`` judges them (in a group commit), in order:
+    an overtaker is judged again on every append to its stream (its pings, from this process or another)
+    while it is a gap, for up to ``hold`` seconds. Bounded, since each wake of a held append is a
+    judging: only a gap of at most ``AHEAD`` is held, and at most ``most`` appends at once."""
+
+    def __init__(self, submit: Callable[[Append], Awaitable[Appended]], hold: float = HOLD,
+                 most: int = MOST_HELD) -> None:
+        self.submit = submit
+        self.hold = hold
+        self.most = most
+        self.held = 0
+
+    async def judged(self, append: Append, waiters: Waiters, key: str) -> Appended:
+        done = await self.submit(append)
+        producer = append.producer
+        if (done.outcome != "gap" or producer is None or producer.seq - done.expected > AHEAD
+                or self.held >= self.most):
+            return done
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold
+        self.held += 1
+        try:
+            with waiters.watching([key]) as pinged:
+                while done.outcome == "gap" and (left := deadline - loop.time()) > 0:
+                    pinged.arm()
+                    done = await self.submit(append)  # (armed first: an append committed meanwhile wakes it)
+                    if done.outcome == "gap":
+                        await pinged.wait(left)
+        finally:
+            self.held -= 1
         return done
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + hold
-    with waiters.watching([key]) as pinged:
-        while done.outcome == "gap" and (left := deadline - loop.time()) > 0:
-            pinged.arm()
-            done = await submit(append)  # (armed first: an append that commits meanwhile wakes it)
-            if done.outcome == "gap":
-                await pinged.wait(left)
-    return done
 
 
 def in_sequence_order(appends: Sequence[Append]) -> list[int]:
