@@ -32,7 +32,7 @@ import asyncio
 import json
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -92,10 +92,13 @@ TABLES = ("SELECT c.relname, pg_catalog.pg_relation_size(c.oid) > 0 FROM pg_cata
 ADVISORY = ("SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted"
             " AND pid <> pg_catalog.pg_backend_pid()"
             " AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())")
-# The period of chunk partitions the clock is in began when the first partition of new streams did.
-SAME_PERIOD = ("SELECT min(p.starts_at) = pg_catalog.date_bin(pg_catalog.make_interval(hours => s.period_hours),"
-               " pg_catalog.now(), timestamptz '2000-01-01 00:00:00+00') FROM {s}.chunk_partitions p,"
-               " {s}.chunk_partitioning s WHERE p.first_id >= 4294967296 GROUP BY s.period_hours")
+# The period of chunk partitions the reference's first partition of new streams is for (a migration makes
+# that of the period the clock is in, and those after it): its start, and whether the clock is still in it.
+PERIOD = ("SELECT min(p.starts_at), min(p.starts_at) = pg_catalog.date_bin(pg_catalog.make_interval(hours =>"
+          " s.period_hours), pg_catalog.now(), timestamptz '2000-01-01 00:00:00+00') FROM {s}.chunk_partitions p,"
+          " {s}.chunk_partitioning s WHERE p.first_id >= 4294967296 GROUP BY s.period_hours")
+STILL_IN = ("SELECT pg_catalog.date_bin(pg_catalog.make_interval(hours => %s), pg_catalog.now(),"
+            " timestamptz '2000-01-01 00:00:00+00') = %s")
 # What the migration wrote at its own time, made as it does at the time of the reset.
 NOW_AGAIN = [
     "UPDATE {s}.migrations SET applied_at = now()",
@@ -114,7 +117,7 @@ class Reference:
     rows: dict[str, list[Any]]  # the tables the migration writes rows into: those rows, as JSON
     sequences: dict[str, int | None]  # each sequence's last value, None: never used
     sizes: list[tuple[str, int, float, int]]  # (relation, relpages, reltuples, relallvisible)
-    tables: list[str] = field(default_factory=list)
+    period: tuple[int, Any]  # the chunk partitions' period in hours, the start of the one it was made in
 
 
 def describe(conn: psycopg.Connection[Any], name: str) -> str:
@@ -205,20 +208,19 @@ class SchemaPool:
         sizes = conn.execute(
             "SELECT relname::text, relpages, reltuples, relallvisible FROM pg_catalog.pg_class"
             " WHERE relnamespace = pg_catalog.to_regnamespace(%s)", (f'"{name}"',)).fetchall()
-        return Reference(describe(conn, name), rows, sequences, sizes, tables)
+        [hours] = rows["chunk_partitioning"]
+        period = conn.execute(sql.SQL(PERIOD).format(s=s)).fetchone()
+        assert period is not None
+        return Reference(describe(conn, name), rows, sequences, sizes, (int(hours["period_hours"]), period[0]))
 
     def _reset(self, conn: psycopg.Connection[Any], name: str) -> bool:
         """Reset a schema handed back to what ``take`` promises; False (and the schema dropped, or left
         when that cannot be done at once) when it cannot be."""
-        assert self._reference is not None
         reference = self._reference
-        s = sql.Identifier(name)
-        if describe(conn, name) != reference.description or conn.execute(ADVISORY).fetchone() != (0,):
-            self._drop(conn, name)
-            return False
-        same_period = conn.execute(sql.SQL(SAME_PERIOD).format(s=s)).fetchone()
-        if same_period != (True,):
-            self._reference = None  # the day turned: a new reference, from the next schema migrated
+        if reference is not None and conn.execute(STILL_IN, reference.period).fetchone() != (True,):
+            reference = self._reference = None  # the period turned: a new reference, from the next schema made
+        if (reference is None or describe(conn, name) != reference.description
+                or conn.execute(ADVISORY).fetchone() != (0,)):
             self._drop(conn, name)
             return False
         written = [table for table, used in conn.execute(TABLES, (f'"{name}"',)).fetchall()

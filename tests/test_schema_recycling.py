@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -164,3 +165,18 @@ async def test_a_schema_is_not_used_again_while_a_session_holds_an_advisory_lock
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"pgflow.{used}.retention",))
         other = pool.take()
     assert other != used and pool.discarded == 1
+
+
+async def test_no_schema_is_used_again_once_the_period_of_its_chunk_partitions_is_over(
+        dsn: str, pool: SchemaPool) -> None:
+    """A migration makes the chunk partitions of the period the clock is in and of those after it: once
+    that period is over (the day turned), a schema made in it is not what a migration makes any more."""
+    used = pool.take()
+    pool.give_back(used)
+    reference = pool._reference  # noqa: SLF001 - made in the period before, as if the day had turned since
+    assert reference is not None
+    hours, start = reference.period
+    reference.period = (hours, start - timedelta(hours=hours))
+    other = pool.take()
+    assert other != used and pool.discarded == 1
+    assert pool._reference is not None and pool._reference.period == (hours, start)  # noqa: SLF001
