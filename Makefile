@@ -16,6 +16,7 @@ DOCS_STAMP := $(VENV)/.installed-docs
 help:
 	@echo "pgflow development targets:"
 	@echo "  make test    run the test suite, all but its long fault cases (more pytest arguments: PYTEST_ARGS='-k foo -x')"
+	@echo "               (TEST_SHARDS=n: the sessions of the embedded PostgreSQL 18, default 2; logs in .venv/test-*.log)"
 	@echo "  make install-check  a fresh venv gets the checkout by the README's Install command; App() runs there"
 	@echo "  make chaos   the fault suite's long pytest cases (every fault mixed, on PostgreSQL 15 and 18)"
 	@echo "  make soak    the fault suite for SOAK_MINUTES (default 5) on a PostgreSQL 18 of its own; FAULTS=kill,stop,..."
@@ -59,22 +60,32 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 venv .venv: $(STAMP)
 
 # make test stays under about 8 minutes; the cases marked chaos (tests/test_chaos.py) are make chaos.
-# Two sessions side by side (see pytest_collection_modifyitems in tests/conftest.py): the tests on
-# PostgreSQL 15 and those that use no server, logged to $(VENV)/test-pg15.log and printed at the end, and
-# the tests on the embedded PostgreSQL 18, on the terminal. The suite mostly waits on leases, sleeps and
-# processes, so the halves barely slow each other.
-# A half with no test selected (exit code 5, e.g. PYTEST_ARGS='-k pg18') counts as passed.
-TEST_PG15_LOG := $(VENV)/test-pg15.log
+# Sessions side by side (see pytest_collection_modifyitems in tests/conftest.py): the tests on PostgreSQL 15,
+# and the others (on the embedded PostgreSQL 18, or on no server) cut into TEST_SHARDS shards
+# (PGFLOW_TEST_SHARD=k/n), each a session with an embedded server of its own. PostgreSQL 15 gets one session
+# only: one peaks near its 100 connections. The suite mostly waits on leases, sleeps and processes, so the
+# sessions barely slow each other on two cores. Each is logged to $(VENV)/test-<name>.log, and the logs are
+# printed when all have ended; make test fails if any session failed. A session with no test selected (exit
+# code 5, e.g. PYTEST_ARGS='-k pg18') counts as passed, unless none selected any.
+TEST_SHARDS ?= 2
+TEST_LOGS := $(VENV)/test-
 test: $(STAMP)
-	@PGFLOW_TEST_SERVER=pg15 $(PY) -m pytest -q -m 'not chaos and not install' --durations=15 $(PYTEST_ARGS) > $(TEST_PG15_LOG) 2>&1 & pg15=$$!; \
-	trap 'kill -INT $$pg15 2>/dev/null' INT TERM; \
-	echo "PostgreSQL 15 half: pid $$pg15, log in $(TEST_PG15_LOG); the rest:"; \
-	PGFLOW_TEST_SERVER=pg18 $(PY) -m pytest -q -m 'not chaos and not install' --durations=15 $(PYTEST_ARGS); rest=$$?; \
-	wait $$pg15; pg15_rc=$$?; \
-	echo; echo "--- the PostgreSQL 15 half ($(TEST_PG15_LOG)):"; cat $(TEST_PG15_LOG); \
-	ok() { [ $$1 -eq 0 ] || [ $$1 -eq 5 ]; }; \
-	if ok $$rest && ok $$pg15_rc && ! { [ $$rest -eq 5 ] && [ $$pg15_rc -eq 5 ]; }; then echo "make test: both halves passed"; \
-	else echo "make test: FAILED (PostgreSQL 15 half: exit $$pg15_rc, the rest: exit $$rest)" >&2; exit 1; fi
+	@pids=(); names=(); \
+	run() { name=$$1; shift; env "$$@" $(PY) -m pytest -q -m 'not chaos and not install' --durations=15 $(PYTEST_ARGS) \
+		> $(TEST_LOGS)$$name.log 2>&1 & pids+=($$!); names+=($$name); }; \
+	run pg15 PGFLOW_TEST_SERVER=pg15; \
+	for k in $$(seq 1 $(TEST_SHARDS)); do run pg18-$$k PGFLOW_TEST_SERVER=pg18 PGFLOW_TEST_SHARD=$$k/$(TEST_SHARDS); done; \
+	trap 'kill -INT "$${pids[@]}" 2>/dev/null' INT TERM; \
+	echo "$${#pids[@]} sessions (pids $${pids[*]}), logged to $(TEST_LOGS){$$(IFS=,; echo "$${names[*]}")}.log"; \
+	codes=(); for pid in "$${pids[@]}"; do wait $$pid; codes+=($$?); done; \
+	failed=""; passed=0; \
+	for i in "$${!pids[@]}"; do \
+		echo; echo "--- session $${names[$$i]} (exit $${codes[$$i]}, $(TEST_LOGS)$${names[$$i]}.log):"; \
+		cat $(TEST_LOGS)$${names[$$i]}.log; \
+		case $${codes[$$i]} in 0) passed=1;; 5) ;; *) failed="$$failed $${names[$$i]}=$${codes[$$i]}";; esac; \
+	done; \
+	if [ -z "$$failed" ] && [ $$passed = 1 ]; then echo "make test: all $${#pids[@]} sessions passed"; \
+	else echo "make test: FAILED (exit codes:$${failed:- none selected any test})" >&2; exit 1; fi
 
 # Slow (a venv and every dependency installed anew), so not part of make test.
 install-check: $(STAMP)

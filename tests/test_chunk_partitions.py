@@ -199,6 +199,7 @@ async def test_a_shorter_period_applies_to_the_partitions_made_after_it(app: pgf
         await query(app.dsn, f'UPDATE "{app.schema}".chunk_partitioning SET period_hours = 0')
 
 
+@pytest.mark.new_schema  # migrated by the version before, then upgraded
 async def test_an_upgraded_schema_keeps_its_chunks_in_the_first_partition_until_their_streams_are_pruned(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -250,6 +251,7 @@ def previous_version(tmp_path: Path) -> Path:
     return tmp_path / "previous"
 
 
+@pytest.mark.new_schema  # migrated by the version before, then upgraded
 async def test_writers_of_the_version_before_go_on_streaming_through_the_upgrade(
     app: pgflow.App, dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:

@@ -54,13 +54,18 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
     app: pgflow.App, worker_env: dict[str, str], procs: Processes, tmp_path: Path,
 ) -> None:
     wf = suspects.build(app)
-    effects = tmp_path / "effects.txt"
+    effects, release = tmp_path / "effects.txt", tmp_path / "release"
     with fleet(procs, worker_env, processes=3):
-        innocents = [wf.innocent.start(str(effects), f"i{n}", 3.0) for n in range(20)]
+        # 20 innocents in 3 processes of 8 slots: at least 4 in each, all running until released.
+        innocents = [wf.innocent.start(str(effects), f"i{n}", str(release)) for n in range(20)]
         wait_until(lambda: len([line for line in lines(effects) if " start " in line]) >= 20,
                    "the 20 innocent workflows to run", procs)
         began = time.monotonic()
         poison = wf.poison.start(str(effects), 0.5)  # claimed beside innocents, killing their worker 0.5 s in
+        first = wait_until(lambda: [line for line in lines(effects) if line.startswith("poison start")],
+                           "the poison workflow to run", procs)[0]
+        wait_until(lambda: _gone(int(first.split()[2])), "the poison's first worker process to die", procs)
+        release.touch()  # its neighbours there died with it; those elsewhere may end now
         failure = failure_of(poison, procs)
         failed_after = time.monotonic() - began
         results = [result_of(handle, procs) for handle in innocents]
@@ -91,6 +96,15 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
         assert [s.attempts for s in details.steps] == [tries[name]]
     print(f"\n[crash attribution] poison given up {failed_after:.1f}s after its start;"
           f" {len(killed)} innocent workflows were cut short by its first crash and all succeeded")
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended and been reaped (by the supervisor, which restarts it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import pgflow
 from pgflow._core.engine import dashboard as sql
 from pgflow._core.engine import quote_identifier
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# The plans of a schema just made, never used by an earlier test (tests/recycling.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.new_schema]
 
 FINISHED = 1_000_000
 # The tables that grow with the work. (``workers`` holds a row per worker process and ``queues`` one per

@@ -19,7 +19,8 @@ import pgflow
 from pgflow._core.engine import arrays
 from tests.helpers import query, wait_for
 
-pytestmark = pytest.mark.anyio
+# The plans and index counters of a schema just made, never used by an earlier test (tests/recycling.py).
+pytestmark = [pytest.mark.anyio, pytest.mark.new_schema]
 
 WORKFLOWS = 40
 

@@ -554,6 +554,7 @@ def test_bad_step_retry_arguments_raise_at_decoration() -> None:
 # -- plain calls --------------------------------------------------------------------------------------
 
 
+@pytest.mark.new_schema  # nothing, not even the schema, is made
 async def test_steps_outside_a_workflow_are_plain_calls(app: pgflow.App, dsn: str, schema: str) -> None:
     calls: Counter[str] = Counter()
 

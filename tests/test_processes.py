@@ -171,6 +171,7 @@ with app:
 
 
 @pytest.mark.slow
+@pytest.mark.new_schema  # the eight make it
 @pytest.mark.parametrize("via", ["cli", "barrier"])
 def test_eight_processes_migrating_at_once_apply_each_migration_once(
     dsn: str, schema: str, worker_env: dict[str, str], procs: Processes, tmp_path: Path, via: str,

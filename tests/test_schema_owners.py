@@ -16,6 +16,9 @@ import pgflow
 from pgflow._core.engine import migrations
 from pgflow.errors import ConfigurationError
 
+# Each test makes the schema, or has it made, its own way: a name no schema has yet (tests/recycling.py).
+pytestmark = pytest.mark.new_schema
+
 
 @pytest.fixture
 def squatter(dsn: str) -> Iterator[str]:

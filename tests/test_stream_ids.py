@@ -18,6 +18,7 @@ pytestmark = pytest.mark.anyio
 WAIT = 60.0
 
 
+@pytest.mark.new_schema  # migrated by the version before, then upgraded
 async def test_an_upgraded_database_keeps_its_chunks_and_a_resumed_writer_continues_after_them(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

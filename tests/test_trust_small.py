@@ -99,6 +99,7 @@ def _schemas(dsn: str, *names: str) -> list[str]:
                                                 " ORDER BY nspname", (list(names),))]
 
 
+@pytest.mark.new_schema  # somebody's schema, made here
 def test_the_test_environment_leaves_a_schema_that_was_there_before(dsn: str, schema: str) -> None:
     # Somebody's schema, with a table of theirs in it (owned by the same role, so pgflow may use it).
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -122,6 +123,7 @@ def test_the_test_environment_leaves_a_schema_that_was_there_before(dsn: str, sc
     assert env_app._dsn is None and env_app._settings["schema"] == "pgflow"
 
 
+@pytest.mark.new_schema  # somebody's schema, made here
 def test_a_test_environment_that_cannot_start_leaves_a_schema_that_was_there(
         dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its start fails (the schema's owner is not expected): the teardown after the failure drops nothing."""
@@ -222,6 +224,7 @@ def _check_replay(env: dict[str, str], *more: str) -> subprocess.CompletedProces
 
 
 @ONE_SERVER  # the command's exit codes (its journal reads are tested on both servers in test_deploys)
+@pytest.mark.new_schema  # it begins on a schema not migrated yet
 def test_check_replay_exits_1_for_a_mismatch_and_2_when_it_cannot_check(
         dsn: str, schema: str, worker_env: dict[str, str]) -> None:
     not_migrated = _check_replay(worker_env)

@@ -237,7 +237,8 @@ REFUSED: list[tuple[str, str, Callable[[], tuple[Any, ...]], dict[str, Any], lis
 
 
 @ONE_SERVER  # arguments are checked in Python before any statement: the same on any server
-@pytest.mark.parametrize("migrated", [False, True], ids=["fresh-schema", "migrated-schema"])
+@pytest.mark.parametrize("migrated", [pytest.param(False, id="fresh-schema", marks=pytest.mark.new_schema),
+                                      pytest.param(True, id="migrated-schema")])
 @pytest.mark.parametrize(("case", "flow", "make_args", "kwargs", "fragments"), REFUSED, ids=[r[0] for r in REFUSED])
 async def test_refused_arguments_raise_and_write_nothing(
     app: pgflow.App, dsn: str, schema: str, migrated: bool, case: str, flow: str,

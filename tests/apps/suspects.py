@@ -1,7 +1,8 @@
 """Workflows for the crash attribution and attempt tests, served by worker processes of their own.
 
 ``poison`` kills its worker process (SIGKILL from inside a step, as a segfault or the OOM killer
-would) a moment after it starts, while ``innocent`` workflows run beside it in the same process.
+would) a moment after it starts, while ``innocent`` workflows run beside it in the same process (until
+the test releases them).
 ``crash_once`` kills its worker the first time its step runs and succeeds after, so a test can read
 every attempt count after one crash. Every step appends a line to a side-effect file the test passes
 in, so the test counts how often each body really ran.
@@ -22,6 +23,7 @@ import anyio
 import pgflow
 
 LIMIT = 3  # max_attempts of the workflows here
+RELEASE_WAIT = 90.0  # seconds an innocent workflow waits for its release at most
 
 
 def note(path: str, line: str) -> None:
@@ -32,9 +34,13 @@ def note(path: str, line: str) -> None:
 
 def build(app: pgflow.App) -> SimpleNamespace:
     @app.step
-    async def work(path: str, name: str, seconds: float) -> list[int]:
+    async def work(path: str, name: str, release: str) -> list[int]:
+        """Runs until the test releases it (creates the file ``release``): still running beside the
+        poison however long the machine took to start them all."""
         note(path, f"{name} start {os.getpid()} {pgflow.step_attempt()}")
-        await anyio.sleep(seconds)
+        with anyio.fail_after(RELEASE_WAIT):
+            while not Path(release).exists():
+                await anyio.sleep(0.05)
         note(path, f"{name} done {os.getpid()}")
         return [pgflow.attempt(), pgflow.step_attempt()]
 
@@ -45,8 +51,8 @@ def build(app: pgflow.App) -> SimpleNamespace:
         os.kill(os.getpid(), signal.SIGKILL)
 
     @app.workflow(max_attempts=LIMIT)
-    async def innocent(path: str, name: str, seconds: float) -> list[int]:
-        attempts: list[int] = await work(path, name, seconds)
+    async def innocent(path: str, name: str, release: str) -> list[int]:
+        attempts: list[int] = await work(path, name, release)
         return attempts
 
     @app.workflow(max_attempts=LIMIT)
