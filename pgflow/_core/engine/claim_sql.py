@@ -35,7 +35,7 @@ RESCUE_AT_MOST = 256  # expired leases a full claim rescues (a dead worker's all
 CRASHES_ALONE = 3  # deaths of its worker while running it alone that give a workflow up (at most max_attempts)
 _ALONE = "(e.crashes IS NOT NULL OR c.held = 1) IS TRUE"
 _RESCUING = (
-    " expired AS (SELECT id, lease_owner AS owner, crashes, live.heartbeat_at IS NULL AS died"
+    " expired_first AS (SELECT id, lease_owner AS owner, crashes, live.heartbeat_at IS NULL AS died"
     "   FROM {s}.workflows w LEFT JOIN LATERAL (SELECT k.heartbeat_at FROM {s}.workers k WHERE k.id = w.lease_owner"
     "    AND k.heartbeat_at > now() - make_interval(secs => k.lease)) live ON true"
     "   WHERE status = 'running' AND lease_expires_at < now() AND queue = ANY(%(queues)s) AND name = ANY(%(names)s)"
@@ -44,6 +44,15 @@ _RESCUING = (
     "   AND (live.heartbeat_at IS NULL OR lease_expires_at < now() - make_interval(secs => coalesce("
     "    (SELECT k.lease FROM {s}.workers k WHERE k.id = w.lease_owner), 0)))"
     f"   ORDER BY lease_expires_at LIMIT {RESCUE_AT_MOST} FOR UPDATE OF w SKIP LOCKED),"
+    # A dead worker's other runs go with the first of its leases to run out, whatever their own lease
+    # (one claimed after its last heartbeat runs out later): rescued one by one, the last would look
+    # alone, and be charged for a crash it only shared.
+    # (a one-time filter first: without a dead worker, no running row is read)
+    " crewmates AS (SELECT id, lease_owner AS owner, crashes, true AS died FROM {s}.workflows w"
+    "   WHERE (SELECT coalesce(bool_or(died), false) FROM expired_first)"
+    "   AND status = 'running' AND lease_owner = ANY(ARRAY(SELECT owner FROM expired_first WHERE died))"
+    "   AND id <> ALL(ARRAY(SELECT id FROM expired_first)) FOR UPDATE OF w SKIP LOCKED),"
+    " expired AS (SELECT * FROM expired_first UNION ALL SELECT * FROM crewmates),"
     " fenced AS MATERIALIZED (SELECT worker FROM {s}.worker_fences"
     "   WHERE worker = ANY(ARRAY(SELECT owner FROM expired WHERE owner IS NOT NULL))"
     "   ORDER BY worker FOR NO KEY UPDATE),"
