@@ -3,6 +3,7 @@ waits on events other processes cause, bounded and failing early when a process 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -166,6 +167,15 @@ def failure_of(handle: pgflow.WorkflowHandle[Any], procs: Processes, timeout: fl
     except TimeoutError:
         pytest.fail(f"{handle.id} not finished after {timeout}s (status {handle.status()})\n{procs.logs()}")
     pytest.fail(f"{handle.id} succeeded with {value!r}, expected a failure\n{procs.logs()}")
+
+
+def is_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended and been reaped (by the supervisor, which restarts it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def lines(path: Path) -> list[str]:

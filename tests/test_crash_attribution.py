@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from pgflow._core.engine import Claimed, Engine
 
 from .apps import suspects
 from .helpers import query
-from .processes import LEASE, Proc, Processes, failure_of, lines, result_of, wait_until
+from .processes import LEASE, Proc, Processes, failure_of, is_gone, lines, result_of, wait_until
 
 SUSPECTS = "tests.apps.suspects:app"
 RESTARTS = ["--restart-delay", "0.1", "--restart-delay-max", "0.2"]
@@ -64,7 +65,7 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
         poison = wf.poison.start(str(effects), 0.5)  # claimed beside innocents, killing their worker 0.5 s in
         first = wait_until(lambda: [line for line in lines(effects) if line.startswith("poison start")],
                            "the poison workflow to run", procs)[0]
-        wait_until(lambda: _gone(int(first.split()[2])), "the poison's first worker process to die", procs)
+        wait_until(lambda: is_gone(int(first.split()[2])), "the poison's first worker process to die", procs)
         release.touch()  # its neighbours there died with it; those elsewhere may end now
         failure = failure_of(poison, procs)
         failed_after = time.monotonic() - began
@@ -96,15 +97,6 @@ def test_a_poison_workflow_is_given_up_alone_and_none_of_its_twenty_neighbours_l
         assert [s.attempts for s in details.steps] == [tries[name]]
     print(f"\n[crash attribution] poison given up {failed_after:.1f}s after its start;"
           f" {len(killed)} innocent workflows were cut short by its first crash and all succeeded")
-
-
-def _gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended and been reaped (by the supervisor, which restarts it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.slow
@@ -144,6 +136,20 @@ async def _full_claim(store: Engine, worker: str, names: list[str]) -> list[Clai
     return claimed
 
 
+async def _died_with_three(app: pgflow.App, wf: pgflow.Workflow[[], Any], dsn: str,
+                           schema: str) -> tuple[Engine, list[str], list[str]]:
+    """Worker A claimed three runs of ``wf`` and died (its heartbeat an hour old; their leases as they
+    were): the store, the names a worker serves, the runs' ids."""
+    await app.migrate_async()
+    store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
+    names = [wf.name]
+    await store.workers.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
+    ids = [(await wf.start_async()).id for _ in range(3)]
+    assert len(await _full_claim(store, "A", names)) == 3
+    await query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = now() - interval \'1 hour\' WHERE id = \'A\'')
+    return store, names, ids
+
+
 @pytest.mark.anyio
 async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str) -> None:
     """Beside others: nobody, each a suspect run alone with its attempt kept. Alone: the one it ran.
@@ -153,15 +159,8 @@ async def test_who_is_charged_for_a_crash(app: pgflow.App, dsn: str, schema: str
     async def w() -> None:
         pass
 
-    await app.migrate_async()
-    store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
-    names = [w.name]
-    await store.workers.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
-    handles = [await w.start_async() for _ in range(3)]
-    ids = [h.id for h in handles]
-    assert len(await _full_claim(store, "A", names)) == 3
     # A dies with the three: its heartbeat stops, their leases run out.
-    await query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = now() - interval \'1 hour\' WHERE id = \'A\'')
+    store, names, ids = await _died_with_three(app, w, dsn, schema)
     await _expire(dsn, schema, *ids)
     assert await _full_claim(store, "B", names) == []  # rescued as suspects, none run beside others
     rows = await query(dsn, f'SELECT status, crashes, uncounted, attempt - attempt_base FROM "{schema}".workflows'
@@ -222,13 +221,7 @@ async def test_a_dead_workers_runs_are_rescued_together_whatever_their_leases(
     async def crew() -> None:
         pass
 
-    await app.migrate_async()
-    store = await app._client.runtime().store()  # noqa: SLF001 - the claims, as a worker makes them
-    names = [crew.name]
-    await store.workers.register_worker("A", socket.gethostname(), os.getpid(), ["default"], "test", names, LEASE)
-    ids = [(await crew.start_async()).id for _ in range(3)]
-    assert len(await _full_claim(store, "A", names)) == 3
-    await query(dsn, f'UPDATE "{schema}".workers SET heartbeat_at = now() - interval \'1 hour\' WHERE id = \'A\'')
+    store, names, ids = await _died_with_three(app, crew, dsn, schema)
     await _expire(dsn, schema, *ids[:2])  # the third's lease runs on: it was claimed last
     await query(dsn, f'UPDATE "{schema}".workflows SET lease_expires_at = now() + interval \'1 hour\''
                      ' WHERE id = %s', ids[2])

@@ -26,7 +26,19 @@ import pgflow
 
 from .apps import fleet
 from .helpers import KINDS, ONE_SERVER, query_sync, registered, registered_pids
-from .processes import FLEET, LEASE, WAIT, Proc, Processes, failure_of, fleet_worker, lines, result_of, wait_until
+from .processes import (
+    FLEET,
+    LEASE,
+    WAIT,
+    Proc,
+    Processes,
+    failure_of,
+    fleet_worker,
+    is_gone,
+    lines,
+    result_of,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -427,14 +439,6 @@ def serves_fleet(pid: int) -> bool:
         return FLEET in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
-
-
-def is_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def supervised(dsn: str, schema: str, supervisor: Proc, seen: set[int], n: int,
