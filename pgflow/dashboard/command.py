@@ -136,5 +136,6 @@ def run(app: Any, args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigurationError(
             f"the dashboard needs Starlette and uvicorn: pip install 'pgflow-durable[web]' ({exc})") from exc
-    serve(app, chosen.host, chosen.port, chosen.token, chosen.actions, chosen.allowed_hosts, chosen.session_hours)
-    return 0
+    started = serve(app, chosen.host, chosen.port, chosen.token, chosen.actions, chosen.allowed_hosts,
+                    chosen.session_hours)
+    return 0 if started else 1  # (uvicorn said why it did not start)

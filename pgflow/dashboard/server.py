@@ -36,6 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._core.checks import MAX_ID_BYTES, MAX_KEY_BYTES, POSITION_LIMIT, check_text
+from .._serving import serve_until_stopped
 from ..app import App
 from .access import MAX_LIVE, SESSION_HOURS, WILDCARDS, Access, Guard, Hosts, is_loopback
 from .actions import Actions
@@ -260,10 +261,8 @@ def create_app(app: App, *, token: str | None = None, allow_actions: bool = Fals
 
 
 def serve(app: App, host: str, port: int, token: str | None, allow_actions: bool,
-          allowed_hosts: Iterable[str] = (), session_hours: float = SESSION_HOURS) -> None:
-    """Run the dashboard until SIGINT or SIGTERM."""
-    import uvicorn
-
+          allowed_hosts: Iterable[str] = (), session_hours: float = SESSION_HOURS) -> bool:
+    """Run the dashboard until SIGINT or SIGTERM; False when it did not start."""
     allowed_hosts = list(allowed_hosts)
     asgi = create_app(app, token=token, allow_actions=allow_actions, allowed_hosts=allowed_hosts, bind=host,
                       session_hours=session_hours)
@@ -272,4 +271,4 @@ def serve(app: App, host: str, port: int, token: str | None, allow_actions: bool
     print(f"pgflow dashboard on http://{host}:{port} (schema {app.schema!r}; actions "
           f"{'on' if allow_actions else 'off'}; {'token required' if token else 'no token'}; answers to"
           f" {', '.join(answers)})", flush=True)
-    uvicorn.run(asgi, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2, proxy_headers=True)
+    return serve_until_stopped(asgi, host, port)

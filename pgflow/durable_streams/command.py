@@ -59,7 +59,7 @@ def run(app: Any, args: argparse.Namespace) -> int:
         raise ConfigurationError("--long-poll-timeout is more than 0 and at most 300 seconds")
     check_port(args.host, args.port)
     try:
-        import uvicorn
+        from .._serving import serve_until_stopped
     except ImportError as exc:
         raise ConfigurationError(
             f"the streams server needs uvicorn: pip install 'pgflow-durable[web]' ({exc})") from exc
@@ -71,9 +71,7 @@ def run(app: Any, args: argparse.Namespace) -> int:
     print(f"pgflow streams on http://{args.host}:{args.port} (schema {app.schema!r};"
           f" {'token required' if token else 'no token'}; answers to"
           f" {', '.join(['loopback names', *bound, *hosts])})", flush=True)
-    uvicorn.run(asgi, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2,
-                proxy_headers=True)
-    return 0
+    return 0 if serve_until_stopped(asgi, args.host, args.port) else 1  # (uvicorn said why it did not start)
 
 
 def _token(args: argparse.Namespace) -> str | None:
