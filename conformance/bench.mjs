@@ -6,13 +6,15 @@
 // second in all, each producer appending one at a time to its streams in turn, on a steady clock.
 // With --readers-apart, the readers run in a second node process (as browsers are apart from the
 // services that write): at 2,000 POSTs a second one process of the official client needs more than the
-// one core node's main thread has, and its own queue would be most of what is measured.
+// one core node's main thread has, and its own queue would be most of what is measured. (A latency
+// then spans two processes' clocks, performance.timeOrigin + now(), which agree within about a ms.)
 //
 //   node bench.mjs URL [--streams 64] [--producers 8] [--seconds 10] [--burst 20] [--rate 2000]
 //                      [--readers-apart] [--pids 123,456]
 //
-// Prints one JSON line: messages/s read, latency percentiles (ms), and the CPU seconds of this process
-// and of the --pids given (the server, PostgreSQL), to say where the time goes.
+// Prints one JSON line: messages/s read, latency percentiles (ms), the producers' POSTs by status, and
+// the CPU seconds of this process, of the readers' (apart), and of the --pids given (the server,
+// PostgreSQL), to say where the time goes.
 import { fork } from "node:child_process"
 import { readFileSync } from "node:fs"
 import { DurableStream, IdempotentProducer, stream } from "@durable-streams/client"
@@ -86,9 +88,16 @@ for (let i = 0; i < STREAMS; i++) {
 }
 let readers = []
 let apart = null
+function reply(child) {  // the child's next message; a child that exits first fails the run
+  return new Promise((resolve, reject) => {
+    const exited = (code) => reject(new Error(`the readers' process exited (code ${code}) without answering`))
+    child.once("exit", exited)
+    child.once("message", (message) => { child.off("exit", exited); resolve(message) })
+  })
+}
 if (APART) {
   apart = fork(new URL(import.meta.url).pathname, [url, "--role", "readers", "--run", run, "--streams", String(STREAMS)])
-  await new Promise((resolve) => apart.once("message", resolve))  // "ready"
+  await reply(apart)  // "ready"
 } else {
   readers = await follow()
 }
@@ -139,7 +148,9 @@ const elapsed = (performance.now() - started) / 1000 - 1
 const used = process.cpuUsage(cpuBefore.client)
 let readersCpu = null
 if (apart) {
-  const report = await new Promise((resolve) => { apart.once("message", resolve); apart.send("stop") })
+  const asked = reply(apart)
+  apart.send("stop")
+  const report = await asked
   received = report.received
   latencies.push(...report.latencies)
   readersCpu = +report.cpu.toFixed(2)

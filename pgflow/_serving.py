@@ -11,6 +11,7 @@ uvicorn to stop (a SIGTERM before uvicorn took the signal over is not lost eithe
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
 from typing import Any
 
@@ -19,18 +20,23 @@ import uvicorn
 
 def serve_until_stopped(asgi: Any, host: str, port: int) -> bool:
     """Serve ``asgi`` on ``host``:``port`` until SIGTERM or SIGINT; False when the server did not start
-    (uvicorn has said why)."""
+    (uvicorn has logged why: it exits the process there, with a code of its own, which this turns into
+    an answer for the command to give its own exit code)."""
     server = uvicorn.Server(uvicorn.Config(asgi, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=2, proxy_headers=True))
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    main = threading.current_thread() is threading.main_thread()  # (uvicorn takes no signals elsewhere)
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
         server.run()
     except KeyboardInterrupt:  # (uvicorn's own raise of a Ctrl-C, once it has stopped)
         pass
+    except SystemExit:  # (uvicorn's way of saying it could not start: bind or lifespan failed)
+        return False
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return bool(server.started)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pgflow._serving import serve_until_stopped
 from pgflow.embedded import stop_embedded
 
 from .processes import Processes, wait_until
@@ -70,3 +72,15 @@ def test_a_stop_signal_ends_the_server_with_exit_0_and_stops_the_embedded_postgr
     server.signal(signum)
     assert server.wait_exit() == 0, server.describe()
     assert not running.exists(), f"the embedded PostgreSQL outlived the {name}\n{server.describe()}"
+
+
+def test_a_server_that_cannot_listen_is_false_and_leaves_sigterm_as_it_was(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """uvicorn exits the process when it cannot start (the command then exits 1, not uvicorn's code)."""
+    before = signal.getsignal(signal.SIGTERM)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        assert serve_until_stopped(object(), "127.0.0.1", holder.getsockname()[1]) is False
+    assert "error while attempting to bind" in capfd.readouterr().err  # (uvicorn's log: it did try)
+    assert signal.getsignal(signal.SIGTERM) is before
