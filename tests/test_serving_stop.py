@@ -21,8 +21,8 @@ import pytest
 from pgflow._serving import serve_until_stopped
 from pgflow.embedded import stop_embedded
 
-from .processes import Processes, wait_until
-from .web import free_port
+from .processes import WAIT, Processes, wait_until
+from .web import free_port, listening
 
 
 @pytest.fixture
@@ -38,15 +38,14 @@ def home() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def status_of(url: str, method: str) -> int | None:
-    """The status of a request (None while nothing answers)."""
+def status_of(url: str, method: str) -> int:
+    """The status of one request (the first may wait for the embedded server's initdb: not sent twice,
+    since a PUT sent again would be answered 200, not 201)."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as answer:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=WAIT) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as refused:
         return refused.code
-    except OSError:
-        return None
 
 
 # Each command, and a request of it that reads the database (so the embedded server is up once it is
@@ -63,9 +62,8 @@ def test_a_stop_signal_ends_the_server_with_exit_0_and_stops_the_embedded_postgr
     env = {k: v for k, v in os.environ.items() if k not in ("PGFLOW_DSN", "PGFLOW_SCHEMA")}
     port = free_port()
     server = procs.start(name, ["-m", "pgflow", *command, "--port", str(port)], {**env, "PGFLOW_HOME": str(home)})
-    answered = wait_until(lambda: status_of(f"http://127.0.0.1:{port}{path}", method), f"the {name} to answer",
-                          procs, server)
-    assert answered == expected, server.describe()
+    wait_until(lambda: listening(port), f"the {name} to listen", procs, server)
+    assert status_of(f"http://127.0.0.1:{port}{path}", method) == expected, server.describe()
     running = home / "pg18" / "postmaster.pid"  # (PostgreSQL removes it as it stops)
     assert running.exists(), server.describe()
 
