@@ -59,7 +59,7 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 
 venv .venv: $(STAMP)
 
-# make test takes 7.5 to 11.5 minutes on two cores (README); the cases marked chaos (tests/test_chaos.py) are make chaos.
+# make test takes 8.5 to 11.5 minutes on two cores (README); the cases marked chaos (tests/test_chaos.py) are make chaos.
 # Sessions side by side (see pytest_collection_modifyitems in tests/conftest.py): the tests on PostgreSQL 15,
 # and the others (on the embedded PostgreSQL 18, or on no server) cut into TEST_SHARDS shards
 # (PGFLOW_TEST_SHARD=k/n), each a session with an embedded server of its own. PostgreSQL 15 gets one session
