@@ -40,6 +40,11 @@ async def test_results_come_with_their_end_pings(app: pgflow.App, second_app: pg
         waiting = [asyncio.create_task(h.result_async(timeout=60)) for h in handles]
         while app.stats().listeners_connected == 0:  # the callers' pings can reach them now
             await asyncio.sleep(0.02)
+        # Every wait has begun before any ends (on a loaded machine a wait not begun yet when its end was
+        # heard read the row instead, and no result came from a ping).
+        ends = app._runtimes.current().signals.waiters.ends  # noqa: SLF001
+        while any(h.id not in ends._watched for h in handles):  # noqa: SLF001
+            await asyncio.sleep(0.01)
         gate.set()
         results = await asyncio.gather(*waiting, return_exceptions=True)
     failure = results.pop(2)
